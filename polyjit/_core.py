@@ -1,0 +1,385 @@
+"""The masking interpreter: evaluate a symbolic jaxpr on padded arrays.
+
+Design
+------
+`fun` is traced once with symbolic dimensions (`jax.export.symbolic_shape`), so
+every size that varies is a symbolic expression in the jaxpr's avals and
+params, and every use of a size as a value is a `dim_as_value` equation. This
+module evaluates that jaxpr on *padded* arrays, the `core.eval_jaxpr` way (an
+env, a loop over equations), with a table of masking rules keyed by primitive:
+
+* a symbolic size in a shape or param evaluates to its **padded** size, a
+  Python int (`MaskEnv.padded`), so every array has a static padded shape;
+* `dim_as_value`, and every rule that needs to know where the data ends,
+  evaluates the expression on the **logical** sizes, int scalars that may be
+  traced (`MaskEnv.logical`), so one compiled program serves all sizes.
+
+Because the interpreter is ordinary JAX code, `jit`, `vmap` and `grad` compose
+with it (gradients go through `_mask.py`, see there).
+
+The invariant
+-------------
+Along every dynamic axis (an axis whose symbolic size is not a constant) a
+value's data occupies the leading `[0, logical)` region; the rest is padding
+whose content is **unspecified**: garbage, NaN or inf. Every rule must produce
+outputs whose valid region equals the unpadded computation, and must never let
+padding reach valid entries. Elementwise primitives keep padding in padding
+and need no masking; primitives that mix positions (reductions, contractions,
+reverse scans, re-anchoring ops) mask or move data explicitly.
+
+An equation with no symbolic size anywhere (avals, params, sub-jaxprs) binds
+unchanged. An equation that has one and no rule raises `MaskingError`: a wrong
+answer is the worst failure this library can have, so nothing is guessed.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from . import _jax_compat as jc
+from ._errors import MaskingError, no_rule_message
+
+Rule = Callable[..., list]
+
+#: The masking rules: primitive -> rule(ctx, *padded_args, **params) -> list.
+masking_rules: dict[jc.Primitive, Rule] = {}
+
+
+def register(*names: str):
+  """Registers a rule for the primitives with these names (those that exist)."""
+  def wrap(rule: Rule) -> Rule:
+    for name in names:
+      prim = jc.primitive(name)
+      if prim is not None:
+        masking_rules[prim] = rule
+    return rule
+  return wrap
+
+
+def registered_names() -> set[str]:
+  return {p.name for p in masking_rules}
+
+
+# --- symbolic content --------------------------------------------------------
+
+def _aval_is_symbolic(aval) -> bool:
+  shape = getattr(aval, "shape", ())
+  return any(jc.is_symbolic_dim(d) for d in shape)
+
+
+def _value_is_symbolic(v) -> bool:
+  if jc.is_symbolic_dim(v):
+    return True
+  if isinstance(v, (tuple, list)):
+    return any(_value_is_symbolic(x) for x in v)
+  return False
+
+
+_jaxpr_symbolic: "weakref.WeakKeyDictionary[jc.Jaxpr, bool]" = weakref.WeakKeyDictionary()
+
+
+def jaxpr_is_symbolic(jaxpr: jc.Jaxpr) -> bool:
+  """Whether a jaxpr mentions a symbolic size anywhere (cached)."""
+  try:
+    return _jaxpr_symbolic[jaxpr]
+  except KeyError:
+    pass
+  result = (any(_aval_is_symbolic(v.aval) for v in jaxpr.invars)
+            or any(_aval_is_symbolic(v.aval) for v in jaxpr.constvars)
+            or any(eqn_is_symbolic(e) for e in jaxpr.eqns))
+  _jaxpr_symbolic[jaxpr] = result
+  return result
+
+
+def eqn_is_symbolic(eqn: jc.JaxprEqn) -> bool:
+  if any(_aval_is_symbolic(v.aval) for v in eqn.invars):
+    return True
+  if any(_aval_is_symbolic(v.aval) for v in eqn.outvars):
+    return True
+  for value in eqn.params.values():
+    if _value_is_symbolic(value):
+      return True
+  return any(jaxpr_is_symbolic(j) for j in jc.subjaxprs_in_params(eqn.params))
+
+
+# --- sizes -------------------------------------------------------------------
+
+class MaskEnv:
+  """The sizes of one masked evaluation: padded (ints) and logical (scalars).
+
+  `cache` is shared with the environments derived for sub-jaxprs and outlives
+  one evaluation (it belongs to the traced function), so masked sub-jaxprs are
+  built once per padded size.
+  """
+
+  def __init__(self, dim_names: Sequence[str], padded: dict[str, int],
+               logical: Sequence[Any], cache: dict | None = None):
+    self.dim_names = tuple(dim_names)
+    self.padded_env = dict(padded)
+    self.logical_values = tuple(logical)
+    self.logical_env = dict(zip(self.dim_names, self.logical_values))
+    self.cache = {} if cache is None else cache
+    self._logical_cache: dict[Any, Any] = {}
+
+  def padded_key(self) -> tuple:
+    return tuple((k, self.padded_env[k]) for k in self.dim_names)
+
+  def with_logical(self, logical: Sequence[Any]) -> "MaskEnv":
+    return MaskEnv(self.dim_names, self.padded_env, logical, self.cache)
+
+  def padded(self, d, eqn=None) -> int:
+    """The padded size of a dimension: its expression on the padded sizes."""
+    if not jc.is_symbolic_dim(d):
+      return int(d)
+    if not jc.is_monotone_dim(d):
+      raise MaskingError(
+          f"the size '{d}' at {jc.source_line(eqn)} can grow when a dimension "
+          "shrinks, so its padded size could be smaller than its logical size. "
+          "polyjit needs sizes that never decrease as the dimensions grow "
+          "(like n - 1, 2*n, n // 2); rewrite the computation or declare one of "
+          "the dimensions fixed.",
+          primitive=eqn.primitive.name if eqn is not None else None,
+          source=jc.source_line(eqn))
+    return jc.evaluate_dim(d, self.padded_env)
+
+  def padded_shape(self, shape, eqn=None) -> tuple[int, ...]:
+    return tuple(self.padded(d, eqn) for d in shape)
+
+  def logical(self, d):
+    """The logical size of a dimension: a (possibly traced) int scalar."""
+    if not jc.is_symbolic_dim(d):
+      return np.asarray(int(d), jc.dim_value_dtype())
+    try:
+      return self._logical_cache[d]
+    except KeyError:
+      pass
+    value = jc.evaluate_dim(d, self.logical_env)
+    value = jnp.asarray(value, jc.dim_value_dtype())
+    self._logical_cache[d] = value
+    return value
+
+  def valid_mask(self, aval, axes=None, eqn=None):
+    """A bool array of `aval`'s padded shape, True on the valid region of `axes`.
+
+    `aval` is an abstract value or a symbolic shape. Only dynamic axes among
+    `axes` (default: all) contribute; returns None when none does.
+    """
+    sym_shape = tuple(getattr(aval, "shape", aval))
+    shape = self.padded_shape(sym_shape, eqn)
+    axes = range(len(shape)) if axes is None else axes
+    mask = None
+    for a in axes:
+      d = sym_shape[a]
+      if not jc.is_symbolic_dim(d):
+        continue
+      below = lax.broadcasted_iota(jc.dim_value_dtype(), shape, a) < self.logical(d)
+      mask = below if mask is None else jnp.logical_and(mask, below)
+    return mask
+
+  def fill_padding(self, x, aval, value, axes=None, eqn=None):
+    """`x` with the padding of `axes` (default: all) replaced by `value`."""
+    mask = self.valid_mask(aval, axes, eqn)
+    if mask is None:
+      return x
+    return lax.select(mask, x, lax.full_like(x, value))
+
+  def padded_aval(self, aval, eqn=None):
+    return jc.shaped(self.padded_shape(aval.shape, eqn), aval.dtype,
+                     getattr(aval, "weak_type", False))
+
+
+# --- the interpreter ---------------------------------------------------------
+
+def eval_jaxpr_masked(jaxpr: jc.Jaxpr, consts: Sequence[Any],
+                      args: Sequence[Any], env: MaskEnv) -> list:
+  """Evaluates `jaxpr` on padded `args`; returns padded outputs."""
+  vals: dict[Any, Any] = {}
+
+  def read(v):
+    return v.val if isinstance(v, jc.Literal) else vals[v]
+
+  for v, x in zip(jaxpr.constvars, consts):
+    vals[v] = x
+  for v, x in zip(jaxpr.invars, args):
+    vals[v] = x
+  for eqn in jaxpr.eqns:
+    invals = [read(v) for v in eqn.invars]
+    with jc.eqn_context(eqn):
+      if eqn_is_symbolic(eqn):
+        rule = masking_rules.get(eqn.primitive)
+        if rule is None:
+          raise _no_rule_error(eqn)
+        outs = rule(RuleContext(env, eqn), *invals, **eqn.params)
+      else:
+        outs = eqn.primitive.bind(*invals, **jc.bind_params(eqn))
+        if not eqn.primitive.multiple_results:
+          outs = [outs]
+    for v, x in zip(eqn.outvars, outs):
+      if not jc.is_dropvar(v):
+        vals[v] = x
+  return [read(v) for v in jaxpr.outvars]
+
+
+def _no_rule_error(eqn) -> MaskingError:
+  padded = []
+  for i, v in enumerate(eqn.invars):
+    shape = getattr(v.aval, "shape", ())
+    axes = [f"axis {a} ({d})" for a, d in enumerate(shape) if jc.is_symbolic_dim(d)]
+    if axes:
+      padded.append(f"operand {i} {v.aval.str_short()}: " + ", ".join(axes))
+  source = jc.source_line(eqn)
+  return MaskingError(no_rule_message(eqn.primitive.name, source, padded),
+                      primitive=eqn.primitive.name, source=source)
+
+
+def mask_closed_jaxpr(closed: jc.ClosedJaxpr, env: MaskEnv) -> jc.ClosedJaxpr:
+  """A concrete-shaped jaxpr computing `closed` masked at `env`'s padded sizes.
+
+  Its inputs are the logical sizes (in `env.dim_names` order) followed by the
+  padded inputs of `closed`; control-flow rules bind it in place of `closed`,
+  passing `env.logical_values` as extra operands. Cached per padded size.
+  """
+  key = ("masked", id(closed), env.padded_key())
+  hit = env.cache.get(key)
+  if hit is not None and hit[0] is closed:
+    return hit[1]
+  k = len(env.dim_names)
+  logical_aval = jc.shaped((), jc.dim_value_dtype())
+  in_avals = [logical_aval] * k + [env.padded_aval(v.aval) for v in closed.jaxpr.invars]
+
+  def masked(*args):
+    sub_env = env.with_logical(args[:k])
+    return eval_jaxpr_masked(closed.jaxpr, closed.consts, args[k:], sub_env)
+
+  result = jc.make_closed_jaxpr(masked, in_avals)
+  env.cache[key] = (closed, result)
+  return result
+
+
+# --- what rules see ----------------------------------------------------------
+
+class RuleContext:
+  """Everything a rule needs about the equation it masks.
+
+  Rules are called as `rule(ctx, *padded_args, **params)` with the equation's
+  symbolic params, and return a list of padded outputs.
+  """
+  __slots__ = ("env", "eqn")
+
+  def __init__(self, env: MaskEnv, eqn: jc.JaxprEqn):
+    self.env = env
+    self.eqn = eqn
+
+  # avals and sizes
+  @property
+  def in_avals(self):
+    return [v.aval for v in self.eqn.invars]
+
+  @property
+  def out_avals(self):
+    return [v.aval for v in self.eqn.outvars]
+
+  @property
+  def primitive(self):
+    return self.eqn.primitive
+
+  def padded(self, d) -> int:
+    return self.env.padded(d, self.eqn)
+
+  def logical(self, d):
+    return self.env.logical(d)
+
+  def padded_shape(self, shape) -> tuple[int, ...]:
+    return self.env.padded_shape(shape, self.eqn)
+
+  def padded_params(self, params: dict[str, Any]) -> dict[str, Any]:
+    """Params with every symbolic size replaced by its padded size."""
+    return {k: self._pad_value(v) for k, v in params.items()}
+
+  def _pad_value(self, v):
+    if jc.is_symbolic_dim(v):
+      return self.padded(v)
+    if not isinstance(v, (tuple, list)) or not _value_is_symbolic(v):
+      return v
+    items = [self._pad_value(x) for x in v]
+    if hasattr(v, "_fields"):  # a NamedTuple such as GatherDimensionNumbers
+      return type(v)(*items)
+    return type(v)(items)
+
+  def bind(self, *args, **params) -> list:
+    """Binds this equation's primitive with padded params; returns a list."""
+    prim = self.eqn.primitive
+    out = prim.bind(*args, **prim.get_bind_params(self.padded_params(params)))
+    return list(out) if prim.multiple_results else [out]
+
+  # dynamic axes and masks
+  @staticmethod
+  def dynamic_axes(aval) -> tuple[int, ...]:
+    return tuple(a for a, d in enumerate(aval.shape) if jc.is_symbolic_dim(d))
+
+  @staticmethod
+  def is_dynamic(d) -> bool:
+    return jc.is_symbolic_dim(d)
+
+  def valid_mask(self, aval, axes=None):
+    """See `MaskEnv.valid_mask`."""
+    return self.env.valid_mask(aval, axes, self.eqn)
+
+  def fill_padding(self, x, aval, value, axes=None):
+    """See `MaskEnv.fill_padding`."""
+    return self.env.fill_padding(x, aval, value, axes, self.eqn)
+
+  def error(self, what: str, todo: str) -> MaskingError:
+    source = jc.source_line(self.eqn)
+    name = self.eqn.primitive.name
+    return MaskingError(
+        f"polyjit cannot mask '{name}' at {source}: {what}\nWhat to do: {todo}",
+        primitive=name, source=source)
+
+  # sub-jaxprs
+  def mask_jaxpr(self, closed: jc.ClosedJaxpr) -> jc.ClosedJaxpr:
+    """See `mask_closed_jaxpr`; pass `self.logical_operands()` first."""
+    return mask_closed_jaxpr(closed, self.env)
+
+  def logical_operands(self) -> list:
+    return list(self.env.logical_values)
+
+  def eval_jaxpr(self, closed: jc.ClosedJaxpr, *args) -> list:
+    """Evaluates a sub-jaxpr inline, masked with this environment."""
+    return eval_jaxpr_masked(closed.jaxpr, closed.consts, args, self.env)
+
+
+def identity_value(kind: str, dtype) -> Any:
+  """The identity of a reduction `kind` ('add', 'mul', 'max', 'min', 'and',
+  'or', 'xor', 'logaddexp') for `dtype`, as a NumPy scalar."""
+  dtype = np.dtype(dtype)
+  if kind in ("add", "or", "xor"):
+    return np.zeros((), dtype)[()]
+  if kind == "mul":
+    return np.ones((), dtype)[()]
+  if kind == "and":  # all bits set
+    return (np.ones((), dtype) if dtype == np.bool_ else ~np.zeros((), dtype))[()]
+  if kind in ("max", "logaddexp"):
+    return _extreme(dtype, low=True)
+  if kind == "min":
+    return _extreme(dtype, low=False)
+  raise ValueError(kind)
+
+
+def _extreme(dtype, low: bool):
+  if dtype == np.bool_:
+    return np.bool_(not low)
+  if jnp.issubdtype(dtype, jnp.integer):
+    info = jnp.iinfo(dtype)
+    return np.asarray(info.min if low else info.max, dtype)[()]
+  info = jnp.finfo(dtype)
+  inf = np.asarray(np.inf, dtype)
+  if np.isinf(inf):
+    return (-inf if low else inf)[()]
+  return np.asarray(info.min if low else info.max, dtype)[()]

@@ -1,0 +1,308 @@
+"""`pj.mask`: run a function written for unpadded arrays on padded arrays.
+
+    masked = pj.mask(fun, in_shapes, out_shape=None, constraints=())
+    padded_outs = masked(args, logical_env)
+
+`fun` is traced once per argument structure with symbolic shapes (cached on
+the masked function, so a new padded size does not retrace `fun`), then the
+jaxpr is evaluated on the padded arguments by the masking interpreter
+(`_core.py`). Logical sizes are runtime values: under `jax.jit` one program
+serves every logical size up to the padded one, and `jax.vmap` over the
+logical sizes gives ragged batching.
+
+Gradients
+---------
+Differentiating the masked evaluation directly is unsafe: JAX's transpose
+rules sum over padding without masks (the transpose of a broadcast into a
+dynamic axis is a sum over it), and the local derivatives in the padding are
+garbage, so 0 * NaN = NaN reaches valid entries. Instead the masked function
+is a `jax.custom_vjp` whose backward pass is *the masked evaluation of fun's
+VJP*: `jax.vjp(fun)` traced symbolically once, whose transposes are explicit
+primitives (`reduce_sum`, `dot_general`, reverse `cumsum`, `scatter-add`)
+that the same rules mask before anything mixes positions. That backward pass
+is itself a masked function, so higher derivatives are safe too. Gradients
+with respect to padded inputs have zeros in their padding.
+
+Values `fun` closes over become inputs of the custom_vjp (closure
+conversion), so gradients reach them as well. Forward-mode differentiation
+(`jax.jvp`, `jax.jacfwd`) of a masked function is not supported: JAX forbids
+it on a custom_vjp. Calling `jax.jvp` *inside* `fun` is fine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _jax_compat as jc
+from . import _rules  # noqa: F401  (registers the masking rules)
+from . import _spec, _symbolic_ad
+from ._core import MaskEnv, eval_jaxpr_masked
+from ._errors import MaskingError, ShapeError
+
+
+_symbolic_ad.install()
+
+
+@dataclasses.dataclass(eq=False)
+class Traced:
+  """A function traced once with symbolic shapes.
+
+  `jaxpr` takes the consts first, then the flat arguments: `inputs`.
+  """
+  jaxpr: jc.Jaxpr
+  consts: list
+  in_avals: list            # of `inputs` (consts first); symbolic shapes
+  out_avals: list
+  out_tree: Any
+  dim_names: tuple[str, ...]
+  cache: dict = dataclasses.field(default_factory=dict)
+  _vjp: "VJP | None" = None
+
+  @property
+  def cacheable(self) -> bool:
+    return not any(isinstance(c, jc.Tracer) for c in self.consts)
+
+  def vjp(self) -> "VJP":
+    if self._vjp is None:
+      self._vjp = _trace_vjp(self)
+    return self._vjp
+
+
+@dataclasses.dataclass(eq=False)
+class VJP:
+  """`fun`'s VJP traced symbolically: (inputs, cts) -> grads of `diff_in`."""
+  traced: Traced
+  diff_in: list[int]        # which inputs are differentiable
+  diff_out: list[int]       # which outputs carry cotangents
+
+
+def _inexact(aval) -> bool:
+  return jnp.issubdtype(aval.dtype, jnp.inexact)
+
+
+def trace_flat(flat_fun: Callable, avals: Sequence[Any], dim_names,
+               out_tree=None) -> Traced:
+  """Traces `flat_fun(*leaves) -> list` at symbolic `avals`."""
+  closed = jc.make_closed_jaxpr(flat_fun, list(avals))
+  consts = list(closed.consts)
+  const_avals = [jc.typeof(c) for c in consts]
+  return Traced(
+      jaxpr=jc.convert_constvars_jaxpr(closed.jaxpr),
+      consts=consts,
+      in_avals=[*const_avals, *avals],
+      out_avals=[v.aval for v in closed.jaxpr.outvars],
+      out_tree=out_tree,
+      dim_names=tuple(dim_names))
+
+
+def _trace_vjp(traced: Traced) -> VJP:
+  n_in = len(traced.in_avals)
+  diff_in = [i for i, a in enumerate(traced.in_avals) if _inexact(a)]
+  diff_out = [j for j, a in enumerate(traced.out_avals) if _inexact(a)]
+  primal_fun = jc.jaxpr_as_fun(traced.jaxpr)
+
+  def vjp_fun(*flat):
+    inputs, cts = list(flat[:n_in]), list(flat[n_in:])
+
+    def primal(*diff_values):
+      full = list(inputs)
+      for i, v in zip(diff_in, diff_values):
+        full[i] = v
+      outs = primal_fun(*full)
+      return [outs[j] for j in diff_out]
+
+    _, pullback = jax.vjp(primal, *[inputs[i] for i in diff_in])
+    return list(pullback(cts))
+
+  ct_avals = [jc.shaped(traced.out_avals[j].shape, traced.out_avals[j].dtype)
+              for j in diff_out]
+  try:
+    vjp_traced = trace_flat(vjp_fun, [*traced.in_avals, *ct_avals], traced.dim_names)
+  except MaskingError:
+    raise
+  except Exception as e:
+    if "Reverse-mode differentiation does not work for lax.while_loop" in str(e):
+      raise MaskingError(
+          "the masked function has a loop whose trip count depends on a dynamic "
+          "size (a lax.fori_loop or lax.while_loop up to x.shape[0]); with "
+          "symbolic sizes JAX turns it into a while_loop, which JAX cannot "
+          "differentiate in reverse mode.\nWhat to do: loop with lax.scan over "
+          "the array (lax.scan(step, init, x)), which masks and differentiates; "
+          "or compute the gradient inside the masked function with jax.jvp.",
+          primitive="while") from e
+    raise MaskingError(
+        "polyjit could not derive the gradient of the masked function with "
+        f"symbolic shapes: {type(e).__name__}: {e}\nWhat to do: compute the "
+        "gradient inside the masked function (pj.mask(jax.grad(f), ...)), or "
+        "differentiate at fixed shapes.") from e
+  return VJP(vjp_traced, diff_in, diff_out)
+
+
+def apply(traced: Traced, padded: dict[str, int], args: Sequence[Any],
+          logical: Sequence[Any]) -> list:
+  """Runs `traced` masked on padded `args` (without its consts).
+
+  A custom_vjp: its backward pass is the masked evaluation of the traced VJP.
+  """
+  return _apply_inputs(traced, padded, [*traced.consts, *args], tuple(logical))
+
+
+def _apply_inputs(traced: Traced, padded, inputs: list, logical: tuple) -> list:
+  @jax.custom_vjp
+  def run(inputs, logical):
+    env = MaskEnv(traced.dim_names, padded, logical, traced.cache)
+    return eval_jaxpr_masked(traced.jaxpr, (), inputs, env)
+
+  def fwd(inputs, logical):
+    return run(inputs, logical), (inputs, logical)
+
+  def bwd(res, cts):
+    inputs, logical = res
+    grads = [None] * len(inputs)
+    if any(_inexact(a) for a in traced.in_avals):
+      vjp = traced.vjp()
+      diff_cts = [cts[j] for j in vjp.diff_out]
+      outs = apply(vjp.traced, padded, [*inputs, *diff_cts], logical)
+      env = MaskEnv(traced.dim_names, padded, logical)
+      for i, g in zip(vjp.diff_in, outs):
+        aval = traced.in_avals[i]
+        grads[i] = env.fill_padding(g, aval, np.zeros((), g.dtype)[()])
+    return grads, None
+
+  run.defvjp(fwd, bwd)
+  return run(inputs, logical)
+
+
+class Masked:
+  """The result of `pj.mask`: call it as `masked(args, logical_env)`."""
+
+  def __init__(self, fun: Callable, in_shapes, out_shape=None, *,
+               constraints: Sequence[str] = ()):
+    if not callable(fun):
+      raise TypeError(f"pj.mask expects a callable, got {type(fun).__name__}")
+    self.fun = fun
+    self.in_shapes = in_shapes
+    self.out_shape = out_shape
+    self.scope = _spec.make_scope(constraints)
+    self._cache: dict[Any, Traced] = {}
+    functools.update_wrapper(self, fun, updated=())
+
+  def __repr__(self):
+    return f"pj.mask({getattr(self.fun, '__name__', self.fun)!r}, {self.in_shapes!r})"
+
+  def bind(self, args: Sequence[Any]) -> _spec.Binding:
+    """Binds the specs to padded `args`: padded sizes and symbolic shapes."""
+    return _spec.bind(self.in_shapes, args, self.scope)
+
+  def trace(self, args: Sequence[Any], binding: _spec.Binding | None = None) -> Traced:
+    """The symbolic trace of `fun` for `args`' structure and dtypes (cached)."""
+    binding = binding or self.bind(args)
+    leaves, in_tree = jax.tree.flatten(tuple(args))
+    avals = []
+    for leaf_spec, x in zip(binding.leaves, leaves):
+      t = jc.typeof(x)
+      avals.append(jc.shaped(leaf_spec.symbolic_shape, t.dtype, t.weak_type))
+    key = (in_tree, tuple((a.shape, a.dtype, a.weak_type) for a in avals))
+    traced = self._cache.get(key)
+    if traced is None:
+      traced = self._trace(in_tree, avals, binding.dim_names)
+      if traced.cacheable:
+        self._cache[key] = traced
+    return traced
+
+  def _trace(self, in_tree, avals, dim_names) -> Traced:
+    out_tree_box = []
+
+    def flat_fun(*leaves):
+      args = jax.tree.unflatten(in_tree, leaves)
+      out = self.fun(*args)
+      out_leaves, out_tree = jax.tree.flatten(out)
+      out_tree_box.append(out_tree)
+      return out_leaves
+
+    traced = trace_flat(flat_fun, avals, dim_names)
+    traced.out_tree = out_tree_box[0]
+    if self.out_shape is not None:
+      check_out_shape(self.out_shape, traced, self.scope)
+    return traced
+
+  def logical_shapes(self, args: Sequence[Any], logical_env) -> Any:
+    """The outputs' logical shapes (a pytree of int tuples) for concrete sizes."""
+    binding = self.bind(args)
+    traced = self.trace(args, binding)
+    _spec.logical_values(logical_env, binding)  # validates the sizes
+    sizes = {k: int(v) for k, v in logical_env.items()}
+    shapes = [tuple(jc.evaluate_dim(d, sizes) for d in a.shape) for a in traced.out_avals]
+    return jax.tree.unflatten(traced.out_tree, shapes)
+
+  def unpad(self, padded_outs: Any, args: Sequence[Any], logical_env) -> Any:
+    """Slices padded outputs to their logical shapes (as NumPy arrays)."""
+    shapes = self.logical_shapes(args, logical_env)
+    leaves, tree = jax.tree.flatten(padded_outs)
+    shape_leaves = tree.flatten_up_to(shapes)
+    return jax.tree.unflatten(tree, [
+        np.asarray(x)[tuple(slice(0, s) for s in shape)]
+        for x, shape in zip(leaves, shape_leaves)])
+
+  def __call__(self, args: Sequence[Any], logical_env) -> Any:
+    binding = self.bind(args)
+    traced = self.trace(args, binding)
+    logical = _spec.logical_values(logical_env, binding)
+    outs = apply(traced, binding.padded, jax.tree.leaves(tuple(args)), logical)
+    return jax.tree.unflatten(traced.out_tree, outs)
+
+
+def check_out_shape(out_shape, traced: Traced, scope) -> None:
+  """Raises ShapeError when the traced output shapes differ from `out_shape`."""
+  example = jax.tree.unflatten(traced.out_tree, traced.out_avals)
+  try:
+    specs = jax.tree.broadcast(out_shape, example, is_leaf=_spec._is_spec_leaf)
+  except Exception as e:
+    raise ShapeError(f"out_shape {out_shape!r} does not match the output structure "
+                     f"{traced.out_tree}: {e}") from None
+  spec_leaves = jax.tree.leaves(specs, is_leaf=_spec._is_spec_leaf)
+  for i, (spec, aval) in enumerate(zip(spec_leaves, traced.out_avals)):
+    if spec is None:
+      continue
+    like = tuple(None if jc.is_symbolic_dim(d) else d for d in aval.shape)
+    declared = _spec.parse_shape(spec, like, scope, f"out_shape output {i}")
+    if len(declared) != len(aval.shape) or any(
+        a != b for a, b in zip(declared, aval.shape)):
+      raise ShapeError(
+          f"output {i} has shape {_fmt(aval.shape)} but out_shape declares "
+          f"{_fmt(declared)} (spec {spec!r}).")
+
+
+def _fmt(shape) -> str:
+  return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def mask(fun: Callable, in_shapes, out_shape=None, *,
+         constraints: Sequence[str] = ()) -> Masked:
+  """Masks `fun`: run it on padded arrays, get the exact unpadded result.
+
+  Args:
+    fun: a function of positional array arguments (pytrees allowed), written
+      for unpadded arrays.
+    in_shapes: one spec per positional argument (a pytree prefix of it), in
+      `jax.export`'s polymorphic-shape syntax: "n", "(n, _)", "(m+1, 2*n)";
+      "_" is a fixed dim taken from the argument; None: no dynamic dims.
+    out_shape: optional spec pytree for the outputs, checked at trace time.
+    constraints: constraint strings such as "n >= 3", for code that compares
+      sizes (e.g. `lax.top_k(x, 3)`).
+
+  Returns:
+    `masked(args, logical_env)`: `args` a list or tuple of padded arrays,
+    `logical_env` a dict from each dimension name to its logical size (a
+    Python int or an int scalar, possibly traced). Returns `fun`'s output
+    pytree, padded: along each dynamic axis only the leading logical region
+    is defined.
+  """
+  return Masked(fun, in_shapes, out_shape, constraints=constraints)
+

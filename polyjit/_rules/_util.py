@@ -1,0 +1,63 @@
+"""Helpers shared by rule families: moving data along a padded axis.
+
+Rules that change where data starts (reverse, concatenate at a logical offset,
+slice from a logical start) re-anchor it with `place`, which moves data by a
+traced amount without any clamping surprise: the source is padded on both
+sides first, so `dynamic_slice` never has to clamp its start.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from jax import lax
+
+from .. import _jax_compat as jc
+
+
+def _pad_axis(x, axis: int, low: int, high: int):
+  config = [(0, 0, 0)] * x.ndim
+  config[axis] = (low, high, 0)
+  return lax.pad(x, np.zeros((), x.dtype), config)
+
+
+def place(x, axis: int, offset, out_size: int):
+  """An array of length `out_size` along `axis` with `y[offset + i] = x[i]`.
+
+  `offset` is an int or a traced int scalar in `[-x.shape[axis], out_size]`;
+  a negative offset moves data towards 0 (drops its first `-offset` entries).
+  Entries of `y` that no entry of `x` lands on are unspecified.
+  """
+  length = x.shape[axis]
+  if isinstance(offset, (int, np.integer)):
+    return _pad_axis(x, axis, int(offset), out_size - int(offset) - length)
+  buf = _pad_axis(x, axis, out_size, out_size)
+  starts = [np.zeros((), offset.dtype)] * x.ndim
+  starts[axis] = out_size - offset
+  sizes = list(x.shape)
+  sizes[axis] = out_size
+  return lax.dynamic_slice(buf, starts, sizes)
+
+
+def pad_high(x, axis: int, extra: int):
+  """`x` with `extra` unspecified entries appended along `axis`."""
+  return _pad_axis(x, axis, 0, extra) if extra else x
+
+
+def needs_room(op_dim, window_dim) -> bool:
+  """Whether a window at a logically clamped start may overrun the padded axis.
+
+  A window of size `w` starts at most at `op - w` (logically). Padded, it ends
+  at `start + padded(w)`, which fits in `padded(op)` whenever `op - w` never
+  decreases as the dimensions grow; otherwise the operand needs
+  `padded(w)` extra entries so that XLA does not move the start.
+  """
+  if not (jc.is_symbolic_dim(op_dim) or jc.is_symbolic_dim(window_dim)):
+    return False
+  return not jc.is_monotone_dim(op_dim - window_dim)
+
+
+def clamp_index(index, upper):
+  """`index` clamped to [0, upper] in the index's dtype (upper may be traced)."""
+  upper = lax.convert_element_type(upper, index.dtype)
+  lower = np.zeros((), index.dtype)
+  return lax.max(lower, lax.min(index, upper))

@@ -1,0 +1,22 @@
+"""Contractions: zero the padding of contracted dynamic axes, on both operands.
+
+`dot_general` sums products over its contracting axes. Zeroing one operand's
+padding is not enough, since 0 * NaN = NaN: both operands get zeros in the
+padding of every dynamic contracting axis. Batch and free axes need nothing:
+their padding lands in the padding of the result.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._core import register
+
+
+@register("dot_general")
+def _dot_general(ctx, lhs, rhs, *, dimension_numbers, **params):
+  (lhs_contract, rhs_contract), _ = dimension_numbers
+  lhs_aval, rhs_aval = ctx.in_avals
+  lhs = ctx.fill_padding(lhs, lhs_aval, np.zeros((), lhs.dtype)[()], axes=lhs_contract)
+  rhs = ctx.fill_padding(rhs, rhs_aval, np.zeros((), rhs.dtype)[()], axes=rhs_contract)
+  return ctx.bind(lhs, rhs, dimension_numbers=dimension_numbers, **params)

@@ -1,0 +1,104 @@
+"""Shape-changing primitives that keep data anchored at index 0.
+
+`broadcast_in_dim`, `iota`, `squeeze`, `transpose`, `stack` and the like move
+whole axes around but never move data along a dynamic axis: binding them with
+padded sizes keeps the valid region leading. `reshape` does too when each
+dynamic axis is the outermost non-unit axis of the group of axes it merges or
+splits ((n, 3) <-> (3n,)); other reshapes would interleave padding with data
+and are refused here. `dim_as_value` is where a size becomes a value: it
+evaluates on the logical sizes.
+"""
+
+from __future__ import annotations
+
+import math
+
+from jax import lax
+
+from .. import _jax_compat as jc
+from .._core import register
+
+
+@register("broadcast_in_dim", "iota", "squeeze", "transpose", "expand_dims",
+          "stack", "unstack")
+def _position_preserving(ctx, *args, **params):
+  return ctx.bind(*args, **params)
+
+
+@register("dim_as_value")
+def _dim_as_value(ctx, *, dim):
+  out_aval, = ctx.out_avals
+  return [lax.convert_element_type(ctx.logical(dim), out_aval.dtype)]
+
+
+# --- reshape -----------------------------------------------------------------
+
+_PRIMES = ((1_000_003, 1_000_033, 1_000_037, 1_000_039, 1_000_081, 1_000_099),
+           (999_983, 999_979, 999_961, 999_959, 999_953, 999_931))
+
+
+def _at_primes(shape, names, primes) -> list[int]:
+  env = {v: primes[i % len(primes)] + 7 * (i // len(primes))
+         for i, v in enumerate(names)}
+  return [jc.evaluate_dim(d, env) for d in shape]
+
+
+def _int_groups(a: list[int], b: list[int]):
+  """Groups of consecutive axes with equal products, the classic way."""
+  groups, i, j = [], 0, 0
+  while i < len(a) or j < len(b):
+    gi, gj, pa, pb = [], [], 1, 1
+    if i < len(a):
+      gi.append(i); pa *= a[i]; i += 1
+    if j < len(b):
+      gj.append(j); pb *= b[j]; j += 1
+    while pa != pb:
+      if pa < pb and i < len(a):
+        gi.append(i); pa *= a[i]; i += 1
+      elif j < len(b):
+        gj.append(j); pb *= b[j]; j += 1
+      else:
+        return None
+    groups.append((gi, gj))
+  return groups
+
+
+def reshape_groups(in_shape, out_shape):
+  """Axis groups of a reshape between symbolic shapes, or None if unclear."""
+  names = sorted(set().union(*(jc.dim_vars(d) for d in (*in_shape, *out_shape))))
+  found = None
+  for primes in _PRIMES:
+    groups = _int_groups(_at_primes(in_shape, names, primes),
+                         _at_primes(out_shape, names, primes))
+    if groups is None or (found is not None and groups != found):
+      return None
+    found = groups
+  for gi, gj in found:
+    if math.prod(in_shape[i] for i in gi) != math.prod(out_shape[j] for j in gj):
+      return None
+  return found
+
+
+def _leading_dynamic_only(shape, axes) -> bool:
+  """At most one dynamic axis, and no non-unit axis before it."""
+  dims = [shape[a] for a in axes if not (not jc.is_symbolic_dim(shape[a]) and shape[a] == 1)]
+  dynamic = [k for k, d in enumerate(dims) if jc.is_symbolic_dim(d)]
+  return not dynamic or dynamic == [0]
+
+
+@register("reshape")
+def _reshape(ctx, x, *, new_sizes, dimensions, **params):
+  in_aval, = ctx.in_avals
+  out_aval, = ctx.out_avals
+  groups = None if dimensions is not None else reshape_groups(in_aval.shape, out_aval.shape)
+  if groups is None or not all(
+      _leading_dynamic_only(in_aval.shape, gi) and _leading_dynamic_only(out_aval.shape, gj)
+      for gi, gj in groups):
+    raise ctx.error(
+        f"reshaping {in_aval.str_short()} to {out_aval.str_short()} would "
+        "interleave padding with data (a dynamic axis is merged behind another "
+        "axis, or two dynamic axes are merged).",
+        "reshape so that each dynamic axis is the outermost of the axes it is "
+        "merged with, e.g. (n, 3) -> (3n,) rather than (3, n) -> (3n,); or move "
+        "the axis first with jnp.moveaxis.")
+  return ctx.bind(x, new_sizes=new_sizes, dimensions=dimensions, **params)

@@ -1,0 +1,229 @@
+"""Shape specs: parsing, solving padded sizes, and checking logical sizes.
+
+A spec is a string in `jax.export`'s polymorphic-shape syntax ("n", "(n, _)",
+"(m+1, 2*n)", "" for a scalar) or None (every dim fixed). `in_shapes` holds one
+spec per positional argument, as a pytree prefix of the arguments.
+
+Binding specs to padded arguments gives, for every dimension variable, its
+padded size (solved from the arguments' shapes: "(m+1, n+1)" with shape (6, 5)
+gives m=5, n=4) and, for every array leaf, its symbolic shape. The logical
+sizes come separately, at call time, and may be traced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from . import _jax_compat as jc
+from ._errors import ShapeError
+
+
+def _is_spec_leaf(x) -> bool:
+  return x is None or isinstance(x, str)
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafSpec:
+  """One flat argument: where it is, its padded shape, its symbolic shape."""
+  where: str                  # "argument 0", "argument 1 at ['w']"
+  spec: str | None
+  padded_shape: tuple[int, ...]
+  symbolic_shape: tuple[Any, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Binding:
+  """The result of binding specs to padded arguments."""
+  scope: Any
+  leaves: tuple[LeafSpec, ...]
+  dim_names: tuple[str, ...]          # sorted; the order of logical values
+  padded: dict[str, int]
+
+  def padded_key(self) -> tuple[tuple[str, int], ...]:
+    return tuple((k, self.padded[k]) for k in self.dim_names)
+
+
+def make_scope(constraints: Sequence[str]):
+  if isinstance(constraints, str):
+    constraints = (constraints,)
+  try:
+    return jc.SymbolicScope(tuple(constraints))
+  except Exception as e:
+    raise ShapeError(f"invalid constraints {list(constraints)!r}: {e}") from None
+
+
+def parse_shape(spec: str | None, like: tuple[int, ...], scope, where: str):
+  """Parses one spec against a padded shape; raises ShapeError on mismatch."""
+  if spec is None:
+    return tuple(like)
+  try:
+    shape = tuple(jc.symbolic_shape(spec, scope=scope, like=tuple(like)))
+  except Exception as e:
+    raise ShapeError(
+        f"{where}: cannot use the spec {spec!r} for an array of shape "
+        f"{tuple(like)}: {e}") from None
+  if len(shape) != len(like):
+    raise ShapeError(
+        f"{where}: the spec {spec!r} has {len(shape)} dims but the argument has "
+        f"shape {tuple(like)} ({len(like)} dims).")
+  return shape
+
+
+def _leaf_paths(tree) -> list[str]:
+  paths, _ = jax.tree_util.tree_flatten_with_path(tree)
+  return [jax.tree_util.keystr(p) for p, _ in paths]
+
+
+def bind(in_shapes, args: Sequence[Any], scope,
+         arg_names: Sequence[str] | None = None) -> Binding:
+  """Binds `in_shapes` (one spec per argument) to padded `args`."""
+  if not isinstance(args, (list, tuple)):
+    raise TypeError(f"expected the arguments as a list or tuple, got {type(args).__name__}")
+  if in_shapes is None or isinstance(in_shapes, str):
+    in_shapes = [in_shapes] * len(args)
+  if not isinstance(in_shapes, (list, tuple)) or len(in_shapes) != len(args):
+    n_specs = len(in_shapes) if isinstance(in_shapes, (list, tuple)) else 1
+    raise ShapeError(
+        f"in_shapes must hold one spec per positional argument: got {n_specs} "
+        f"spec(s) for {len(args)} argument(s).")
+  leaves: list[LeafSpec] = []
+  for i, (spec_tree, arg) in enumerate(zip(in_shapes, args)):
+    name = arg_names[i] if arg_names else f"argument {i}"
+    try:
+      specs = jax.tree.broadcast(spec_tree, arg, is_leaf=_is_spec_leaf)
+    except Exception as e:
+      raise ShapeError(
+          f"{name}: the spec {spec_tree!r} is not a pytree prefix of the "
+          f"argument: {e}") from None
+    spec_leaves = jax.tree.leaves(specs, is_leaf=_is_spec_leaf)
+    arg_leaves = jax.tree.leaves(arg)
+    paths = _leaf_paths(arg)
+    for spec, leaf, path in zip(spec_leaves, arg_leaves, paths):
+      where = name + (f" at {path}" if path else "")
+      like = tuple(np.shape(leaf))
+      sym = parse_shape(spec, like, scope, where)
+      leaves.append(LeafSpec(where, spec, like, sym))
+  padded = _solve(leaves)
+  return Binding(scope, tuple(leaves), tuple(sorted(padded)), padded)
+
+
+def _solve(leaves: Sequence[LeafSpec]) -> dict[str, int]:
+  """Solves every dimension variable's padded size from the padded shapes."""
+  eqns = []  # (expr, size, where)
+  for leaf in leaves:
+    for axis, (d, size) in enumerate(zip(leaf.symbolic_shape, leaf.padded_shape)):
+      if jc.is_symbolic_dim(d):
+        eqns.append((d, size, f"{leaf.where} axis {axis}"))
+  solved: dict[str, int] = {}
+  origin: dict[str, str] = {}
+  progress = True
+  while progress:
+    progress = False
+    for d, size, where in eqns:
+      unknown = jc.dim_vars(d) - solved.keys()
+      if len(unknown) != 1:
+        continue
+      var, = unknown
+      form = jc.linear_form(d)
+      if form is None:
+        continue
+      coeffs, const = form
+      rest = const + sum(c * solved[v] for v, c in coeffs.items() if v != var)
+      k = coeffs[var]
+      value, rem = divmod(size - rest, k)
+      if rem or value < 1:
+        raise ShapeError(
+            f"{where} has padded size {size}, which its spec '{d}' cannot "
+            f"match with a whole {var} >= 1.")
+      solved[var] = value
+      origin[var] = f"{where} (size {size})"
+      progress = True
+  all_vars = set().union(*(jc.dim_vars(d) for d, _, _ in eqns)) if eqns else set()
+  missing = all_vars - solved.keys()
+  if missing:
+    raise ShapeError(
+        f"cannot solve the padded size of {sorted(missing)} from the argument "
+        "shapes: give each dimension variable an axis of its own, alone or as "
+        "a linear term such as '2*n' or 'n+1'.")
+  for d, size, where in eqns:
+    got = jc.evaluate_dim(d, solved)
+    if got != size:
+      src = ", ".join(f"{v}={solved[v]} from {origin[v]}"
+                      for v in sorted(jc.dim_vars(d)))
+      raise ShapeError(
+          f"inconsistent padded sizes: {where} has size {size}, but its spec "
+          f"'{d}' gives {got} with {src}. Pad every occurrence of a dimension "
+          "to the same size.")
+  return solved
+
+
+def is_concrete(x) -> bool:
+  return not isinstance(x, jc.Tracer)
+
+
+def logical_values(logical_env, binding: Binding) -> tuple:
+  """Logical sizes in `binding.dim_names` order, as int scalars (maybe traced).
+
+  Concrete values are checked here: each must be in [1, padded], every spec
+  expression must fit its padded axis, and the scope's constraints must hold.
+  Traced values cannot be checked; they are the caller's promise.
+  """
+  if not hasattr(logical_env, "keys"):
+    raise TypeError(
+        "logical_env must be a mapping from dimension names to sizes, e.g. "
+        f"{{'n': 3}}; got {type(logical_env).__name__}")
+  names = set(binding.dim_names)
+  given = set(logical_env.keys())
+  if names - given:
+    raise ShapeError(
+        f"logical_env is missing sizes for {sorted(names - given)}; it must map "
+        f"every dimension variable of the specs: {sorted(names)}.")
+  if given - names:
+    raise ShapeError(
+        f"logical_env has sizes for {sorted(given - names)}, which no spec "
+        f"mentions (the specs use {sorted(names)}).")
+  dtype = jc.dim_value_dtype()
+  concrete: dict[str, int] = {}
+  values = []
+  for name in binding.dim_names:
+    v = logical_env[name]
+    if is_concrete(v):
+      arr = np.asarray(v)
+      if arr.shape != () or not np.issubdtype(arr.dtype, np.integer):
+        raise ShapeError(
+            f"the logical size of '{name}' must be an integer scalar, got {v!r}.")
+      iv = int(arr)
+      if not 1 <= iv <= binding.padded[name]:
+        raise ShapeError(
+            f"the logical size {name}={iv} does not fit: it must be between 1 "
+            f"and its padded size {binding.padded[name]}.")
+      concrete[name] = iv
+      values.append(np.asarray(iv, dtype))
+    else:
+      if v.shape != () or not np.issubdtype(v.dtype, np.integer):
+        raise ShapeError(
+            f"the logical size of '{name}' must be an integer scalar, got {v}.")
+      values.append(v if v.dtype == dtype else v.astype(dtype))
+  if len(concrete) == len(names):
+    _check_concrete(concrete, binding)
+  return tuple(values)
+
+
+def _check_concrete(sizes: dict[str, int], binding: Binding) -> None:
+  for leaf in binding.leaves:
+    for axis, (d, size) in enumerate(zip(leaf.symbolic_shape, leaf.padded_shape)):
+      if jc.is_symbolic_dim(d):
+        logical = jc.evaluate_dim(d, sizes)
+        if not 0 <= logical <= size:
+          raise ShapeError(
+              f"{leaf.where} axis {axis}: spec '{d}' with {sizes} gives logical "
+              f"size {logical}, which does not fit the padded size {size}.")
+  for text, kind, diff in jc.scope_constraints(binding.scope):
+    value = jc.evaluate_dim(diff, sizes)
+    if (kind == "eq" and value != 0) or (kind == "geq" and value < 0):
+      raise ShapeError(
+          f"the logical sizes {sizes} violate the constraint '{text}'.")

@@ -1,0 +1,96 @@
+"""Derivative rules that work at symbolic sizes, where JAX's do not.
+
+Gradients of masked functions come from tracing `jax.vjp(fun)` with symbolic
+shapes (see `_mask.py`). A few of JAX's JVP rules need constant sizes:
+`cumprod`, `cummax`, `cummin` and `cumlogsumexp` differentiate a parallel
+`associative_scan`, which needs a static axis length, and `reduce_prod`
+reshapes its operand with static sizes. For exactly those cases (the scanned or
+reduced axis is symbolic, where JAX's rule raises) these rules take over:
+
+* cumulative ops: the tangent of a sequential `lax.scan` over the axis with
+  the same combine function (a scan of symbolic length differentiates and
+  transposes fine); the primal output still comes from the primitive itself.
+  At exact ties (cummax/cummin), JAX's rule splits the tangent along the tree
+  of its parallel scan and this one along the sequential fold: both are valid
+  subgradients, and they agree everywhere else.
+* `reduce_prod`: d prod(x) = sum_i t_i * prod_{j<i} x_j * prod_{j>i} x_j, one
+  reduced axis at a time, with exclusive cumulative products: exact with
+  zeros, no division.
+
+Everywhere else JAX's own rules run unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from . import _jax_compat as jc
+
+_COMBINE = {
+    "cumsum": lax.add, "cumprod": lax.mul, "cummax": lax.max, "cummin": lax.min,
+    "cumlogsumexp": jnp.logaddexp,
+}
+_IDENTITY = {"cumprod": "mul", "cummax": "max", "cummin": "min",
+             "cumlogsumexp": "logaddexp"}
+
+
+def _sequential_cumulative(name: str, x, *, axis: int, reverse: bool):
+  from ._core import identity_value  # the identities live with the rules
+  combine = _COMBINE[name]
+  xs = jnp.moveaxis(x, axis, 0)
+  init = jnp.full(xs.shape[1:], identity_value(_IDENTITY[name], x.dtype), x.dtype)
+
+  def step(carry, xi):
+    new = combine(carry, xi)
+    return new, new
+
+  _, ys = lax.scan(step, init, xs, reverse=reverse)
+  return jnp.moveaxis(ys, 0, axis)
+
+
+def _cumulative_jvp(name, original, primals, tangents, *, axis, reverse):
+  x, = primals
+  if not jc.is_symbolic_dim(x.shape[axis]):
+    return original(primals, tangents, axis=axis, reverse=reverse)
+  prim = jc.primitive(name)
+  out = prim.bind(x, axis=axis, reverse=reverse)
+  _, t_out = jax.jvp(functools.partial(_sequential_cumulative, name, axis=axis,
+                                       reverse=reverse), (x,), (_instantiate(tangents[0], x),))
+  return out, t_out
+
+
+def _instantiate(t, like):
+  return jc.instantiate_zeros(t, like)
+
+
+def _exclusive_cumprod(x, axis: int, reverse: bool):
+  """prod of the entries strictly before (or after, if reverse) each entry."""
+  c = lax.cumprod(x, axis=axis, reverse=reverse)
+  ones = jnp.ones_like(lax.slice_in_dim(x, 0, 1, axis=axis))
+  n = x.shape[axis]
+  if reverse:
+    return jnp.concatenate([lax.slice_in_dim(c, 1, n, axis=axis), ones], axis=axis)
+  return jnp.concatenate([ones, lax.slice_in_dim(c, 0, n - 1, axis=axis)], axis=axis)
+
+
+def _reduce_prod_jvp(original, primals, tangents, *, axes, **params):
+  x, = primals
+  if not any(jc.is_symbolic_dim(x.shape[a]) for a in axes):
+    return original(primals, tangents, axes=axes, **params)
+  t = _instantiate(tangents[0], x)
+  for a in sorted(axes, reverse=True):  # reduce the last axes first: indices stay valid
+    others = _exclusive_cumprod(x, a, False) * _exclusive_cumprod(x, a, True)
+    t = jnp.sum(t * others, axis=a)
+    x = jc.primitive("reduce_prod").bind(x, axes=(a,), **params)
+  return x, t
+
+
+def install() -> None:
+  """Wraps JAX's JVP rules for the primitives above (once; idempotent)."""
+  for name in _IDENTITY:
+    jc.wrap_jvp_rule(name, functools.partial(_cumulative_jvp, name))
+  jc.wrap_jvp_rule("reduce_prod", _reduce_prod_jvp)

@@ -1,0 +1,202 @@
+"""Reference checks for masking rules.
+
+A `Case` is a function, its specs, and a generator of unpadded arguments for
+given logical sizes. `check(case, mode)` runs `pj.mask(fun)` on padded copies
+whose padding holds NaN, inf and huge values, and compares the valid region of
+every output with `fun` on the unpadded arguments:
+
+* eager: one call per logical size;
+* jit: `jax.jit` of the masked function, one call per logical size;
+* vmap: one `jax.vmap` call over examples of different logical sizes;
+* grad: `jax.vjp` with cotangents that carry NaN in their padding; the valid
+  region of every gradient must match the unpadded VJP, and the padding of
+  gradients with respect to padded inputs must be exactly zero.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import polyjit as pj
+
+MODES = ("eager", "jit", "vmap", "grad")
+
+
+@dataclasses.dataclass
+class Case:
+  name: str
+  fun: Callable
+  in_shapes: Sequence[Any]
+  args: Callable[[np.random.Generator, dict], list]   # unpadded args for sizes
+  sizes: Sequence[dict] = ({"n": 1}, {"n": 3}, {"n": 6})
+  padded: dict = dataclasses.field(default_factory=lambda: {"n": 8})
+  constraints: Sequence[str] = ()
+  modes: Sequence[str] = MODES
+  rtol: float = 2e-5
+  atol: float = 2e-5
+
+  def __str__(self):
+    return self.name
+
+
+def normal(*shape, dtype=np.float32):
+  """An argument generator piece: standard normal values of `shape`."""
+  return lambda rng, s: rng.standard_normal(_shape(shape, s)).astype(dtype)
+
+
+def positive(*shape, dtype=np.float32):
+  return lambda rng, s: (rng.uniform(0.5, 2.0, _shape(shape, s))).astype(dtype)
+
+
+def ints(*shape, low=-5, high=5, dtype=np.int32):
+  return lambda rng, s: rng.integers(low, high, _shape(shape, s)).astype(dtype)
+
+
+def bools(*shape):
+  return lambda rng, s: rng.random(_shape(shape, s)) < 0.5
+
+
+def const(value):
+  return lambda rng, s: value
+
+
+def _shape(shape, sizes):
+  return tuple(d if isinstance(d, int) else eval(d, {}, dict(sizes)) for d in shape)
+
+
+def make(*pieces):
+  """Combines argument generator pieces into `Case.args`."""
+  return lambda rng, sizes: [p(rng, sizes) for p in pieces]
+
+
+# --- padding with garbage ----------------------------------------------------
+
+def garbage_like(x: np.ndarray, rng) -> np.ndarray:
+  dtype = x.dtype
+  if np.issubdtype(dtype, np.floating) or np.issubdtype(dtype, np.complexfloating):
+    choices = np.array([np.nan, np.inf, -np.inf, 1e30, -1e30], dtype=np.float64)
+    return rng.choice(choices, x.shape).astype(dtype)
+  if np.issubdtype(dtype, np.integer):
+    info = np.iinfo(dtype)
+    return rng.choice(np.array([info.max, info.min, info.max // 3, -7 if info.min < 0 else 7],
+                               dtype=dtype), x.shape)
+  if dtype == np.bool_:
+    return rng.random(x.shape) < 0.5
+  return np.zeros_like(x)
+
+
+def pad_to(x, template, rng):
+  x = np.asarray(x)
+  out = garbage_like(np.asarray(template), rng)
+  out[tuple(slice(0, s) for s in x.shape)] = x
+  return out
+
+
+def padded_args(case: Case, unpadded, rng):
+  template = case.args(np.random.default_rng(0), case.padded)
+  return jax.tree.map(lambda x, t: pad_to(x, t, rng), unpadded, template)
+
+
+def valid(x, shape):
+  return np.asarray(x)[tuple(slice(0, s) for s in shape)]
+
+
+# --- comparisons -------------------------------------------------------------
+
+def assert_close(actual, expected, case: Case, what: str):
+  actual, expected = np.asarray(actual), np.asarray(expected)
+  assert actual.shape == expected.shape, (what, actual.shape, expected.shape)
+  if expected.dtype == jax.dtypes.float0:
+    return
+  if np.issubdtype(expected.dtype, np.inexact):
+    np.testing.assert_allclose(actual, expected, rtol=case.rtol, atol=case.atol,
+                               equal_nan=True, err_msg=what)
+  else:
+    np.testing.assert_array_equal(actual, expected, err_msg=what)
+
+
+def _masked(case: Case):
+  return pj.mask(case.fun, case.in_shapes, constraints=case.constraints)
+
+
+def check(case: Case, mode: str, seed: int = 0):
+  rng = np.random.default_rng(seed)
+  masked = _masked(case)
+  if mode == "vmap":
+    return _check_vmap(case, masked, rng)
+  run = jax.jit(masked) if mode == "jit" else masked
+  for sizes in case.sizes:
+    unpadded = case.args(rng, sizes)
+    padded = padded_args(case, unpadded, rng)
+    if mode == "grad":
+      _check_grad(case, masked, unpadded, padded, sizes, rng)
+      continue
+    expected = reference(case, unpadded)
+    outs = run(padded, sizes)
+    shapes = masked.logical_shapes(padded, sizes)
+    for i, (o, e, s) in enumerate(zip(jax.tree.leaves(outs), jax.tree.leaves(expected),
+                                      _shape_leaves(shapes, expected))):
+      assert_close(valid(o, s), e, case, f"{case.name} {mode} sizes={sizes} output {i}")
+
+
+def reference(case: Case, unpadded):
+  """`fun` on the unpadded arguments, as JAX arrays (NumPy indexing differs)."""
+  return case.fun(*jax.tree.map(jnp.asarray, unpadded))
+
+
+def _shape_leaves(shapes, like):
+  return jax.tree.structure(like).flatten_up_to(shapes)
+
+
+def _check_vmap(case: Case, masked, rng):
+  unpadded = [case.args(rng, s) for s in case.sizes]
+  padded = [padded_args(case, u, rng) for u in unpadded]
+  stacked = jax.tree.map(lambda *xs: np.stack(xs), *padded)
+  env = {k: np.array([s[k] for s in case.sizes], np.int32) for k in case.sizes[0]}
+  outs = jax.vmap(masked)(stacked, env)
+  for b, (u, sizes) in enumerate(zip(unpadded, case.sizes)):
+    expected = reference(case, u)
+    shapes = masked.logical_shapes(padded[b], sizes)
+    for i, (o, e, s) in enumerate(zip(jax.tree.leaves(outs), jax.tree.leaves(expected),
+                                      _shape_leaves(shapes, expected))):
+      assert_close(valid(np.asarray(o)[b], s), e, case,
+                   f"{case.name} vmap example {b} sizes={sizes} output {i}")
+
+
+def _cotangent(x, shape, rng):
+  x = np.asarray(x)
+  if not np.issubdtype(x.dtype, np.inexact):
+    return np.zeros(x.shape, jax.dtypes.float0)
+  ct = np.full(x.shape, np.nan, x.dtype)
+  ct[tuple(slice(0, s) for s in shape)] = rng.standard_normal(shape).astype(x.dtype)
+  return ct
+
+
+def _check_grad(case: Case, masked, unpadded, padded, sizes, rng):
+  outs, pullback = jax.vjp(lambda *a: masked(a, sizes), *padded)
+  shapes = masked.logical_shapes(padded, sizes)
+  out_leaves, tree = jax.tree.flatten(outs)
+  shape_leaves = tree.flatten_up_to(shapes)
+  cts = [_cotangent(o, s, rng) for o, s in zip(out_leaves, shape_leaves)]
+  grads = pullback(jax.tree.unflatten(tree, cts))
+  expected_outs, ref_pullback = jax.vjp(case.fun, *jax.tree.map(jnp.asarray, unpadded))
+  ref_cts = [valid(c, s) if c.dtype != jax.dtypes.float0
+             else np.zeros(s, jax.dtypes.float0) for c, s in zip(cts, shape_leaves)]
+  expected = ref_pullback(jax.tree.unflatten(jax.tree.structure(expected_outs), ref_cts))
+  for i, (g, e, p) in enumerate(zip(jax.tree.leaves(grads), jax.tree.leaves(expected),
+                                    jax.tree.leaves(padded))):
+    g = np.asarray(g)
+    if g.dtype == jax.dtypes.float0:
+      continue
+    what = f"{case.name} grad sizes={sizes} input {i}"
+    got = valid(g, np.shape(e))
+    np.testing.assert_allclose(got, e, rtol=max(case.rtol, 1e-4), atol=max(case.atol, 1e-4),
+                               equal_nan=True, err_msg=what)
+    outside = g.copy()
+    outside[tuple(slice(0, s) for s in np.shape(e))] = 0
+    assert np.all(outside == 0), f"{what}: gradient padding is not zero: {g}"
