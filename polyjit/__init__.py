@@ -5,9 +5,10 @@ returns the exact unpadded result, with logical sizes as runtime values.
 See DESIGN.md for the approach and the invariant.
 """
 
+from . import diagnostics
 from ._errors import MaskingError, PolyjitError, ShapeError
 from ._mask import Masked, mask
 
 __version__ = "0.1.0"
 
-__all__ = ["MaskingError", "Masked", "PolyjitError", "ShapeError", "mask"]
+__all__ = ["MaskingError", "Masked", "PolyjitError", "ShapeError", "diagnostics", "mask"]

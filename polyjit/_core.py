@@ -139,7 +139,7 @@ class MaskEnv:
       return int(d)
     if not jc.is_monotone_dim(d):
       raise MaskingError(
-          f"the size '{d}' at {jc.source_line(eqn)} can grow when a dimension "
+          f"the size '{d}' {jc.source_line(eqn)} can grow when a dimension "
           "shrinks, so its padded size could be smaller than its logical size. "
           "polyjit needs sizes that never decrease as the dimensions grow "
           "(like n - 1, 2*n, n // 2); rewrite the computation or declare one of "
@@ -339,7 +339,7 @@ class RuleContext:
     source = jc.source_line(self.eqn)
     name = self.eqn.primitive.name
     return MaskingError(
-        f"polyjit cannot mask '{name}' at {source}: {what}\nWhat to do: {todo}",
+        f"polyjit cannot mask '{name}' {source}: {what}\nWhat to do: {todo}",
         primitive=name, source=source)
 
   # sub-jaxprs

@@ -33,7 +33,7 @@ class MaskingError(PolyjitError, NotImplementedError):
 def no_rule_message(prim_name: str, source: str, padded: list[str]) -> str:
   padded_txt = "; ".join(padded) if padded else "(sizes in its parameters)"
   return (
-      f"polyjit cannot mask the primitive '{prim_name}' at {source}: it has no "
+      f"polyjit cannot mask the primitive '{prim_name}' {source}: it has no "
       f"masking rule, and its operands have padded axes: {padded_txt}.\n"
       "Running it on padded data could let padding change the result, so "
       "polyjit refuses instead of guessing.\n"

@@ -11,6 +11,7 @@ Tested against JAX 0.10.2 (see pyproject.toml for the supported range).
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from typing import Any, Callable, Iterable
 
@@ -211,14 +212,26 @@ class _EqnContext:
     return False
 
 
+# polyjit's own frames are not the user's: leave them out of source lines.
+_siu.register_exclusion(os.path.dirname(os.path.abspath(__file__)))
+
+
 def source_line(eqn: JaxprEqn | None) -> str:
-  """The user's source line for an equation, e.g. 'model.py:12 (loss)'."""
+  """Where an equation came from: 'at model.py:12 (loss)', or 'in `sort`'.
+
+  When JAX kept no user frame (a library function called directly, or frames
+  cut at a jit boundary), names the function the equation came from instead.
+  """
   if eqn is None:
-    return "unknown location"
+    return "at an unknown location"
   try:
-    return _siu.summarize(eqn.source_info)
+    line = _siu.summarize(eqn.source_info)
   except Exception:  # pragma: no cover - defensive: never fail an error path
-    return "unknown location"
+    line = ""
+  if line and line != "unknown":
+    return f"at {line}"
+  name = str(_siu.current_name_stack() + eqn.source_info.name_stack)
+  return f"in `{name}`" if name else "at an unknown location"
 
 
 def current_user_line() -> str:

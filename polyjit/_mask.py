@@ -251,10 +251,15 @@ class Masked:
         for x, shape in zip(leaves, shape_leaves)])
 
   def __call__(self, args: Sequence[Any], logical_env) -> Any:
-    binding = self.bind(args)
-    traced = self.trace(args, binding)
-    logical = _spec.logical_values(logical_env, binding)
-    outs = apply(traced, binding.padded, jax.tree.leaves(tuple(args)), logical)
+    try:
+      binding = self.bind(args)
+      traced = self.trace(args, binding)
+      logical = _spec.logical_values(logical_env, binding)
+      outs = apply(traced, binding.padded, jax.tree.leaves(tuple(args)), logical)
+    except (MaskingError, ShapeError) as e:
+      e.add_note(f"(while masking {getattr(self.fun, '__name__', self.fun)!s}, "
+                 f"called at {jc.current_user_line()})")
+      raise
     return jax.tree.unflatten(traced.out_tree, outs)
 
 

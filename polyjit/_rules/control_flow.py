@@ -18,6 +18,7 @@ first, and the same select keeps the initial carry until the data starts.
 
 from __future__ import annotations
 
+import jax
 from jax import lax
 
 from .. import _jax_compat as jc
@@ -25,8 +26,9 @@ from .._core import eval_jaxpr_masked, register
 
 
 @register("jit", "pjit")
-def _jit(ctx, *args, jaxpr, **_):
-  return ctx.eval_jaxpr(jaxpr, *args)
+def _jit(ctx, *args, jaxpr, name=None, **_):
+  with jax.named_scope(name or "jit"):  # so that errors can say where
+    return ctx.eval_jaxpr(jaxpr, *args)
 
 
 @register("closed_call", "custom_jvp_call", "custom_vjp_call")

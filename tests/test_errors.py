@@ -1,0 +1,75 @@
+"""What is not supported raises, naming the primitive, the place and a remedy."""
+
+from __future__ import annotations
+
+import inspect
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.extend.core import Primitive
+
+import polyjit as pj
+
+# A primitive no rule will ever know about (real ones may get rules later).
+mystery_p = Primitive("mystery")
+mystery_p.def_abstract_eval(lambda x: x)
+mystery_p.def_impl(lambda x: x)
+
+
+def test_a_primitive_without_a_rule_is_refused():
+  def f(x):
+    return mystery_p.bind(x * 2).sum()  # the line the error must point to
+
+  masked = pj.mask(f, ["(n, _)"])
+  with pytest.raises(pj.MaskingError) as e:
+    masked([np.zeros((8, 3), np.float32)], {"n": 3})
+  err = e.value
+  assert err.primitive == "mystery"
+  line = inspect.getsourcelines(f)[1] + 1
+  assert f"test_errors.py:{line}" in err.source and ".f)" in err.source
+  msg = str(err)
+  assert "operand 0 float32[n,3]: axis 0 (n)" in msg
+  assert "What to do:" in msg
+  assert any("while masking f" in note for note in err.__notes__)
+
+
+def test_a_primitive_without_a_rule_on_fixed_axes_runs():
+  masked = pj.mask(lambda x, w: x.sum() + mystery_p.bind(w).sum(), ["n", None])
+  assert float(masked([np.ones(8, np.float32), np.ones(3, np.float32)], {"n": 2})) == 5.0
+
+
+def test_reshape_that_interleaves_padding():
+  with pytest.raises(pj.MaskingError, match=r"reshaping float32\[3,n\] to float32\[3\*n\]"):
+    pj.mask(lambda x: x.reshape(-1), ["(_, n)"])([np.zeros((3, 4), np.float32)], {"n": 2})
+
+
+def test_a_size_that_shrinks_as_a_dimension_grows():
+  with pytest.raises(pj.MaskingError, match="can grow when a dimension shrinks"):
+    pj.mask(lambda x, y: x[y.shape[0]:], ["n", "m"], constraints=["n >= m"])(
+        [np.zeros(8, np.float32), np.zeros(4, np.float32)], {"n": 5, "m": 2})
+
+
+def test_reverse_mode_through_a_dynamic_trip_count_loop():
+  f = lambda x: lax.fori_loop(0, x.shape[0], lambda i, c: c + x[i] ** 2, 0.0)
+  masked = pj.mask(f, ["n"])
+  x = np.ones(6, np.float32)
+  assert float(masked([x], {"n": 4})) == 4.0  # forward is fine
+  with pytest.raises(pj.MaskingError, match=r"lax.scan"):
+    jax.grad(lambda x: masked([x], {"n": 4}))(x)
+
+
+def test_out_shape_mismatch_shows_both_shapes():
+  masked = pj.mask(lambda x, y: jnp.concatenate([x, y]), ["n", "m"], out_shape="2*n")
+  with pytest.raises(pj.ShapeError, match=r"output 0 has shape \(n \+ m,\) but out_shape "
+                                          r"declares \(2\*n,\)"):
+    masked([np.zeros(4), np.zeros(3)], {"n": 2, "m": 1})
+
+
+def test_pad_with_a_size_dependent_low_padding():
+  f = lambda x, y: lax.pad(x, 0.0, [(y.shape[0], 0, 0)])
+  with pytest.raises(pj.MaskingError, match="low or interior padding"):
+    pj.mask(f, ["n", "m"])([np.zeros(4, np.float32), np.zeros(3, np.float32)],
+                           {"n": 2, "m": 2})
