@@ -126,6 +126,7 @@ class MaskEnv:
     self.logical_env = dict(zip(self.dim_names, self.logical_values))
     self.cache = {} if cache is None else cache
     self._logical_cache: dict[Any, Any] = {}
+    self._mask_cache: dict[Any, Any] = {}
 
   def padded_key(self) -> tuple:
     return tuple((k, self.padded_env[k]) for k in self.dim_names)
@@ -160,7 +161,7 @@ class MaskEnv:
     except KeyError:
       pass
     value = jc.evaluate_dim(d, self.logical_env)
-    value = jnp.asarray(value, jc.dim_value_dtype())
+    value = lax.convert_element_type(value, jc.dim_value_dtype())
     self._logical_cache[d] = value
     return value
 
@@ -171,15 +172,19 @@ class MaskEnv:
     `axes` (default: all) contribute; returns None when none does.
     """
     sym_shape = tuple(getattr(aval, "shape", aval))
+    axes = range(len(sym_shape)) if axes is None else axes
+    dims = tuple((a, sym_shape[a]) for a in axes if jc.is_symbolic_dim(sym_shape[a]))
+    if not dims:
+      return None
     shape = self.padded_shape(sym_shape, eqn)
-    axes = range(len(shape)) if axes is None else axes
-    mask = None
-    for a in axes:
-      d = sym_shape[a]
-      if not jc.is_symbolic_dim(d):
-        continue
-      below = lax.broadcasted_iota(jc.dim_value_dtype(), shape, a) < self.logical(d)
-      mask = below if mask is None else jnp.logical_and(mask, below)
+    key = (shape, dims)
+    mask = self._mask_cache.get(key)
+    if mask is None:  # one mask per shape and axes, shared by every rule
+      for a, d in dims:
+        bound = lax.broadcast_in_dim(self.logical(d), shape, ())
+        below = lax.lt(lax.broadcasted_iota(jc.dim_value_dtype(), shape, a), bound)
+        mask = below if mask is None else lax.bitwise_and(mask, below)
+      self._mask_cache[key] = mask
     return mask
 
   def fill_padding(self, x, aval, value, axes=None, eqn=None):
@@ -196,6 +201,22 @@ class MaskEnv:
 
 # --- the interpreter ---------------------------------------------------------
 
+_plans: "weakref.WeakKeyDictionary[jc.Jaxpr, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _plan(jaxpr: jc.Jaxpr) -> tuple:
+  """Per equation: (eqn, masks?, outvars to keep), computed once per jaxpr."""
+  try:
+    return _plans[jaxpr]
+  except KeyError:
+    pass
+  plan = tuple((eqn, eqn_is_symbolic(eqn),
+                tuple((i, v) for i, v in enumerate(eqn.outvars) if not jc.is_dropvar(v)))
+               for eqn in jaxpr.eqns)
+  _plans[jaxpr] = plan
+  return plan
+
+
 def eval_jaxpr_masked(jaxpr: jc.Jaxpr, consts: Sequence[Any],
                       args: Sequence[Any], env: MaskEnv) -> list:
   """Evaluates `jaxpr` on padded `args`; returns padded outputs."""
@@ -208,10 +229,10 @@ def eval_jaxpr_masked(jaxpr: jc.Jaxpr, consts: Sequence[Any],
     vals[v] = x
   for v, x in zip(jaxpr.invars, args):
     vals[v] = x
-  for eqn in jaxpr.eqns:
+  for eqn, symbolic, outvars in _plan(jaxpr):
     invals = [read(v) for v in eqn.invars]
     with jc.eqn_context(eqn):
-      if eqn_is_symbolic(eqn):
+      if symbolic:
         rule = masking_rules.get(eqn.primitive)
         if rule is None:
           raise _no_rule_error(eqn)
@@ -220,9 +241,8 @@ def eval_jaxpr_masked(jaxpr: jc.Jaxpr, consts: Sequence[Any],
         outs = eqn.primitive.bind(*invals, **jc.bind_params(eqn))
         if not eqn.primitive.multiple_results:
           outs = [outs]
-    for v, x in zip(eqn.outvars, outs):
-      if not jc.is_dropvar(v):
-        vals[v] = x
+    for i, v in outvars:
+      vals[v] = outs[i]
   return [read(v) for v in jaxpr.outvars]
 
 

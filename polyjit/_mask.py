@@ -191,14 +191,23 @@ class Masked:
     self.out_shape = out_shape
     self.scope = _spec.make_scope(constraints)
     self._cache: dict[Any, Traced] = {}
+    self._bindings: dict[Any, _spec.Binding] = {}
     functools.update_wrapper(self, fun, updated=())
 
   def __repr__(self):
     return f"pj.mask({getattr(self.fun, '__name__', self.fun)!r}, {self.in_shapes!r})"
 
   def bind(self, args: Sequence[Any]) -> _spec.Binding:
-    """Binds the specs to padded `args`: padded sizes and symbolic shapes."""
-    return _spec.bind(self.in_shapes, args, self.scope)
+    """Binds the specs to padded `args`: padded sizes and symbolic shapes.
+
+    Cached per argument structure and shapes: the specs are parsed once.
+    """
+    leaves, tree = jax.tree.flatten(tuple(args))
+    key = (tree, tuple(np.shape(x) for x in leaves))
+    binding = self._bindings.get(key)
+    if binding is None:
+      binding = self._bindings[key] = _spec.bind(self.in_shapes, args, self.scope)
+    return binding
 
   def trace(self, args: Sequence[Any], binding: _spec.Binding | None = None) -> Traced:
     """The symbolic trace of `fun` for `args`' structure and dtypes (cached)."""

@@ -47,13 +47,24 @@ class Binding:
     return tuple((k, self.padded[k]) for k in self.dim_names)
 
 
+_scopes: dict[tuple[str, ...], Any] = {}
+
+
 def make_scope(constraints: Sequence[str]):
+  """The symbolic scope for a set of constraints, shared by every masked
+  function with the same constraints: equal dimension names then give equal
+  symbolic shapes, so JAX's own trace caches (jnp functions are jitted) hit
+  across masked functions instead of retracing."""
   if isinstance(constraints, str):
     constraints = (constraints,)
-  try:
-    return jc.SymbolicScope(tuple(constraints))
-  except Exception as e:
-    raise ShapeError(f"invalid constraints {list(constraints)!r}: {e}") from None
+  key = tuple(constraints)
+  scope = _scopes.get(key)
+  if scope is None:
+    try:
+      scope = _scopes.setdefault(key, jc.SymbolicScope(key))
+    except Exception as e:
+      raise ShapeError(f"invalid constraints {list(constraints)!r}: {e}") from None
+  return scope
 
 
 def parse_shape(spec: str | None, like: tuple[int, ...], scope, where: str):
