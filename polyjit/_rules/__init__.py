@@ -1,15 +1,14 @@
 """Masking rules, one module per primitive family.
 
-Importing this package fills `polyjit._core.masking_rules`. Each module's
-docstring says why its family needs the rules it has.
+Importing this package imports every public module in it, and each module
+registers its rules in `polyjit._core.masking_rules` (see `_core.register`).
+A new family is a new file here; each module's docstring says why its family
+needs the rules it has.
 """
 
-from . import (  # noqa: F401  (imported to register the rules)
-    contractions,
-    control_flow,
-    elementwise,
-    indexing,
-    layout,
-    reductions,
-    structural,
-)
+import importlib
+import pkgutil
+
+for _info in pkgutil.iter_modules(__path__):
+  if not _info.name.startswith("_"):
+    importlib.import_module(f"{__name__}.{_info.name}")
