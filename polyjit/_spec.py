@@ -22,7 +22,7 @@ from . import _jax_compat as jc
 from ._errors import ShapeError
 
 
-def _is_spec_leaf(x) -> bool:
+def is_spec_leaf(x) -> bool:
   return x is None or isinstance(x, str)
 
 
@@ -105,12 +105,12 @@ def bind(in_shapes, args: Sequence[Any], scope,
   for i, (spec_tree, arg) in enumerate(zip(in_shapes, args)):
     name = arg_names[i] if arg_names else f"argument {i}"
     try:
-      specs = jax.tree.broadcast(spec_tree, arg, is_leaf=_is_spec_leaf)
+      specs = jax.tree.broadcast(spec_tree, arg, is_leaf=is_spec_leaf)
     except Exception as e:
       raise ShapeError(
           f"{name}: the spec {spec_tree!r} is not a pytree prefix of the "
           f"argument: {e}") from None
-    spec_leaves = jax.tree.leaves(specs, is_leaf=_is_spec_leaf)
+    spec_leaves = jax.tree.leaves(specs, is_leaf=is_spec_leaf)
     arg_leaves = jax.tree.leaves(arg)
     paths = _leaf_paths(arg)
     for spec, leaf, path in zip(spec_leaves, arg_leaves, paths):
@@ -233,7 +233,12 @@ def _check_concrete(sizes: dict[str, int], binding: Binding) -> None:
           raise ShapeError(
               f"{leaf.where} axis {axis}: spec '{d}' with {sizes} gives logical "
               f"size {logical}, which does not fit the padded size {size}.")
-  for text, kind, diff in jc.scope_constraints(binding.scope):
+  check_constraints(sizes, binding.scope)
+
+
+def check_constraints(sizes: dict[str, int], scope) -> None:
+  """Raises ShapeError when concrete sizes violate the scope's constraints."""
+  for text, kind, diff in jc.scope_constraints(scope):
     value = jc.evaluate_dim(diff, sizes)
     if (kind == "eq" and value != 0) or (kind == "geq" and value < 0):
       raise ShapeError(

@@ -4,6 +4,6 @@
 `jax.monitoring` reports it: compile counts are measured, never assumed.
 """
 
-from ._compiles import CompileEvent, count_compiles
+from ._compiles import CompileEvent, CompileLog, count_compiles
 
-__all__ = ["CompileEvent", "count_compiles"]
+__all__ = ["CompileEvent", "CompileLog", "count_compiles"]

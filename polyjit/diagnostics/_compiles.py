@@ -2,8 +2,12 @@
 
 JAX reports each XLA backend compile as the duration event
 `/jax/core/compile/backend_compile_duration`, tagged with the function name.
-One listener is registered for the process (listeners cannot be scoped), and
-it forwards events to the recorders active at that moment, on any thread.
+The same event also wraps a load from the persistent compilation cache, which
+JAX announces just before, in the same thread, with the event
+`/jax/compilation_cache/cache_hits`: such loads are recorded apart
+(`CompileLog.cache_loads`), since nothing was compiled. One listener pair is
+registered for the process (listeners cannot be scoped); it forwards events to
+the recorders active at that moment.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Iterator
 import jax.monitoring
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,42 +31,66 @@ class CompileEvent:
   wall_time: float
 
 
+class CompileLog(list):
+  """The compiles recorded in a block (a list of `CompileEvent`), and apart,
+  the programs loaded from the persistent cache instead (`cache_loads`)."""
+
+  def __init__(self):
+    super().__init__()
+    self.cache_loads: list[CompileEvent] = []
+
+
 _lock = threading.Lock()
-_recorders: list[list[CompileEvent]] = []
+_recorders: list[tuple[CompileLog, int | None]] = []  # (log, thread or None)
 _installed = False
+_hits = threading.local()
 
 
-def _listener(event: str, seconds: float, **kwargs) -> None:
+def _on_event(event: str, **kwargs) -> None:
+  if event == CACHE_HIT_EVENT:
+    _hits.pending = True
+
+
+def _on_duration(event: str, seconds: float, **kwargs) -> None:
   if event != BACKEND_COMPILE_EVENT:
     return
   record = CompileEvent(str(kwargs.get("fun_name", "?")), float(seconds), time.time())
+  loaded = getattr(_hits, "pending", False)
+  _hits.pending = False
+  thread = threading.get_ident()
   with _lock:
-    for recorder in _recorders:
-      recorder.append(record)
+    for log, only in _recorders:
+      if only is None or only == thread:
+        (log.cache_loads if loaded else log).append(record)
 
 
 def _install() -> None:
   global _installed
   with _lock:
     if not _installed:
-      jax.monitoring.register_event_duration_secs_listener(_listener)
+      jax.monitoring.register_event_listener(_on_event)
+      jax.monitoring.register_event_duration_secs_listener(_on_duration)
       _installed = True
 
 
 @contextlib.contextmanager
-def count_compiles() -> Iterator[list[CompileEvent]]:
+def count_compiles(this_thread_only: bool = False) -> Iterator[CompileLog]:
   """Records the backend compiles that happen inside the block.
 
       with pj.diagnostics.count_compiles() as compiles:
         f(x)
       print(len(compiles))
+
+  With `this_thread_only`, compiles running at the same time in other threads
+  are left out (XLA compiles in the thread that asked for the program).
   """
   _install()
-  events: list[CompileEvent] = []
+  events = CompileLog()
+  entry = (events, threading.get_ident() if this_thread_only else None)
   with _lock:
-    _recorders.append(events)
+    _recorders.append(entry)
   try:
     yield events
   finally:
     with _lock:  # by identity: two recorders with equal contents are different
-      _recorders[:] = [r for r in _recorders if r is not events]
+      _recorders[:] = [r for r in _recorders if r is not entry]

@@ -1,0 +1,132 @@
+"""The executable cache: thread-safe, compile-once, bounded, with background work.
+
+Each entry is a `concurrent.futures.Future` of a compiled program. The first
+caller that needs a key compiles it; concurrent callers that need the same key
+wait on the same future, so a bucket compiles once however many threads ask.
+Past `maxsize` entries the least recently used finished program is dropped
+(programs still compiling are never dropped). `submit` compiles in a thread
+pool instead, for `precompile` and for background compiles of tighter buckets.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import os
+import threading
+from typing import Any, Callable, Hashable, Iterator
+
+import jax
+
+
+class ExecutableCache:
+
+  def __init__(self, maxsize: int = 64, max_workers: int | None = None,
+               on_evict: Callable[[Hashable], None] | None = None):
+    if maxsize < 1:
+      raise ValueError(f"cache size must be >= 1, got {maxsize}")
+    self.maxsize = maxsize
+    self._entries: "collections.OrderedDict[Hashable, concurrent.futures.Future]" = (
+        collections.OrderedDict())
+    self._lock = threading.Lock()
+    self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+    self._max_workers = max_workers
+    self._on_evict = on_evict
+    self.evictions = 0
+
+  def __len__(self) -> int:
+    with self._lock:
+      return len(self._entries)
+
+  def keys(self) -> list:
+    with self._lock:
+      return list(self._entries)
+
+  def done(self) -> Iterator[tuple[Hashable, Any]]:
+    """(key, program) for every finished, successful compile (a snapshot)."""
+    with self._lock:
+      items = list(self._entries.items())
+    for key, fut in items:
+      if fut.done() and not fut.cancelled() and fut.exception() is None:
+        yield key, fut.result()
+
+  def peek(self, key) -> concurrent.futures.Future | None:
+    with self._lock:
+      return self._entries.get(key)
+
+  def get(self, key: Hashable, build: Callable[[], Any]) -> Any:
+    """The program for `key`, compiling it here if nobody has yet."""
+    fut, owner = self._claim(key)
+    if owner:
+      self._run(key, fut, build)
+    return fut.result()
+
+  def submit(self, key: Hashable, build: Callable[[], Any]) -> concurrent.futures.Future:
+    """Starts compiling `key` in the pool unless it is cached or compiling."""
+    fut, owner = self._claim(key)
+    if owner:
+      self._executor().submit(self._run, key, fut, build)
+    return fut
+
+  def _claim(self, key):
+    with self._lock:
+      fut = self._entries.get(key)
+      if fut is not None:
+        self._entries.move_to_end(key)
+        return fut, False
+      fut = concurrent.futures.Future()
+      self._entries[key] = fut
+      evicted = self._evict()
+    if self._on_evict is not None:
+      for old in evicted:
+        self._on_evict(old)
+    return fut, True
+
+  def _run(self, key, fut, build):
+    try:
+      fut.set_result(build())
+    except BaseException as e:  # the waiters get the error; a later call retries
+      with self._lock:
+        if self._entries.get(key) is fut:
+          del self._entries[key]
+      fut.set_exception(e)
+
+  def _evict(self) -> list:
+    evicted = []
+    excess = len(self._entries) - self.maxsize
+    for key in list(self._entries):
+      if len(evicted) >= excess:
+        break
+      if self._entries[key].done():
+        del self._entries[key]
+        evicted.append(key)
+    self.evictions += len(evicted)
+    return evicted
+
+  def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
+    with self._lock:
+      if self._pool is None:
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=self._max_workers, thread_name_prefix="polyjit-compile")
+      return self._pool
+
+  def clear(self):
+    with self._lock:
+      self._entries.clear()
+
+
+def enable_persistent_cache(directory: str = "~/.cache/polyjit") -> str:
+  """Turns on JAX's persistent compilation cache, keeping small programs too.
+
+  JAX by default only persists programs that took over a second to compile;
+  bucket programs are often faster to compile than that and would be left
+  out. After this call a second process running the same workload loads every
+  bucket's program from `directory` instead of compiling it. Returns the
+  directory used.
+  """
+  path = os.path.abspath(os.path.expanduser(directory))
+  os.makedirs(path, exist_ok=True)
+  jax.config.update("jax_compilation_cache_dir", path)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  return path

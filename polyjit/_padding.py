@@ -1,0 +1,101 @@
+"""Host-side padding and unpadding, and `pj.Padded` for staying on the device.
+
+`pj.jit` must not compile a device program per distinct shape, and an eager
+`jnp.pad(x)` or `y[:n]` on a new shape compiles one (tens of milliseconds).
+So arguments are padded on the host (a zeroed NumPy buffer of the bucket's
+shape with the data copied in) and outputs with dynamic dims are sliced on the
+host and put back on the device: no compiler on the call path.
+
+On a CPU the host *is* the device and this costs a copy. On a GPU it is a
+device-to-host round trip for device-resident arguments of a new shape and
+for outputs with dynamic dims. To chain calls without it, `f.call_padded`
+returns `pj.Padded` values (the padded buffer plus its logical shape), which
+another `pj.jit` function takes as they are when they fit its bucket.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+
+@jax.tree_util.register_pytree_node_class
+class Padded:
+  """A padded array on the device and the logical shape of its data.
+
+  The data occupies the leading `shape` corner of `data`; the rest is padding
+  with unspecified content. `pj.jit` functions accept `Padded` arguments and
+  use `data` without copying when it already has their bucket's shape.
+  """
+  __slots__ = ("data", "shape")
+
+  def __init__(self, data, shape):
+    self.data = data
+    self.shape = tuple(int(s) for s in shape)
+
+  @property
+  def dtype(self):
+    return self.data.dtype
+
+  @property
+  def ndim(self) -> int:
+    return len(self.shape)
+
+  def unpad(self) -> jax.Array:
+    """The logical array (a host round trip, no compile)."""
+    return unpad(self.data, self.shape)
+
+  def __array__(self, dtype=None, copy=None):
+    return np.asarray(self.unpad(), dtype=dtype)
+
+  def __repr__(self):
+    return f"Padded(shape={self.shape}, padded={tuple(self.data.shape)}, dtype={self.dtype})"
+
+  def tree_flatten(self):
+    return (self.data,), self.shape
+
+  @classmethod
+  def tree_unflatten(cls, shape, children):
+    return cls(children[0], shape)
+
+
+def is_padded(x) -> bool:
+  return isinstance(x, Padded)
+
+
+def logical_shape(x) -> tuple[int, ...]:
+  shape = getattr(x, "shape", None)  # arrays, NumPy scalars and Padded have one
+  return tuple(np.shape(x)) if shape is None else tuple(shape)
+
+
+def pad(x, padded_shape: tuple[int, ...], dtype) -> Any:
+  """`x` (array, scalar or Padded) as an array of `padded_shape` and `dtype`.
+
+  Arguments that already have the padded shape and dtype pass through
+  untouched (device arrays stay on the device).
+  """
+  data = x.data if isinstance(x, Padded) else x
+  if logical_shape(data) == padded_shape and _dtype_of(data) == dtype:
+    return data
+  shape = logical_shape(x)
+  host = np.asarray(data)
+  if isinstance(x, Padded):
+    host = host[tuple(slice(0, s) for s in shape)]
+  out = np.zeros(padded_shape, dtype)
+  out[tuple(slice(0, s) for s in shape)] = host
+  return out
+
+
+def _dtype_of(x):
+  dtype = getattr(x, "dtype", None)
+  return None if dtype is None else np.dtype(dtype)
+
+
+def unpad(x, shape: tuple[int, ...]) -> jax.Array:
+  """The leading `shape` corner of a padded device array, as a device array."""
+  if tuple(x.shape) == tuple(shape):
+    return x
+  host = np.asarray(x)[tuple(slice(0, s) for s in shape)]
+  return jax.device_put(np.ascontiguousarray(host))
