@@ -1,19 +1,25 @@
 """The seed workload: a Gaussian log-likelihood over vectors whose length changes.
 
-Calls with distinct lengths drawn uniformly from [100, 10000], in one run:
+One call per array, lengths drawn from a distribution (uniform or log-uniform
+over [100, 10000], or a realistic sentence-length distribution), in one run:
 
 * `jax.jit`: compiles every distinct length;
 * hand-written: pad to the next power of two on the host, mask by hand;
 * `pj.jit` automatic (no specs) and explicit (`polymorphic_shapes=["n", ...]`);
+* peers, where installed: `jax.export` with a symbolic length
+  (`Exported.call`), `torch.compile` (default and `dynamic=True`),
+  `tf.function(reduce_retracing=True)`;
 * steady state: the same calls again, everything compiled, against `jax.jit`
   on exact shapes it has already compiled;
-* per-call overhead: a small input (100 values), `pj.jit` against `jax.jit`.
+* per-call overhead: a small input (100 values), `pj.jit` against `jax.jit`;
+* `--policies`: `pj.jit` with every bucket policy (programs, padding, time).
 
 Targets (DESIGN.md section 5): total at least 30x less than `jax.jit`, within
 1.15x of hand-written, steady state within 1.25x of `jax.jit`, at most 30 us
-added per call.
+added per call, at least 3x less than `torch.compile`.
 
-    python benchmarks/seed_likelihood.py [--calls 300] [--json out.json]
+    python benchmarks/seed_likelihood.py [--calls 300] [--distribution uniform]
+        [--peers] [--policies] [--json out.json]
 """
 
 from __future__ import annotations
@@ -29,18 +35,21 @@ import numpy as np
 
 import polyjit as pj
 
+try:
+  from benchmarks import peers as _peers
+except ImportError:  # run as a script from benchmarks/
+  import peers as _peers
+
 
 def loglik(x, mu, log_sigma):
-  sigma = jnp.exp(log_sigma)
-  z = (x - mu) / sigma
+  z = (x - mu) * jnp.exp(-log_sigma)
   return jnp.sum(-0.5 * z * z - log_sigma) - 0.5 * x.shape[0] * jnp.log(2 * jnp.pi)
 
 
 @jax.jit
 def loglik_handmasked(x, n, mu, log_sigma):
   """What people write by hand: a mask from the true length."""
-  sigma = jnp.exp(log_sigma)
-  z = (x - mu) / sigma
+  z = (x - mu) * jnp.exp(-log_sigma)
   valid = jnp.arange(x.shape[0]) < n
   terms = jnp.where(valid, -0.5 * z * z - log_sigma, 0.0)
   return jnp.sum(terms) - 0.5 * n * jnp.log(2 * jnp.pi)
@@ -54,19 +63,40 @@ def handwritten(x, mu, log_sigma):
   return loglik_handmasked(padded, np.int32(n), mu, log_sigma)
 
 
+def lengths_for(distribution: str, calls: int, low: int, high: int, rng) -> np.ndarray:
+  if distribution == "uniform":
+    return rng.choice(np.arange(low, high + 1), calls, replace=False)
+  if distribution == "loguniform":
+    return _distinct_loguniform(calls, low, high, rng)
+  if distribution == "sentences":  # tokens per sentence: lognormal, median 20
+    return np.clip(rng.lognormal(np.log(20.0), 0.6, calls).astype(int), 1, 512)
+  raise ValueError(f"unknown distribution {distribution!r}")
+
+
+def _distinct_loguniform(calls, low, high, rng):
+  """Distinct lengths, log-uniform in [low, high]."""
+  out: set[int] = set()
+  while len(out) < calls:
+    out.update(np.exp(rng.uniform(np.log(low), np.log(high), calls)).astype(int).tolist())
+  return rng.permutation(sorted(out))[:calls]
+
+
 def run_all(fn, data, params):
   """Total seconds for one call per array, each call waited for."""
   out = []
   t0 = time.perf_counter()
   for x in data:
-    out.append(jax.block_until_ready(fn(x, *params)))
+    out.append(float(jax.block_until_ready(fn(x, *params))))
   return time.perf_counter() - t0, out
 
 
-def compiles_of(fn, data, params):
+def measure(fn, data, params, count_peer_compiles=None):
   with pj.diagnostics.count_compiles() as compiles:
     seconds, outs = run_all(fn, data, params)
-  return seconds, outs, len(compiles), sum(c.seconds for c in compiles)
+  n_compiles = len(compiles) if count_peer_compiles is None else count_peer_compiles()
+  return {"total_s": seconds, "compiles": n_compiles,
+          "compile_s": sum(c.seconds for c in compiles) if count_peer_compiles is None else None,
+          "outs": outs}
 
 
 def per_call_us(fn, x, params, repeats=2000):
@@ -82,20 +112,33 @@ def per_call_us(fn, x, params, repeats=2000):
   return best * 1e6
 
 
+POLICIES = {
+    "PowersOfTwo() (default)": pj.buckets.PowersOfTwo(),
+    "Geometric(1.5)": pj.buckets.Geometric(1.5),
+    "Geometric(1.25)": pj.buckets.Geometric(1.25),
+    "Multiples(512)": pj.buckets.Multiples(512),
+    "Explicit([1k, 2.5k, 5k, 10k])": pj.buckets.Explicit([1000, 2500, 5000, 10_000]),
+}
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--calls", type=int, default=300)
   parser.add_argument("--low", type=int, default=100)
   parser.add_argument("--high", type=int, default=10_000)
+  parser.add_argument("--distribution", default="uniform",
+                      choices=["uniform", "loguniform", "sentences"])
+  parser.add_argument("--peers", action="store_true", help="also run the installed peers")
+  parser.add_argument("--policies", action="store_true", help="also run every bucket policy")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--json", help="write the results here")
   opts = parser.parse_args(argv)
 
   rng = np.random.default_rng(opts.seed)
-  lengths = rng.choice(np.arange(opts.low, opts.high + 1), opts.calls, replace=False)
+  lengths = lengths_for(opts.distribution, opts.calls, opts.low, opts.high, rng)
   data = [rng.standard_normal(n).astype(np.float32) for n in lengths]
   params = (np.float32(0.1), np.float32(0.2))
-  reference = [float(loglik(x.astype(np.float64), 0.1, 0.2)) for x in data[:20]]
+  reference = [float(loglik(x.astype(np.float64), 0.1, 0.2)) for x in data]
 
   contenders = {
       "jax.jit": jax.jit(loglik),
@@ -103,12 +146,30 @@ def main(argv=None):
       "pj.jit automatic": pj.jit(loglik),
       "pj.jit explicit": pj.jit(loglik, polymorphic_shapes=["n", None, None]),
   }
-  rows = {}
+  rows, skipped = {}, {}
   for name, fn in contenders.items():
-    seconds, outs, n_compiles, compile_s = compiles_of(fn, data, params)
-    err = max(abs(float(o) - r) / abs(r) for o, r in zip(outs, reference))
-    rows[name] = {"total_s": seconds, "compiles": n_compiles, "compile_s": compile_s,
-                  "max_rel_err": err}
+    rows[name] = measure(fn, data, params)
+  if opts.peers:
+    for name, make in _peers.PEERS.items():
+      fn = make()
+      if isinstance(fn, str):
+        skipped[name] = fn
+        continue
+      counter = (_peers.torch_compiles if name.startswith("torch") else
+                 (lambda fn=fn: _peers.tf_traces(fn)) if name.startswith("tf") else None)
+      rows[name] = measure(fn, data, params, counter)
+  for r in rows.values():
+    outs = r.pop("outs")
+    r["max_rel_err"] = max(abs(o - e) / max(abs(e), 1.0) for o, e in zip(outs, reference))
+
+  policies = {}
+  if opts.policies:
+    for name, policy in POLICIES.items():
+      f = pj.jit(loglik, polymorphic_shapes=["n", None, None], buckets=policy)
+      r = measure(f, data, params)
+      r.pop("outs")
+      r["padding_waste"] = pj.stats(f).padding_waste
+      policies[name] = r
 
   steady = {name: run_all(contenders[name], data, params)[0]
             for name in ("jax.jit", "pj.jit explicit", "hand-written pow2 + masks")}
@@ -116,39 +177,58 @@ def main(argv=None):
   overhead = {name: per_call_us(contenders[name], small, params)
               for name in ("jax.jit", "pj.jit explicit", "pj.jit automatic")}
 
+  report(opts, lengths, rows, skipped, policies, steady, overhead)
   jit_total = rows["jax.jit"]["total_s"]
   hand_total = rows["hand-written pow2 + masks"]["total_s"]
-  print(f"{opts.calls} calls, {len(set(lengths))} distinct lengths in [{opts.low}, {opts.high}]")
-  print(f"{'contender':<28}{'total s':>9}{'compiles':>10}{'compile s':>11}"
-        f"{'vs jax.jit':>12}{'vs hand':>9}{'max rel err':>13}")
-  for name, r in rows.items():
-    print(f"{name:<28}{r['total_s']:>9.2f}{r['compiles']:>10}{r['compile_s']:>11.2f}"
-          f"{jit_total / r['total_s']:>11.1f}x{r['total_s'] / hand_total:>8.2f}x"
-          f"{r['max_rel_err']:>13.1e}")
-  ratio_steady = steady["pj.jit explicit"] / steady["jax.jit"]
-  print(f"steady state (all compiled): jax.jit {steady['jax.jit']:.3f}s, pj.jit "
-        f"{steady['pj.jit explicit']:.3f}s, hand-written {steady['hand-written pow2 + masks']:.3f}s"
-        f" -> pj/jax {ratio_steady:.2f}x")
-  added = overhead["pj.jit explicit"] - overhead["jax.jit"]
-  print(f"per call on 100 values: jax.jit {overhead['jax.jit']:.1f} us, pj.jit explicit "
-        f"{overhead['pj.jit explicit']:.1f} us, automatic {overhead['pj.jit automatic']:.1f} us"
-        f" -> {added:+.1f} us added")
-
+  best_pj = min(rows["pj.jit explicit"]["total_s"], rows["pj.jit automatic"]["total_s"])
+  ratios = {"speedup_vs_jax_jit": jit_total / rows["pj.jit explicit"]["total_s"],
+            "speedup_auto_vs_jax_jit": jit_total / rows["pj.jit automatic"]["total_s"],
+            "vs_handwritten": rows["pj.jit explicit"]["total_s"] / hand_total,
+            "auto_vs_handwritten": rows["pj.jit automatic"]["total_s"] / hand_total,
+            "steady_vs_jax_jit": steady["pj.jit explicit"] / steady["jax.jit"],
+            "added_us_per_call": overhead["pj.jit explicit"] - overhead["jax.jit"]}
+  for name in rows:
+    if name.startswith(("torch", "tf.", "jax.export")):
+      ratios[f"speedup_vs_{name}"] = rows[name]["total_s"] / best_pj
   result = {
       "meta": {"jax": jax.__version__, "polyjit": pj.__version__,
                "machine": platform.machine(), "device": str(jax.devices()[0]),
-               "calls": opts.calls, "low": opts.low, "high": opts.high},
-      "rows": rows, "steady_s": steady, "per_call_us": overhead,
-      "ratios": {"speedup_vs_jax_jit": jit_total / rows["pj.jit explicit"]["total_s"],
-                 "speedup_auto_vs_jax_jit": jit_total / rows["pj.jit automatic"]["total_s"],
-                 "vs_handwritten": rows["pj.jit explicit"]["total_s"] / hand_total,
-                 "auto_vs_handwritten": rows["pj.jit automatic"]["total_s"] / hand_total,
-                 "steady_vs_jax_jit": ratio_steady, "added_us_per_call": added},
+               "calls": opts.calls, "distinct_lengths": int(len(set(lengths))),
+               "distribution": opts.distribution, "low": opts.low, "high": opts.high},
+      "rows": rows, "skipped": skipped, "policies": policies, "steady_s": steady,
+      "per_call_us": overhead, "ratios": ratios,
   }
   if opts.json:
     with open(opts.json, "w") as fh:
       json.dump(result, fh, indent=1)
   return result
+
+
+def report(opts, lengths, rows, skipped, policies, steady, overhead):
+  jit_total = rows["jax.jit"]["total_s"]
+  hand_total = rows["hand-written pow2 + masks"]["total_s"]
+  print(f"{opts.calls} calls, {len(set(lengths))} distinct lengths in "
+        f"[{min(lengths)}, {max(lengths)}] ({opts.distribution})")
+  print(f"{'contender':<32}{'total s':>9}{'compiles':>10}{'compile s':>11}"
+        f"{'vs jax.jit':>12}{'vs hand':>9}{'max rel err':>13}")
+  for name, r in rows.items():
+    compile_s = "-" if r["compile_s"] is None else f"{r['compile_s']:.2f}"
+    compiles = "-" if r["compiles"] is None else str(r["compiles"])
+    print(f"{name:<32}{r['total_s']:>9.2f}{compiles:>10}{compile_s:>11}"
+          f"{jit_total / r['total_s']:>11.1f}x{r['total_s'] / hand_total:>8.2f}x"
+          f"{r['max_rel_err']:>13.1e}")
+  for name, why in skipped.items():
+    print(f"{name:<32} skipped: {why}")
+  for name, r in policies.items():
+    print(f"  pj.jit buckets={name:<30} {r['total_s']:>7.2f}s {r['compiles']:>4} compiles "
+          f"{r['padding_waste']:>5.0%} padding")
+  print(f"steady state (all compiled): jax.jit {steady['jax.jit']:.3f}s, pj.jit "
+        f"{steady['pj.jit explicit']:.3f}s, hand-written {steady['hand-written pow2 + masks']:.3f}s"
+        f" -> pj/jax {steady['pj.jit explicit'] / steady['jax.jit']:.2f}x")
+  added = overhead["pj.jit explicit"] - overhead["jax.jit"]
+  print(f"per call on 100 values: jax.jit {overhead['jax.jit']:.1f} us, pj.jit explicit "
+        f"{overhead['pj.jit explicit']:.1f} us, automatic {overhead['pj.jit automatic']:.1f} us"
+        f" -> {added:+.1f} us added")
 
 
 if __name__ == "__main__":

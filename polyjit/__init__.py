@@ -6,10 +6,17 @@ See DESIGN.md for the approach and the invariant.
 """
 
 from . import buckets, diagnostics
-from ._errors import MaskingError, PolyjitError, ShapeError
+from ._cache import enable_persistent_cache
+from ._errors import CompileLimitError, MaskingError, PolyjitError, ShapeError
+from ._jit import JitFunction, jit
 from ._mask import Masked, mask
+from ._padding import Padded
+from ._ragged import Ragged, vmap
+from .diagnostics import assert_max_compiles, explain, shapecheck, stats, watch
 
 __version__ = "0.1.0"
 
-__all__ = ["MaskingError", "Masked", "PolyjitError", "ShapeError", "buckets", "diagnostics",
-           "mask"]
+__all__ = ["CompileLimitError", "JitFunction", "MaskingError", "Masked", "Padded",
+           "PolyjitError", "Ragged", "ShapeError", "assert_max_compiles", "buckets",
+           "diagnostics", "enable_persistent_cache", "explain", "jit", "mask", "shapecheck",
+           "stats", "vmap", "watch"]

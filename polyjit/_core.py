@@ -52,12 +52,21 @@ masking_rules: dict[jc.Primitive, Rule] = {}
 
 
 def register(*names: str):
-  """Registers a rule for the primitives with these names (those that exist)."""
+  """Registers a rule for the primitives with these names (those that exist).
+
+  A primitive gets one rule: registering a second is a programming error
+  (import order would otherwise decide silently which one runs).
+  """
   def wrap(rule: Rule) -> Rule:
     for name in names:
       prim = jc.primitive(name)
-      if prim is not None:
-        masking_rules[prim] = rule
+      if prim is None:
+        continue
+      other = masking_rules.get(prim)
+      if other is not None and other is not rule:
+        raise RuntimeError(f"two masking rules for '{name}': {other.__module__}."
+                           f"{other.__qualname__} and {rule.__module__}.{rule.__qualname__}")
+      masking_rules[prim] = rule
     return rule
   return wrap
 
@@ -127,6 +136,7 @@ class MaskEnv:
     self.cache = {} if cache is None else cache
     self._logical_cache: dict[Any, Any] = {}
     self._mask_cache: dict[Any, Any] = {}
+    self._padded_cache: dict[Any, int] = {}
 
   def padded_key(self) -> tuple:
     return tuple((k, self.padded_env[k]) for k in self.dim_names)
@@ -135,19 +145,32 @@ class MaskEnv:
     return MaskEnv(self.dim_names, self.padded_env, logical, self.cache)
 
   def padded(self, d, eqn=None) -> int:
-    """The padded size of a dimension: its expression on the padded sizes."""
+    """The padded size of a dimension: the buffer length that holds its data.
+
+    For a size that never decreases as the dimensions grow (`n - 1`, `2*n`,
+    `n // 2`) that is its value at the padded sizes. A size that can shrink
+    as a dimension grows (`n - m`, `n - mod(-2, n)` from `jnp.roll`) gets an
+    upper bound over every logical assignment up to the padded sizes instead;
+    either way equal sizes get equal buffers.
+    """
     if not jc.is_symbolic_dim(d):
       return int(d)
-    if not jc.is_monotone_dim(d):
-      raise MaskingError(
-          f"the size '{d}' {jc.source_line(eqn)} can grow when a dimension "
-          "shrinks, so its padded size could be smaller than its logical size. "
-          "polyjit needs sizes that never decrease as the dimensions grow "
-          "(like n - 1, 2*n, n // 2); rewrite the computation or declare one of "
-          "the dimensions fixed.",
-          primitive=eqn.primitive.name if eqn is not None else None,
-          source=jc.source_line(eqn))
-    return jc.evaluate_dim(d, self.padded_env)
+    size = self._padded_cache.get(d)
+    if size is None:
+      if jc.is_monotone_dim(d):
+        size = jc.evaluate_dim(d, self.padded_env)
+      else:
+        size = jc.dim_upper_bound(d, self.padded_env)
+        if size is None:
+          raise MaskingError(
+              f"the size '{d}' {jc.source_line(eqn)} can shrink as a dimension grows, "
+              "and polyjit cannot bound it, so no padded buffer is known to hold its "
+              "data. Rewrite the computation, or declare one of the dimensions fixed.",
+              primitive=eqn.primitive.name if eqn is not None else None,
+              source=jc.source_line(eqn))
+        size = max(size, 0)
+      self._padded_cache[d] = size
+    return size
 
   def padded_shape(self, shape, eqn=None) -> tuple[int, ...]:
     return tuple(self.padded(d, eqn) for d in shape)
@@ -254,8 +277,12 @@ def _no_rule_error(eqn) -> MaskingError:
     if axes:
       padded.append(f"operand {i} {v.aval.str_short()}: " + ", ".join(axes))
   source = jc.source_line(eqn)
-  return MaskingError(no_rule_message(eqn.primitive.name, source, padded),
-                      primitive=eqn.primitive.name, source=source)
+  message = no_rule_message(eqn.primitive.name, source, padded)
+  from ._coverage import why_unsupported  # the reasons live with the coverage table
+  why = why_unsupported(eqn.primitive.name)
+  if why:
+    message += f"\nWhy it has none: {why}"
+  return MaskingError(message, primitive=eqn.primitive.name, source=source)
 
 
 def mask_closed_jaxpr(closed: jc.ClosedJaxpr, env: MaskEnv) -> jc.ClosedJaxpr:
@@ -319,7 +346,13 @@ class RuleContext:
     return self.env.padded_shape(shape, self.eqn)
 
   def padded_params(self, params: dict[str, Any]) -> dict[str, Any]:
-    """Params with every symbolic size replaced by its padded size."""
+    """Params with every symbolic size replaced by its padded size.
+
+    Only right for params that *are* sizes (shapes, slice sizes, lengths): a
+    symbolic position or padding amount (a slice start, a pad's low side)
+    depends on where the data is, and its rule must work it out from the
+    logical sizes instead of binding it through here.
+    """
     return {k: self._pad_value(v) for k, v in params.items()}
 
   def _pad_value(self, v):

@@ -42,3 +42,7 @@ def no_rule_message(prim_name: str, source: str, padded: list[str]) -> str:
       "step outside the masked function; or use pj.jit, whose automatic mode "
       "falls back to exact shapes. The coverage table (docs/coverage.md) lists "
       "what is supported.")
+
+
+class CompileLimitError(PolyjitError, RuntimeError):
+  """A function compiled more often than `pj.assert_max_compiles` allows."""

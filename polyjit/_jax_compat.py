@@ -10,9 +10,11 @@ Tested against JAX 0.10.2 (see pyproject.toml for the supported range).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
+import threading
 from typing import Any, Callable, Iterable
 
 import jax
@@ -63,10 +65,32 @@ def evaluate_dim(d, env: dict[str, Any]):
   """
   if not is_symbolic_dim(d):
     return int(d)
+  if all(isinstance(v, int) for v in env.values()):
+    return _evaluate_int(d, env)  # Python ints: no int32 overflow, no tracing
   res = d._evaluate(env)
   if isinstance(res, (int, np.integer)):
     return int(res)
   return res
+
+
+def _evaluate_int(d, env: dict[str, int]) -> int:
+  if not is_symbolic_dim(d):
+    return int(d)
+  total = 0
+  for term, k in d._sorted_terms:
+    value = k
+    for factor, exp in term._factors:
+      value *= _factor_int(factor, env) ** exp
+    total += value
+  return total
+
+
+def _factor_int(f, env) -> int:
+  if f.var is not None:
+    return env[f.var]
+  a, b = (_evaluate_int(o, env) for o in f.operands)
+  return {"floordiv": lambda: a // b, "mod": lambda: a % b,
+          "max": lambda: max(a, b), "min": lambda: min(a, b)}[f.operation]()
 
 
 def linear_form(d) -> tuple[dict[str, int], int] | None:
@@ -140,6 +164,56 @@ def _factor_is_monotone(f) -> bool:
   return False  # mod, and anything newer we do not know about
 
 
+# --- equalities a symbolic trace assumed false -----------------------------------
+#
+# `jax.export` answers `a == b` with False whenever it cannot prove equality, so
+# user code such as `if x.shape[0] == 1:` traced symbolically takes the "not
+# equal" branch for every size, including 1. polyjit records such answers made
+# from user code (JAX's own internal checks are JAX's business) while it
+# traces, so that calls whose sizes make them equal can be refused or run at
+# exact shapes instead of silently getting the other branch.
+
+_equalities = threading.local()
+_JAX_DIR = os.path.dirname(os.path.dirname(os.path.abspath(_core.__file__)))
+_SHAPE_POLY_FILE = os.path.abspath(_shape_poly.__file__)
+
+
+def _install_equality_recorder() -> None:
+  original = DimExpr.__eq__
+  if getattr(original, "_polyjit_recording", False):
+    return
+
+  def __eq__(self, other):
+    result = original(self, other)
+    log = getattr(_equalities, "log", None)
+    if log is not None and result is False and (
+        is_symbolic_dim(other) or isinstance(other, (int, np.integer))):
+      frame = sys._getframe(1)
+      while frame is not None and os.path.abspath(frame.f_code.co_filename) == _SHAPE_POLY_FILE:
+        frame = frame.f_back  # `!=` calls `==`
+      path = os.path.abspath(frame.f_code.co_filename) if frame is not None else ""
+      if not (path.startswith(_JAX_DIR) or path.startswith(_POLYJIT_DIR)):
+        log.append((self, other, f"{path}:{frame.f_lineno}" if frame else "?"))
+    return result
+
+  __eq__._polyjit_recording = True
+  DimExpr.__eq__ = __eq__  # (assigning __eq__ later leaves __hash__ as it was)
+
+
+@contextlib.contextmanager
+def record_assumed_inequalities():
+  """Yields a list that fills with (a, b, 'file:line') for every `a == b` that
+  user code asked during the block and that was answered False unproven."""
+  _install_equality_recorder()
+  previous = getattr(_equalities, "log", None)
+  log: list = []
+  _equalities.log = log
+  try:
+    yield log
+  finally:
+    _equalities.log = previous
+
+
 def scope_constraints(scope) -> list[tuple[str, str, Any]]:
   """The explicit constraints of a scope as (text, 'eq'|'geq', e1 - e2)."""
   out = []
@@ -147,6 +221,56 @@ def scope_constraints(scope) -> list[tuple[str, str, Any]]:
     kind = "eq" if c.cmp == _shape_poly.Comparator.EQ else "geq"
     out.append((c.debug_str, kind, c.diff))
   return out
+
+
+def dim_upper_bound(d, var_bounds: dict[str, int]) -> int | None:
+  """An upper bound of `d` over every assignment with 1 <= v <= var_bounds[v].
+
+  For sizes that are not monotone (`n - mod(-2, n)`, from `jnp.roll`), where
+  evaluating at the largest values gives no bound. Interval arithmetic over
+  the expression; None when an operation is unknown or could divide by <= 0.
+  """
+  interval = _dim_interval(d, var_bounds)
+  return None if interval is None else interval[1]
+
+
+def _dim_interval(d, bounds):
+  if not is_symbolic_dim(d):
+    return int(d), int(d)
+  lo = hi = 0
+  for term, k in d._sorted_terms:
+    t = (1, 1)
+    for factor, exp in term._factors:
+      f = _factor_interval(factor, bounds)
+      if f is None:
+        return None
+      for _ in range(exp):
+        t = _interval_mul(t, f)
+    lo, hi = lo + min(k * t[0], k * t[1]), hi + max(k * t[0], k * t[1])
+  return lo, hi
+
+
+def _interval_mul(a, b):
+  corners = [x * y for x in a for y in b]
+  return min(corners), max(corners)
+
+
+def _factor_interval(f, bounds):
+  if f.var is not None:
+    return (1, bounds[f.var]) if f.var in bounds else None
+  ops = [_dim_interval(o, bounds) for o in f.operands]
+  if any(o is None for o in ops):
+    return None
+  if f.operation in ("max", "min"):
+    pick = max if f.operation == "max" else min
+    return pick(o[0] for o in ops), pick(o[1] for o in ops)
+  if f.operation not in ("floordiv", "mod") or ops[1][0] < 1:
+    return None
+  (a_lo, a_hi), (b_lo, b_hi) = ops
+  if f.operation == "floordiv":  # monotone in each operand: extremes at corners
+    corners = [x // y for x in (a_lo, a_hi) for y in (b_lo, b_hi)]
+    return min(corners), max(corners)
+  return 0, (b_hi - 1 if a_lo < 0 else min(b_hi - 1, a_hi))  # mod, divisor >= 1
 
 
 # --- primitives --------------------------------------------------------------
@@ -213,7 +337,8 @@ class _EqnContext:
 
 
 # polyjit's own frames are not the user's: leave them out of source lines.
-_siu.register_exclusion(os.path.dirname(os.path.abspath(__file__)))
+_POLYJIT_DIR = os.path.dirname(os.path.abspath(__file__))
+_siu.register_exclusion(_POLYJIT_DIR)
 
 
 def source_line(eqn: JaxprEqn | None) -> str:
@@ -259,11 +384,65 @@ def wrap_jvp_rule(name: str, rule: Callable) -> None:
   _ad.primitive_jvps[prim] = wrapped
 
 
+def wrap_transpose_rules(name: str, wrap: Callable) -> None:
+  """Wraps the rule functions behind `name`'s transpose.
+
+  JAX stores a linear or bilinear primitive's transpose as
+  `functools.partial(driver, *rules)` (one rule for `deflinear2`, the lhs and
+  rhs rules for `defbilinear`, in two tables). Each rule is replaced by
+  `wrap(i, rule)`, which must defer to `rule` except where it adds support
+  (see `_rules/windows.py`, `_rules/fft.py`). Idempotent.
+  """
+  prim = primitive(name)
+  for table in (_ad.primitive_transposes, getattr(_ad, "fancy_transposes", {})):
+    entry = table.get(prim)
+    if not isinstance(entry, functools.partial) or getattr(entry, "_polyjit_wrapped", False):
+      continue
+    rules = [wrap(i, rule) for i, rule in enumerate(entry.args)]
+    wrapped = functools.partial(entry.func, *rules, **entry.keywords)
+    wrapped._polyjit_wrapped = True
+    table[prim] = wrapped
+
+
 def instantiate_zeros(t, like):
   """A tangent as an array: symbolic zeros become zeros shaped like `like`."""
   if isinstance(t, _ad.Zero):
     return jax.numpy.zeros(like.shape, _core.primal_dtype_to_tangent_dtype(like.dtype))
   return t
+
+
+def is_zero_tangent(t) -> bool:
+  """Whether a tangent is JAX's symbolic zero."""
+  return isinstance(t, _ad.Zero)
+
+
+def wrap_custom_jvp_rule(module: str, name: str, rule: Callable) -> None:
+  """Installs `rule(original, primals, tangents)` as the JVP of the private
+  `jax.custom_jvp` function `module.name` (e.g. jax._src.numpy.linalg._det).
+
+  Like `wrap_jvp_rule`: the rule defers to `original` except where it adds
+  support. Idempotent; does nothing if this JAX version has no such function.
+  """
+  import importlib
+  fn = getattr(importlib.import_module(module), name, None)
+  if not isinstance(fn, jax.custom_jvp) or getattr(fn.jvp, "_polyjit_wrapped", False):
+    return
+  wrapped = functools.partial(rule, fn.jvp)
+  wrapped._polyjit_wrapped = True
+  fn.jvp = wrapped
+
+
+# --- recompilation explanations ------------------------------------------------
+
+def explain_cache_misses():
+  """Context manager: JAX logs why each tracing cache miss happened."""
+  from jax._src import config as _config
+  return _config.explain_cache_misses(True)
+
+
+def cache_miss_loggers() -> list[str]:
+  """The loggers JAX writes its cache-miss explanations to."""
+  return ["jax._src.interpreters.partial_eval", "jax._src.pjit", "jax._src.dispatch"]
 
 
 # --- jaxpr helpers -----------------------------------------------------------
@@ -303,3 +482,10 @@ def make_closed_jaxpr(fun: Callable, avals: list[Any]) -> ClosedJaxpr:
 def shaped(shape, dtype, weak_type=False):
   """An abstract array value with the given (possibly symbolic) shape."""
   return _core.ShapedArray(tuple(shape), dtype, weak_type=weak_type)
+
+
+def replay_unsafe_effects(jaxpr: Jaxpr) -> list:
+  """The effects of `jaxpr` that must not run twice: those `jax.checkpoint`
+  refuses to replay (an io_callback's), unlike debug prints."""
+  from jax._src import effects as _effects
+  return _effects.remat_allowed_effects.filter_not_in(jaxpr.effects)

@@ -18,9 +18,12 @@ once: `jax.jit` of `pj.mask(fun)` lowered at the padded shapes.
 
 Explicit mode (`polymorphic_shapes=`) uses the given specs. Automatic mode
 learns them (`_auto.py`): the first call compiles the exact shapes, and axes
-that vary become dynamic. If `fun` cannot be traced or masked with symbolic
-sizes (Python branching on a size, a primitive without a masking rule), the
-structure falls back to exact shapes, like `jax.jit`, with one log message.
+that vary become dynamic. Python branching on a size gets guards: each side
+of an undecidable size comparison gets a variant traced under a constraint
+(`_variant`). Sizes that make equal what the trace assumed unequal run at
+exact shapes. If `fun` still cannot be traced or masked with symbolic sizes
+(a primitive without a masking rule), the structure falls back to exact
+shapes, like `jax.jit`, with one log message.
 
 Called under another transformation (`jax.jit`, `jax.grad`, `jax.vmap`), a
 `pj.jit` function is inlined: the outer trace has fixed shapes anyway.
@@ -40,7 +43,7 @@ import numpy as np
 
 from . import _jax_compat as jc
 from . import _spec
-from ._auto import DimTracker, sanitize
+from ._auto import DimTracker, fit_to_constraints, guard_for, sanitize
 from ._buckets import BucketPolicy, as_policy
 from ._cache import ExecutableCache
 from ._errors import ShapeError
@@ -49,8 +52,10 @@ from ._padding import Padded, is_padded, logical_shape, pad, unpad
 from .diagnostics._compiles import count_compiles
 
 logger = logging.getLogger("polyjit")
+logger.addHandler(logging.NullHandler())  # a library prints nothing unless asked
 
 _PLANS_PER_STRUCTURE = 4096
+_MAX_GUARDS = 8  # size comparisons settled per variant before giving up
 
 
 class _Structure:
@@ -63,7 +68,8 @@ class _Structure:
     self.leaf_names = leaf_names
     self.tracker: DimTracker | None = None
     self.specs: tuple | None = None     # per-leaf specs in use (None: exact)
-    self.masked: Masked | None = None
+    self.variants: list[Masked] = []    # one masked function per set of guards
+    self.last_shapes = None             # shapes of the latest new plan
     self.exact_only = False
     self.plans: collections.OrderedDict = collections.OrderedDict()
 
@@ -86,18 +92,22 @@ class _Plan:
     self.fallback = fallback            # exact shapes because masking failed
 
 
+class _Contradicted(Exception):
+  """These sizes contradict an equality the symbolic trace assumed false."""
+
+
 class Stats:
-  """What a `pj.jit` function has done (see `pj.stats`)."""
+  """What a `pj.jit` function has done; see `pj.stats` and `pj.explain`."""
 
   def __init__(self):
     self.calls = 0
     self.fallback_calls = 0
     self.cache_loads = 0                  # programs loaded from the persistent cache
-    self.compile_events: list[dict] = []
+    self.compile_events: list[dict] = []  # one per program built, with its cause
     self.bucket_hits: collections.Counter = collections.Counter()
+    self.dims: dict[str, dict] = {}       # dim -> {"where": (name, axis), "sizes": set}
     self._waste_sum = 0.0
     self._waste_calls = 0
-    self.shape_log: list[tuple] = []      # (structure key, shapes) of new plans
 
   @property
   def compiles(self) -> int:
@@ -110,6 +120,32 @@ class Stats:
   @property
   def padding_waste(self) -> float:
     return self._waste_sum / self._waste_calls if self._waste_calls else 0.0
+
+  def record_sizes(self, binding, leaf_names, logical: dict[str, int]) -> None:
+    for dim, size in logical.items():
+      entry = self.dims.get(dim)
+      if entry is None:
+        entry = self.dims[dim] = {"where": _where(binding, leaf_names, dim), "sizes": set()}
+      entry["sizes"].add(size)
+
+
+def _where(binding, leaf_names, dim) -> tuple[str, int] | None:
+  """(argument name, axis) of the first axis whose size is exactly `dim`."""
+  for leaf, name in zip(binding.leaves, leaf_names):
+    for axis, d in enumerate(leaf.symbolic_shape):
+      if jc.dim_vars(d) == {dim} and jc.linear_form(d) == ({dim: 1}, 0):
+        return name, axis
+  return None
+
+
+def _changed_axes(struct, shapes) -> list[tuple[str, int, int, int]]:
+  """(argument, axis, old size, new size) against the structure's last new plan."""
+  previous = struct.last_shapes
+  if previous is None:
+    return []
+  return [(name, axis, old, new)
+          for name, p, s in zip(struct.leaf_names, previous, shapes)
+          for axis, (old, new) in enumerate(zip(p, s)) if old != new]
 
 
 class JitFunction:
@@ -150,33 +186,29 @@ class JitFunction:
   # --- calls -----------------------------------------------------------------
 
   def __call__(self, *args, **kwargs):
-    prepared = self._prepare(args, kwargs)
-    if prepared is None:  # under a transformation: inline
+    done = self._execute(args, kwargs)
+    if done is None:  # under a transformation: inline
       return self._inline(*_strip_padded(args), **_strip_padded(kwargs))
-    struct, leaves, shapes = prepared
-    plan = self._plan_for(struct, shapes)
-    outs = self._run(plan, leaves)
-    if plan.out_shapes is None:
-      return outs
-    out_leaves, out_tree = jax.tree.flatten(outs)
-    return out_tree.unflatten([unpad(o, s) for o, s in zip(out_leaves, plan.out_shapes)])
+    return _map_outputs(*done, unpad)
 
   def call_padded(self, *args, **kwargs):
     """Like calling the function, but outputs with dynamic dims come back as
     `pj.Padded` (padded data on the device plus logical shape): no host round
     trip, and another `pj.jit` function takes them as they are."""
-    prepared = self._prepare(args, kwargs)
-    if prepared is None:
+    done = self._execute(args, kwargs)
+    if done is None:
       raise TypeError("call_padded cannot be used inside a JAX transformation; "
                       "call the function itself there.")
+    return _map_outputs(*done, lambda o, s: o if tuple(o.shape) == s else Padded(o, s))
+
+  def _execute(self, args, kwargs):
+    """(plan, padded outputs) for a call, or None under a transformation."""
+    prepared = self._prepare(args, kwargs)
+    if prepared is None:
+      return None
     struct, leaves, shapes = prepared
     plan = self._plan_for(struct, shapes)
-    outs = self._run(plan, leaves)
-    if plan.out_shapes is None:
-      return outs
-    out_leaves, out_tree = jax.tree.flatten(outs)
-    return out_tree.unflatten([o if tuple(o.shape) == s else Padded(o, s)
-                               for o, s in zip(out_leaves, plan.out_shapes)])
+    return plan, self._run(plan, leaves)
 
   def _forget_program(self, key):
     """Drops the plans that run an evicted program, so that it can be freed."""
@@ -295,21 +327,27 @@ class JitFunction:
     return names
 
   def _new_plan(self, struct: _Structure, shapes) -> _Plan:
+    why = {"shapes": shapes, "changed": _changed_axes(struct, shapes)}
+    struct.last_shapes = shapes
     if struct.tracker is not None and not struct.exact_only:
       if struct.tracker.observe(shapes) or (struct.specs is None and struct.tracker.any_dynamic):
         struct.specs = tuple(struct.tracker.specs()) if struct.tracker.any_dynamic else None
-        struct.masked = None
+        struct.variants = []
         struct.plans.clear()
-    self.stats.shape_log.append((struct.key, shapes))
+        why["became_dynamic"] = sorted({struct.tracker.symbol(d) for d in struct.tracker.dynamic})
     if struct.specs is None or struct.exact_only:
-      return self._exact_plan(struct, shapes)
+      kind = "fallback" if struct.exact_only else (
+          "first call" if not why["changed"] else "exact")
+      return self._exact_plan(struct, shapes, dict(why, kind=kind))
     try:
-      return self._masked_plan(struct, shapes)
+      return self._masked_plan(struct, shapes, dict(why, kind="bucket"))
+    except _Contradicted:
+      return self._exact_plan(struct, shapes, dict(why, kind="equal sizes"))
     except Exception as e:
       if struct.tracker is None:  # explicit mode: the user asked for masking
         raise
       self._fall_back(struct, e)
-      return self._exact_plan(struct, shapes)
+      return self._exact_plan(struct, shapes, dict(why, kind="fallback", error=str(e)))
 
   def _fall_back(self, struct: _Structure, error: Exception):
     struct.exact_only = True
@@ -321,73 +359,109 @@ class JitFunction:
         "constraints to fix the dynamic axes, or see pj.explain.",
         getattr(self.fun, "__name__", "fun"), type(error).__name__, first)
 
-  def _exact_plan(self, struct: _Structure, shapes) -> _Plan:
+  def _exact_plan(self, struct: _Structure, shapes, why: dict) -> _Plan:
     dtypes = tuple(a[0] for a in struct.avals)
     key = (struct.key, "exact", shapes)
     program = self._cache.get(key, lambda: self._compile(
-        key, self._exact_body(struct), shapes, struct, cause=self._cause(struct, shapes)))
+        key, self._exact_body(struct), shapes, struct, cause=why))
     return _Plan(key, program, shapes, dtypes, (), None, None, 0.0,
                  fallback=struct.exact_only)
 
-  def _masked_plan(self, struct: _Structure, shapes) -> _Plan:
-    masked = self._masked(struct)
-    tree = struct.treedef.unflatten(
-        [jax.ShapeDtypeStruct(s, a[0]) for s, a in zip(shapes, struct.avals)])
-    binding = _spec.bind(self._spec_tree(struct), list(tree), masked.scope)
+  def _masked_plan(self, struct: _Structure, shapes, why: dict) -> _Plan:
+    masked, binding = self._variant(struct, shapes)
     logical = binding.padded  # solved from unpadded shapes: the logical sizes
-    padded_env = {v: self._policy(v).bucket(n) for v, n in logical.items()}
-    padded_shapes = tuple(tuple(jc.evaluate_dim(d, padded_env) for d in leaf.symbolic_shape)
-                          for leaf in binding.leaves)
-    dtypes = tuple(a[0] for a in struct.avals)
-    _spec.check_constraints(logical, masked.scope)
-    key = (struct.key, struct.specs, padded_shapes, _bucket_key(padded_env))
-    cause = self._cause(struct, shapes)
-    build = lambda: self._compile(key, self._masked_body(struct, masked, binding.dim_names),
-                                  padded_shapes, struct, cause=cause,
-                                  logical=len(binding.dim_names))
+    if masked.trace(self._abstract_args(struct, shapes), binding).contradicted_by(logical):
+      raise _Contradicted  # `fun` branched on sizes being unequal; these are equal
+    buckets = {v: self._policy(v).bucket(n) for v, n in logical.items()}
+    padded_env = fit_to_constraints(logical, buckets, masked.scope)
+    self.stats.record_sizes(binding, struct.leaf_names, logical)
+    why = dict(why, bucket=dict(padded_env), sizes=dict(logical))
+    padded_shapes = _padded_shapes(binding, padded_env)
+    key = self._program_key(struct, masked, padded_shapes, padded_env)
+    build = functools.partial(
+        self._compile, key, self._masked_body(struct, masked, binding.dim_names),
+        padded_shapes, struct, cause=why, logical=len(binding.dim_names))
     provisional = None
     fut = self._cache.peek(key)
     if self.background_compile and (fut is None or not fut.done()):
-      borrowed = self._borrow(struct, shapes)
+      borrowed = self._borrow(key, shapes)
       if borrowed is not None:
         provisional = self._cache.submit(key, build)
         key, program = borrowed
-        padded_shapes, padded_env = key[2], dict(key[3])
+        padded_shapes, padded_env = key[3], dict(key[4])
     if provisional is None:
       program = self._cache.get(key, build)
-    traced = masked.trace(list(struct.treedef.unflatten(
-        [jax.ShapeDtypeStruct(s, a[0], weak_type=a[1])
-         for s, a in zip(padded_shapes, struct.avals)])))
+    traced = masked.trace(self._abstract_args(struct, padded_shapes))
     out_shapes = tuple(tuple(jc.evaluate_dim(d, logical) for d in aval.shape)
                        for aval in traced.out_avals)
     dtype = jc.dim_value_dtype()
     logical_values = tuple(np.asarray(logical[v], dtype) for v in binding.dim_names)
-    return _Plan(key, program, padded_shapes, dtypes, logical_values, out_shapes,
-                 dict(padded_env), _waste(shapes, padded_shapes), provisional)
+    return _Plan(key, program, padded_shapes, tuple(a[0] for a in struct.avals),
+                 logical_values, out_shapes, dict(padded_env),
+                 _waste(shapes, padded_shapes), provisional)
 
-  def _borrow(self, struct: _Structure, shapes):
-    """A compiled program of this structure whose padded shapes hold `shapes`."""
+  @staticmethod
+  def _program_key(struct, masked, padded_shapes, padded_env):
+    return (struct.key, struct.specs, masked.constraints, padded_shapes,
+            _bucket_key(padded_env))
+
+  def _borrow(self, key, shapes):
+    """A compiled program of the same variant whose padded shapes hold `shapes`."""
     best = None
-    for key, program in self._cache.done():
-      if key[0] != struct.key or key[1] != struct.specs:
+    for other, program in self._cache.done():
+      if other[:3] != key[:3]:
         continue
-      padded = key[2]
+      padded = other[3]
       if all(all(a >= b for a, b in zip(p, s)) for p, s in zip(padded, shapes)):
         size = sum(int(np.prod(p)) for p in padded)
         if best is None or size < best[0]:
-          best = (size, key, program)
+          best = (size, other, program)
     return None if best is None else best[1:]
+
+  def _abstract_args(self, struct: _Structure, shapes) -> list:
+    return list(struct.treedef.unflatten(
+        [jax.ShapeDtypeStruct(s, a[0], weak_type=a[1]) for s, a in zip(shapes, struct.avals)]))
 
   def _spec_tree(self, struct: _Structure):
     return list(struct.treedef.unflatten(list(struct.specs)))
 
-  def _masked(self, struct: _Structure) -> Masked:
-    if struct.masked is None:
-      fun = self._bound_fun(struct.key[0])
-      struct.masked = Masked(lambda a, k: fun(*a, **k), self._spec_tree(struct),
-                             constraints=self.constraints)
-      struct.masked.__name__ = getattr(self.fun, "__name__", "fun")
-    return struct.masked
+  def _variant(self, struct: _Structure, shapes):
+    """The masked function (and the binding) that serves these shapes.
+
+    A structure has one variant per set of guards: when the symbolic trace
+    hits a size comparison it cannot decide (Python branching on a size), the
+    comparison is settled as the current sizes settle it, as a constraint, and
+    `fun` is traced again; later sizes on the same side of every guard reuse
+    that variant, sizes on the other side get one of their own.
+    """
+    args = self._abstract_args(struct, shapes)
+    spec_tree = self._spec_tree(struct)
+    for masked in struct.variants:
+      try:  # binding checks the sizes against the variant's guards
+        return masked, _spec.bind(spec_tree, args, masked.scope)
+      except ShapeError:
+        continue
+    guards: list[str] = []
+    while True:
+      masked = self._new_masked(struct, self.constraints + tuple(guards))
+      binding = _spec.bind(spec_tree, args, masked.scope)
+      try:
+        masked.trace(args, binding)
+      except jc.InconclusiveDimensionOperation as e:
+        guard = guard_for(e, binding.padded, masked.scope)
+        if guard is None or guard in guards or len(guards) >= _MAX_GUARDS:
+          raise
+        guards.append(guard)
+        continue
+      struct.variants.append(masked)
+      return masked, binding
+
+  def _new_masked(self, struct: _Structure, constraints) -> Masked:
+    fun = self._bound_fun(struct.key[0])
+    masked = Masked(lambda a, k: fun(*a, **k), self._spec_tree(struct),
+                    constraints=constraints)
+    masked.__name__ = getattr(self.fun, "__name__", "fun")
+    return masked
 
   def _bound_fun(self, static_key):
     """`fun` with the static arguments filled in, taking the dynamic ones."""
@@ -455,10 +529,6 @@ class JitFunction:
       spec = spec.get(dim, spec.get("*"))
     return as_policy(spec)
 
-  def _cause(self, struct: _Structure, shapes) -> dict:
-    return {"shapes": shapes, "leaf_names": struct.leaf_names,
-            "specs": struct.specs, "first_call": not struct.plans}
-
   # --- ahead of time ---------------------------------------------------------
 
   def precompile(self, *args, sizes: dict[str, Sequence[int]] | None = None,
@@ -476,15 +546,12 @@ class JitFunction:
     if struct.tracker is not None and sizes:
       if struct.tracker.force_dynamic(list(sizes)):
         struct.specs = tuple(struct.tracker.specs())
-        struct.masked = None
+        struct.variants = []
         struct.plans.clear()
     if struct.specs is None or not sizes:
       self._plan_for(struct, shapes)
       return [{}]
-    masked = self._masked(struct)
-    tree = struct.treedef.unflatten(
-        [jax.ShapeDtypeStruct(s, a[0]) for s, a in zip(shapes, struct.avals)])
-    binding = _spec.bind(self._spec_tree(struct), list(tree), masked.scope)
+    masked, binding = self._variant(struct, shapes)
     unknown = set(sizes) - set(binding.dim_names)
     if unknown:
       raise ShapeError(f"precompile: unknown dimension names {sorted(unknown)}; this "
@@ -494,12 +561,12 @@ class JitFunction:
     envs = [dict(zip(per_dim, combo)) for combo in _product(list(per_dim.values()))]
     futures = []
     for env in envs:
-      padded_shapes = tuple(tuple(jc.evaluate_dim(d, env) for d in leaf.symbolic_shape)
-                            for leaf in binding.leaves)
-      key = (struct.key, struct.specs, padded_shapes, _bucket_key(env))
+      padded_shapes = _padded_shapes(binding, env)
+      key = self._program_key(struct, masked, padded_shapes, env)
       futures.append(self._cache.submit(key, functools.partial(
           self._compile, key, self._masked_body(struct, masked, binding.dim_names),
-          padded_shapes, struct, cause={"precompile": env}, logical=len(binding.dim_names))))
+          padded_shapes, struct, cause={"kind": "precompile", "bucket": env},
+          logical=len(binding.dim_names))))
     _wait(futures, progress, f"precompiling {getattr(self.fun, '__name__', 'fun')}")
     return envs
 
@@ -559,6 +626,19 @@ def _strip_padded(tree):
   return jax.tree.map(
       lambda x: x.data[tuple(slice(0, s) for s in x.shape)] if is_padded(x) else x,
       tree, is_leaf=is_padded)
+
+
+def _map_outputs(plan: _Plan, outs, convert):
+  """Applies `convert(output, logical shape)` to outputs that have dynamic dims."""
+  if plan.out_shapes is None:
+    return outs
+  leaves, tree = jax.tree.flatten(outs)
+  return tree.unflatten([convert(o, s) for o, s in zip(leaves, plan.out_shapes)])
+
+
+def _padded_shapes(binding, env) -> tuple:
+  return tuple(tuple(jc.evaluate_dim(d, env) for d in leaf.symbolic_shape)
+               for leaf in binding.leaves)
 
 
 def _waste(shapes, padded_shapes) -> float:

@@ -63,6 +63,14 @@ class Traced:
   dim_names: tuple[str, ...]
   cache: dict = dataclasses.field(default_factory=dict)
   _vjp: "VJP | None" = None
+  # (a, b, where) for each `a == b` that `fun` asked and the trace answered
+  # False without proof: valid only for sizes where a != b.
+  assumed_unequal: list = dataclasses.field(default_factory=list)
+
+  def contradicted_by(self, sizes: dict[str, int]) -> list:
+    """The recorded inequalities that these concrete sizes make equal."""
+    return [(a, b, where) for a, b, where in self.assumed_unequal
+            if jc.evaluate_dim(a, sizes) == jc.evaluate_dim(b, sizes)]
 
   @property
   def cacheable(self) -> bool:
@@ -141,6 +149,14 @@ def _trace_vjp(traced: Traced) -> VJP:
         f"symbolic shapes: {type(e).__name__}: {e}\nWhat to do: compute the "
         "gradient inside the masked function (pj.mask(jax.grad(f), ...)), or "
         "differentiate at fixed shapes.") from e
+  replayed = jc.replay_unsafe_effects(vjp_traced.jaxpr)
+  if replayed:
+    raise MaskingError(
+        "the gradient of a masked function replays its forward pass, and this "
+        f"one has effects that must not run twice ({', '.join(map(str, replayed))}, "
+        "e.g. an io_callback).\nWhat to do: compute the gradient inside the masked "
+        "function (pj.mask(jax.grad(f), ...)), where the forward pass runs once; "
+        "or move the callback out of the function you differentiate.")
   return VJP(vjp_traced, diff_in, diff_out)
 
 
@@ -189,7 +205,8 @@ class Masked:
     self.fun = fun
     self.in_shapes = in_shapes
     self.out_shape = out_shape
-    self.scope = _spec.make_scope(constraints)
+    self.constraints = tuple([constraints] if isinstance(constraints, str) else constraints)
+    self.scope = _spec.make_scope(self.constraints)
     self._cache: dict[Any, Traced] = {}
     self._bindings: dict[Any, _spec.Binding] = {}
     functools.update_wrapper(self, fun, updated=())
@@ -235,7 +252,15 @@ class Masked:
       out_tree_box.append(out_tree)
       return out_leaves
 
-    traced = trace_flat(flat_fun, avals, dim_names)
+    try:
+      with jc.record_assumed_inequalities() as assumed:
+        traced = trace_flat(flat_fun, avals, dim_names)
+      traced.assumed_unequal = assumed
+    except MaskingError:
+      raise
+    except NotImplementedError as e:  # JAX's own refusals at symbolic sizes
+      from ._coverage import jax_refusal
+      raise jax_refusal(e) from e
     traced.out_tree = out_tree_box[0]
     if self.out_shape is not None:
       check_out_shape(self.out_shape, traced, self.scope)
@@ -264,6 +289,7 @@ class Masked:
       binding = self.bind(args)
       traced = self.trace(args, binding)
       logical = _spec.logical_values(logical_env, binding)
+      _check_assumptions(traced, logical_env, binding)
       outs = apply(traced, binding.padded, jax.tree.leaves(tuple(args)), logical)
     except (MaskingError, ShapeError) as e:
       e.add_note(f"(while masking {getattr(self.fun, '__name__', self.fun)!s}, "
@@ -272,15 +298,32 @@ class Masked:
     return jax.tree.unflatten(traced.out_tree, outs)
 
 
+def _check_assumptions(traced: Traced, logical_env, binding) -> None:
+  """Refuses concrete sizes that contradict an equality the trace assumed false."""
+  if not traced.assumed_unequal or not all(
+      _spec.is_concrete(logical_env[k]) for k in binding.dim_names):
+    return
+  sizes = {k: int(logical_env[k]) for k in binding.dim_names}
+  contradicted = traced.contradicted_by(sizes)
+  if contradicted:
+    a, b, where = contradicted[0]
+    raise ShapeError(
+        f"the function compares sizes at {where} ('{a}' == '{b}'); traced with "
+        "symbolic sizes it took the 'not equal' branch, which is wrong for the "
+        f"sizes {sizes}, where they are equal.\nWhat to do: give the two axes "
+        "the same dimension name if they are always equal, declare the size "
+        "fixed, or call pj.jit, which runs such sizes exactly.")
+
+
 def check_out_shape(out_shape, traced: Traced, scope) -> None:
   """Raises ShapeError when the traced output shapes differ from `out_shape`."""
   example = jax.tree.unflatten(traced.out_tree, traced.out_avals)
   try:
-    specs = jax.tree.broadcast(out_shape, example, is_leaf=_spec._is_spec_leaf)
+    specs = jax.tree.broadcast(out_shape, example, is_leaf=_spec.is_spec_leaf)
   except Exception as e:
     raise ShapeError(f"out_shape {out_shape!r} does not match the output structure "
                      f"{traced.out_tree}: {e}") from None
-  spec_leaves = jax.tree.leaves(specs, is_leaf=_spec._is_spec_leaf)
+  spec_leaves = jax.tree.leaves(specs, is_leaf=_spec.is_spec_leaf)
   for i, (spec, aval) in enumerate(zip(spec_leaves, traced.out_avals)):
     if spec is None:
       continue

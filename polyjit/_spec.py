@@ -119,6 +119,9 @@ def bind(in_shapes, args: Sequence[Any], scope,
       sym = parse_shape(spec, like, scope, where)
       leaves.append(LeafSpec(where, spec, like, sym))
   padded = _solve(leaves)
+  # The trace assumed the constraints; shapes evaluated at padded sizes that
+  # break them could be inconsistent.
+  check_constraints(padded, scope, what="padded")
   return Binding(scope, tuple(leaves), tuple(sorted(padded)), padded)
 
 
@@ -236,10 +239,17 @@ def _check_concrete(sizes: dict[str, int], binding: Binding) -> None:
   check_constraints(sizes, binding.scope)
 
 
-def check_constraints(sizes: dict[str, int], scope) -> None:
-  """Raises ShapeError when concrete sizes violate the scope's constraints."""
+def violated_constraint(sizes: dict[str, int], scope) -> str | None:
+  """The first of the scope's constraints that concrete sizes violate."""
   for text, kind, diff in jc.scope_constraints(scope):
     value = jc.evaluate_dim(diff, sizes)
     if (kind == "eq" and value != 0) or (kind == "geq" and value < 0):
-      raise ShapeError(
-          f"the logical sizes {sizes} violate the constraint '{text}'.")
+      return text
+  return None
+
+
+def check_constraints(sizes: dict[str, int], scope, what: str = "logical") -> None:
+  """Raises ShapeError when concrete sizes violate the scope's constraints."""
+  text = violated_constraint(sizes, scope)
+  if text is not None:
+    raise ShapeError(f"the {what} sizes {sizes} violate the constraint '{text}'.")

@@ -13,9 +13,18 @@ reduced axis is symbolic, where JAX's rule raises) these rules take over:
   At exact ties (cummax/cummin), JAX's rule splits the tangent along the tree
   of its parallel scan and this one along the sequential fold: both are valid
   subgradients, and they agree everywhere else.
-* `reduce_prod`: d prod(x) = sum_i t_i * prod_{j<i} x_j * prod_{j>i} x_j, one
-  reduced axis at a time, with exclusive cumulative products: exact with
-  zeros, no division.
+* `reduce_prod` (any symbolic axis, reduced or not: JAX's rule reshapes the
+  operand with static sizes): d prod(x) = sum_i t_i * prod_{j<i} x_j *
+  prod_{j>i} x_j, one reduced axis at a time, with exclusive cumulative
+  products: exact with zeros, no division.
+* `triangular_solve`: JAX's rule compares the two sizes of the right-hand
+  side to pick the cheaper product order; with a symbolic size the comparison
+  is undecidable. Here: dX = solve(A, dB - op(dA) X) (or X op(dA) on the
+  right side), one order for every size.
+* `jnp.linalg.det` (a custom_jvp, not a primitive): JAX's rule shortcuts size
+  1 in Python, a branch a symbolic size never takes, and its general path is
+  wrong at size 1. Here both matrices get a unit corner, [[A, 0], [0, 1]],
+  whose determinant and adjugate trace are those of A at every size >= 1.
 
 Everywhere else JAX's own rules run unchanged.
 """
@@ -79,7 +88,7 @@ def _exclusive_cumprod(x, axis: int, reverse: bool):
 
 def _reduce_prod_jvp(original, primals, tangents, *, axes, **params):
   x, = primals
-  if not any(jc.is_symbolic_dim(x.shape[a]) for a in axes):
+  if not any(jc.is_symbolic_dim(d) for d in x.shape):  # JAX's rule reshapes x statically
     return original(primals, tangents, axes=axes, **params)
   t = _instantiate(tangents[0], x)
   for a in sorted(axes, reverse=True):  # reduce the last axes first: indices stay valid
@@ -89,8 +98,46 @@ def _reduce_prod_jvp(original, primals, tangents, *, axes, **params):
   return x, t
 
 
+def _triangular_solve_jvp(original, primals, tangents, *, left_side, lower,
+                          transpose_a, conjugate_a, unit_diagonal):
+  a, b = primals
+  if not any(jc.is_symbolic_dim(d) for d in b.shape[-2:]):
+    return original(primals, tangents, left_side=left_side, lower=lower,
+                    transpose_a=transpose_a, conjugate_a=conjugate_a,
+                    unit_diagonal=unit_diagonal)
+  solve = functools.partial(lax.linalg.triangular_solve, left_side=left_side,
+                            lower=lower, transpose_a=transpose_a,
+                            conjugate_a=conjugate_a, unit_diagonal=unit_diagonal)
+  x = solve(a, b)
+  a_dot, b_dot = tangents
+  rhs = _instantiate(b_dot, b)
+  if not jc.is_zero_tangent(a_dot):  # only the triangle the solve reads moves
+    k = 1 if unit_diagonal else 0
+    da = jnp.tril(a_dot, -k) if lower else jnp.triu(a_dot, k)
+    da = jnp.swapaxes(da, -1, -2) if transpose_a else da
+    da = jnp.conj(da) if conjugate_a else da
+    rhs = rhs - (da @ x if left_side else x @ da)
+  return x, solve(a, rhs)
+
+
+def _bordered(x, corner):
+  """[[x, 0], [0, corner]] over the last two axes."""
+  pads = [(0, 0)] * (x.ndim - 2) + [(0, 1), (0, 1)]
+  return jnp.pad(x, pads).at[..., -1, -1].set(corner)
+
+
+def _det_jvp(original, primals, tangents):
+  x, = primals
+  if not any(jc.is_symbolic_dim(d) for d in x.shape[-2:]):
+    return original(primals, tangents)
+  t, = tangents
+  return original((_bordered(x, 1),), (_bordered(t, 0),))
+
+
 def install() -> None:
   """Wraps JAX's JVP rules for the primitives above (once; idempotent)."""
   for name in _IDENTITY:
     jc.wrap_jvp_rule(name, functools.partial(_cumulative_jvp, name))
   jc.wrap_jvp_rule("reduce_prod", _reduce_prod_jvp)
+  jc.wrap_jvp_rule("triangular_solve", _triangular_solve_jvp)
+  jc.wrap_custom_jvp_rule("jax._src.numpy.linalg", "_det", _det_jvp)

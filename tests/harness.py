@@ -39,6 +39,9 @@ class Case:
   modes: Sequence[str] = MODES
   rtol: float = 2e-5
   atol: float = 2e-5
+  #: Run the reference, the vmap check and the grad check under jax.jit: for
+  #: large functions, whose op-by-op dispatch compiles every op at every size.
+  compiled: bool = False
 
   def __str__(self):
     return self.name
@@ -146,7 +149,11 @@ def check(case: Case, mode: str, seed: int = 0):
 
 def reference(case: Case, unpadded):
   """`fun` on the unpadded arguments, as JAX arrays (NumPy indexing differs)."""
-  return case.fun(*jax.tree.map(jnp.asarray, unpadded))
+  return _fun(case)(*jax.tree.map(jnp.asarray, unpadded))
+
+
+def _fun(case: Case):
+  return jax.jit(case.fun) if case.compiled else case.fun
 
 
 def _shape_leaves(shapes, like):
@@ -158,7 +165,8 @@ def _check_vmap(case: Case, masked, rng):
   padded = [padded_args(case, u, rng) for u in unpadded]
   stacked = jax.tree.map(lambda *xs: np.stack(xs), *padded)
   env = {k: np.array([s[k] for s in case.sizes], np.int32) for k in case.sizes[0]}
-  outs = jax.vmap(masked)(stacked, env)
+  batched = jax.vmap(masked)
+  outs = (jax.jit(batched) if case.compiled else batched)(stacked, env)
   for b, (u, sizes) in enumerate(zip(unpadded, case.sizes)):
     expected = reference(case, u)
     shapes = masked.logical_shapes(padded[b], sizes)
@@ -178,13 +186,14 @@ def _cotangent(x, shape, rng):
 
 
 def _check_grad(case: Case, masked, unpadded, padded, sizes, rng):
-  outs, pullback = jax.vjp(lambda *a: masked(a, sizes), *padded)
+  run = jax.jit(masked) if case.compiled else masked
+  outs, pullback = jax.vjp(lambda *a: run(a, sizes), *padded)
   shapes = masked.logical_shapes(padded, sizes)
   out_leaves, tree = jax.tree.flatten(outs)
   shape_leaves = tree.flatten_up_to(shapes)
   cts = [_cotangent(o, s, rng) for o, s in zip(out_leaves, shape_leaves)]
   grads = pullback(jax.tree.unflatten(tree, cts))
-  expected_outs, ref_pullback = jax.vjp(case.fun, *jax.tree.map(jnp.asarray, unpadded))
+  expected_outs, ref_pullback = jax.vjp(_fun(case), *jax.tree.map(jnp.asarray, unpadded))
   ref_cts = [valid(c, s) if c.dtype != jax.dtypes.float0
              else np.zeros(s, jax.dtypes.float0) for c, s in zip(cts, shape_leaves)]
   expected = ref_pullback(jax.tree.unflatten(jax.tree.structure(expected_outs), ref_cts))

@@ -150,17 +150,44 @@ def test_shared_symbols_until_sizes_differ():
     f(np.ones(4), np.ones(6))  # exactly what jax.jit raises
 
 
-def test_branching_on_a_size_falls_back_with_one_log_message(caplog):
+def test_branching_on_a_size_gets_guarded_programs(caplog):
   def branchy(x):
     return x.sum() if x.shape[0] > 10 else x.max()
 
   f = pj.jit(branchy)
   with caplog.at_level(logging.WARNING, logger="polyjit"):
-    got = [float(f(np.arange(n, dtype=np.float32))) for n in (5, 20, 8, 30, 12)]
-  assert got == [4.0, 190.0, 7.0, 435.0, 66.0]
+    got = [float(f(np.arange(n, dtype=np.float32))) for n in (5, 20, 8, 30, 12, 9, 3)]
+  assert got == [4.0, 190.0, 7.0, 435.0, 66.0, 8.0, 2.0]
+  assert not [r for r in caplog.records if r.name == "polyjit"]
+  # exact 5; guard x_0 >= 11: buckets 32 and 16; guard x_0 <= 10: bucket 16
+  # clipped to 10, which also serves 9 and 3.
+  assert f.stats.compiles == 4 and f.stats.fallback_calls == 0
+
+
+def test_equal_sizes_after_they_differed_run_exactly():
+  def f(x, y):
+    return x + y if x.shape[0] == y.shape[0] else x.sum() + y.sum()
+
+  g, ref = pj.jit(f), jax.jit(f)
+  for n, m in [(3, 3), (5, 5), (4, 6), (7, 7), (9, 2), (6, 6)]:
+    assert_same(g(np.ones(n), np.ones(m)), ref(np.ones(n), np.ones(m)))
+
+
+def test_a_function_that_cannot_be_masked_falls_back_with_one_log_message(caplog):
+  from jax.extend.core import Primitive
+  opaque_p = Primitive("opaque_for_test")
+  opaque_p.def_abstract_eval(lambda x: x)
+  opaque_p.def_impl(lambda x: x)
+  jax.interpreters.mlir.register_lowering(
+      opaque_p, jax.interpreters.mlir.lower_fun(lambda x: x, multiple_results=False))
+
+  f = pj.jit(lambda x: opaque_p.bind(x).sum())
+  with caplog.at_level(logging.WARNING, logger="polyjit"):
+    got = [float(f(np.arange(n, dtype=np.float32))) for n in (5, 20, 8)]
+  assert got == [10.0, 190.0, 28.0]
   messages = [r.getMessage() for r in caplog.records if r.name == "polyjit"]
-  assert len(messages) == 1 and "branchy" in messages[0] and "inconclusive" in messages[0]
-  assert f.stats.fallback_calls == 4
+  assert len(messages) == 1 and "opaque_for_test" in messages[0]
+  assert f.stats.fallback_calls == 2
 
 
 def test_concurrent_calls_compile_a_bucket_once():

@@ -46,14 +46,17 @@ def pad_high(x, axis: int, extra: int):
 def needs_room(op_dim, window_dim) -> bool:
   """Whether a window at a logically clamped start may overrun the padded axis.
 
-  A window of size `w` starts at most at `op - w` (logically). Padded, it ends
-  at `start + padded(w)`, which fits in `padded(op)` whenever `op - w` never
-  decreases as the dimensions grow; otherwise the operand needs
-  `padded(w)` extra entries so that XLA does not move the start.
+  A window of size `w` starts at most at `op - w` (logically) and, padded,
+  ends at `start + padded(w)`. When `op`, `w` and `op - w` all never decrease
+  as the dimensions grow, padded sizes are values at the padded point and
+  that end is at most `padded(op)`. Otherwise (`w = n - m`, whose padded size
+  is an upper bound, see `MaskEnv.padded`) the operand needs `padded(w)`
+  extra entries, which is enough: the largest start is below `padded(op)`.
+  Without the room, XLA would move the start to make the window fit.
   """
   if not (jc.is_symbolic_dim(op_dim) or jc.is_symbolic_dim(window_dim)):
     return False
-  return not jc.is_monotone_dim(op_dim - window_dim)
+  return not all(map(jc.is_monotone_dim, (op_dim, window_dim, op_dim - window_dim)))
 
 
 def clamp_index(index, upper):

@@ -1,18 +1,31 @@
 """Indexing: starts, bounds and clamping follow the logical sizes.
 
-XLA clamps a slice start so the slice fits the operand; on a padded operand it
-would fit the *padded* size and read padding where the unpadded program reads
-the last valid entries. So every index into a dynamic axis is first clamped
-(or, for out-of-bounds-drops modes, tested) against the logical size, and the
-operand gets extra room when a clamped window could still overrun the padded
-axis (see `_util.needs_room`).
+XLA bounds every start index by the operand's size: gathers and `clip`
+scatters clamp it so the window fits, other scatters drop a window that does
+not fit. On a padded operand that size is the *padded* one, so the unpadded
+program's "clamp to the last valid window" would read padding, and its "out
+of bounds, dropped" would write into it (or, for a window that straddles the
+logical end, into valid data). So every start into a dynamic axis is first
+clamped, or tested, against the logical bound `size - window`; an index past
+the logical end is out of bounds, never a read of padding. Negative indices
+need nothing: jnp wraps them with the logical size (`dim_as_value`) before
+they get here. A clamped window can still overrun the padded axis when the
+window is dynamic too; such operands get extra room (`_util.needs_room`).
 
 Writes are the other half: a padded update carries garbage in its padding,
-and an update entry that lies in the padding of the indices must not land at
-all. Scatters drop such entries (their index is moved out of bounds) and fill
-the padding of update windows with the combiner's identity; a plain `scatter`
-(set) with a dynamic window keeps the operand's values outside the valid part
-of the window.
+and the entries of a dropped window, of the padding of the indices, or of
+the padding of a dynamic window must not land:
+
+* combining scatters (add, mul, min, max) replace such entries with the
+  combiner's identity (-0.0 for add, so that a valid -0.0 stays -0.0);
+* a plain `scatter` (set, or `.at[].apply`) moves a dropped window's start
+  out of bounds. When its windows are dynamic and smaller than the operand
+  axis, their padding would overwrite valid data (of this window's neighbours
+  too, so a mask of what one window writes cannot help): it becomes a scatter
+  of single entries, in which every entry to drop gets an index out of bounds.
+
+`dynamic_slice` and `dynamic_update_slice` follow the same bounds; the
+latter keeps the operand where a dynamic update holds padding.
 """
 
 from __future__ import annotations
@@ -24,6 +37,8 @@ import jax.numpy as jnp
 from .. import _jax_compat as jc
 from .._core import identity_value, register
 from ._util import clamp_index, needs_room, pad_high
+
+_Mode = lax.GatherScatterMode
 
 
 def _restore(x, shape):
@@ -61,56 +76,86 @@ def _dynamic_update_slice(ctx, operand, update, *starts):
   return [_restore(lax.dynamic_update_slice(operand, update, starts), shape)]
 
 
+# --- start indices -----------------------------------------------------------
+
+def _logical_starts(ctx, operand, indices, op_shape, window, index_map, clip: bool):
+  """Start indices bounded by the logical sizes.
+
+  Returns the operand (with room where a dynamic window needs it), the indices
+  (clamped into the logical bounds if `clip`) and a bool array over the index
+  batch shape, False where a start is out of logical bounds (None if `clip`,
+  or if no indexed axis is dynamic: then XLA's bounds are the logical ones).
+  """
+  dynamic = [d for d in index_map
+             if jc.is_symbolic_dim(op_shape[d]) or jc.is_symbolic_dim(window[d])]
+  if not dynamic:
+    return operand, indices, None
+  for d in dynamic:
+    if needs_room(op_shape[d], window[d]):
+      operand = pad_high(operand, d, ctx.padded(window[d]))
+  indices = _wide(indices)
+  upper = jnp.stack([jnp.asarray(ctx.logical(op_shape[d] - window[d]), indices.dtype)
+                     for d in index_map])
+  upper = lax.broadcast_in_dim(upper, indices.shape, (indices.ndim - 1,))
+  if clip:
+    return operand, lax.max(jnp.zeros((), indices.dtype), lax.min(indices, upper)), None
+  in_bounds = jnp.all((indices >= 0) & (indices <= upper), axis=-1)
+  return operand, indices, in_bounds
+
+
+def _wide(indices):
+  """Indices in a type that holds every padded size and -1 (int32 or wider)."""
+  if np.dtype(indices.dtype).itemsize < 4:
+    return lax.convert_element_type(indices, np.int32)
+  return indices
+
+
+def _keep_only(keep, indices):
+  """`indices` with the starts where `keep` is False moved out of bounds."""
+  indices = _wide(indices)
+  dtype = np.dtype(indices.dtype)
+  far = np.asarray(np.iinfo(dtype).max if dtype.kind == "u" else -1, dtype)
+  first = jnp.where(keep, indices[..., 0], far)
+  return jnp.concatenate([first[..., None], indices[..., 1:]], axis=-1)
+
+
+def _and(a, b):
+  return b if a is None else a if b is None else a & b
+
+
 # --- gather ------------------------------------------------------------------
 
-def _upper_bounds(ctx, op_shape, window, index_map, dtype):
-  """Per index component: the largest logical start, as a (k,) vector."""
-  bounds = [jnp.asarray(ctx.logical(op_shape[d] - window[d]), dtype) for d in index_map]
-  return jnp.stack(bounds) if bounds else jnp.zeros((0,), dtype)
-
-
-def _gather_fill_value(dtype, fill_value):
-  if fill_value is not None:
-    return fill_value
-  return identity_value("max", dtype) if jnp.issubdtype(dtype, jnp.integer) else np.nan
-
-
 @register("gather")
-def _gather(ctx, operand, indices, *, dimension_numbers, slice_sizes, mode,
-            fill_value, **params):
-  op_aval, _ = ctx.in_avals
-  out_aval, = ctx.out_avals
-  dn = dimension_numbers
-  index_map = dn.start_index_map
-  dynamic = [d for d in index_map
-             if jc.is_symbolic_dim(op_aval.shape[d]) or jc.is_symbolic_dim(slice_sizes[d])]
-  if not dynamic:  # padding only in batch or whole-axis dims: lands in padding
-    return ctx.bind(operand, indices, dimension_numbers=dn, slice_sizes=slice_sizes,
-                    mode=mode, fill_value=fill_value, **params)
-  for d in dynamic:
-    if needs_room(op_aval.shape[d], slice_sizes[d]):
-      operand = pad_high(operand, d, ctx.padded(slice_sizes[d]))
-  upper = _upper_bounds(ctx, op_aval.shape, slice_sizes, index_map, indices.dtype)
-  upper = lax.broadcast_in_dim(upper, indices.shape, (indices.ndim - 1,))
-  clamped = lax.max(jnp.zeros((), indices.dtype), lax.min(indices, upper))
-  mode = lax.GatherScatterMode.from_any(mode)
-  out = ctx.bind(operand, clamped, dimension_numbers=dn, slice_sizes=slice_sizes,
-                 mode=lax.GatherScatterMode.CLIP, fill_value=None, **params)[0]
-  if mode == lax.GatherScatterMode.FILL_OR_DROP:
-    in_bounds = jnp.all((indices >= 0) & (indices <= upper), axis=-1)
-    batch_dims = [a for a in range(out.ndim) if a not in dn.offset_dims]
-    in_bounds = lax.broadcast_in_dim(in_bounds, out.shape, batch_dims)
-    fill = _gather_fill_value(out_aval.dtype, fill_value)
-    out = lax.select(in_bounds, out, lax.full_like(out, fill))
-  return [out]
+def _gather(ctx, operand, indices, *, dimension_numbers, slice_sizes, mode, **params):
+  op_aval = ctx.in_avals[0]
+  mode = _Mode.from_any(mode)
+  fill = mode == _Mode.FILL_OR_DROP
+  operand, new_indices, in_bounds = _logical_starts(
+      ctx, operand, indices, op_aval.shape, slice_sizes,
+      dimension_numbers.start_index_map, clip=not fill)
+  if in_bounds is not None:  # XLA fills what it finds out of bounds
+    new_indices = _keep_only(in_bounds, new_indices)
+  if new_indices is not indices:  # within the logical bounds, so XLA's hold too
+    indices = new_indices
+    params = dict(params, indices_are_sorted=False)
+    mode = mode if fill else _Mode.CLIP
+  return ctx.bind(operand, indices, dimension_numbers=dimension_numbers,
+                  slice_sizes=slice_sizes, mode=mode, **params)
 
 
 # --- scatter -----------------------------------------------------------------
 
-_SCATTER_IDENTITY = {
-    "scatter-add": "add", "scatter-sub": "add", "scatter-mul": "mul",
-    "scatter-min": "min", "scatter-max": "max", "scatter": None,
+_COMBINERS = {
+    "scatter-add": "add", "scatter-sub": "sub", "scatter-mul": "mul",
+    "scatter-min": "min", "scatter-max": "max",
 }
+
+
+def _identity(kind: str, dtype):
+  value = identity_value("add" if kind == "sub" else kind, dtype)
+  if kind == "add" and jnp.issubdtype(dtype, jnp.inexact):
+    return -value  # x + -0.0 == x for every x, -0.0 included
+  return value
 
 
 def _window_sizes(op_aval, upd_aval, dn):
@@ -124,59 +169,90 @@ def _window_sizes(op_aval, upd_aval, dn):
   return sizes
 
 
+def _scatter_dims(updates, dn):
+  """The axes of `updates` that follow the index batch axes, in order."""
+  return tuple(a for a in range(updates.ndim) if a not in dn.update_window_dims)
+
+
+def _overwrites_data(op_shape, window) -> bool:
+  """Whether a window's padding can land on valid entries of the operand:
+  a dynamic window smaller than its axis (one as large as the axis starts at
+  0, so its padding lands in the operand's padding)."""
+  return any(jc.is_symbolic_dim(w) and w != d for w, d in zip(window, op_shape))
+
+
+def _element_indices(indices, updates, dn):
+  """The operand index of every entry of `updates`: shape updates.shape + (rank,)."""
+  dtype = indices.dtype
+  scatter_dims = _scatter_dims(updates, dn)
+  window_dims = iter(dn.update_window_dims)
+  index_map = dn.scatter_dims_to_operand_dims
+  rank = len(dn.inserted_window_dims) + len(dn.operand_batching_dims) + len(dn.update_window_dims)
+  coords = []
+  for i in range(rank):
+    if i in dn.operand_batching_dims:  # the position along the paired index axis
+      axis = dn.scatter_indices_batching_dims[dn.operand_batching_dims.index(i)]
+      coords.append(lax.broadcasted_iota(dtype, updates.shape, scatter_dims[axis]))
+      continue
+    coord = jnp.zeros(updates.shape, dtype)
+    if i not in dn.inserted_window_dims:
+      coord = lax.broadcasted_iota(dtype, updates.shape, next(window_dims))
+    if i in index_map:
+      start = indices[..., index_map.index(i)]
+      coord = coord + lax.broadcast_in_dim(start, updates.shape, scatter_dims)
+    coords.append(coord)
+  return jnp.stack(coords, axis=-1)
+
+
+def _set_per_element(ctx, operand, indices, updates, keep, dn, mode, params):
+  """A set of windows as a set of single entries; entries not in `keep` drop."""
+  element_indices = _keep_only(keep, _element_indices(indices, updates, dn))
+  rank = operand.ndim
+  element_dn = dn._replace(update_window_dims=(), inserted_window_dims=tuple(range(rank)),
+                           scatter_dims_to_operand_dims=tuple(range(rank)),
+                           operand_batching_dims=(), scatter_indices_batching_dims=())
+  params = dict(params, indices_are_sorted=False, unique_indices=False)
+  return ctx.bind(operand, element_indices, updates, dimension_numbers=element_dn,
+                  mode=mode, **params)[0]
+
+
 def _scatter(kind):
   def rule(ctx, operand, indices, updates, *, dimension_numbers, mode, **params):
     op_aval, idx_aval, upd_aval = ctx.in_avals
     dn = dimension_numbers
-    index_map = dn.scatter_dims_to_operand_dims
-    window = _window_sizes(op_aval, upd_aval, dn)
     shape = operand.shape
-    mode = lax.GatherScatterMode.from_any(mode)
-
-    # Entries whose index lies in the padding of the indices never land.
-    drop = ctx.valid_mask(idx_aval.shape[:-1])
-    drop = None if drop is None else jnp.logical_not(drop)
-    dynamic = [d for d in index_map
-               if jc.is_symbolic_dim(op_aval.shape[d]) or jc.is_symbolic_dim(window[d])]
-    if dynamic or drop is not None:
-      if not index_map:
-        raise ctx.error("its updates have padded entries but no index selects them.",
-                        "scatter along an axis with a fixed size.")
-      for d in dynamic:
-        if needs_room(op_aval.shape[d], window[d]):
-          operand = pad_high(operand, d, ctx.padded(window[d]))
-      upper = _upper_bounds(ctx, op_aval.shape, window, index_map, indices.dtype)
-      upper = lax.broadcast_in_dim(upper, indices.shape, (indices.ndim - 1,))
-      if mode == lax.GatherScatterMode.CLIP:
-        indices = lax.max(jnp.zeros((), indices.dtype), lax.min(indices, upper))
-      else:  # out of logical bounds: dropped, as XLA drops them unpadded
-        oob = jnp.any((indices < 0) | (indices > upper), axis=-1)
-        drop = oob if drop is None else drop | oob
-      if drop is not None:
-        # Any start past the padded operand is out of bounds for XLA too.
-        far = np.asarray(operand.shape[index_map[0]], indices.dtype)
-        first = jnp.where(drop, far, indices[..., 0])
-        indices = jnp.concatenate([first[..., None], indices[..., 1:]], axis=-1)
-      mode = lax.GatherScatterMode.FILL_OR_DROP
-
-    upd_mask = ctx.valid_mask(upd_aval, dn.update_window_dims)
-    if upd_mask is not None and kind is not None:
-      updates = lax.select(upd_mask, updates,
-                           lax.full_like(updates, identity_value(kind, upd_aval.dtype)))
-      upd_mask = None
+    window = _window_sizes(op_aval, upd_aval, dn)
+    operand, new_indices, in_bounds = _logical_starts(
+        ctx, operand, indices, op_aval.shape, window, dn.scatter_dims_to_operand_dims,
+        clip=_Mode.from_any(mode) == _Mode.CLIP)
+    if new_indices is not indices:
+      indices = new_indices
+      params = dict(params, indices_are_sorted=False)
+    mode = _Mode.FILL_OR_DROP  # from here on, out of bounds means dropped
+    # Update entries that must not land: padding (of the index batch or of a
+    # window) and the entries of windows out of logical bounds.
+    keep = _and(ctx.valid_mask(upd_aval), None if in_bounds is None else
+                lax.broadcast_in_dim(in_bounds, updates.shape, _scatter_dims(updates, dn)))
+    if keep is not None and kind is not None:
+      identity = lax.full_like(updates, _identity(kind, upd_aval.dtype))
+      updates = lax.select(keep, updates, identity)
+    elif keep is not None:
+      if _overwrites_data(op_aval.shape, window) or not dn.scatter_dims_to_operand_dims:
+        if not operand.ndim:
+          raise ctx.error("the padding of its updates has no index to drop it by.",
+                          "scatter into an array, not a scalar.")
+        out = _set_per_element(ctx, operand, indices, updates, keep, dn, mode, params)
+        return [_restore(out, shape)]
+      # The windows' padding lands in the operand's padding: drop whole windows.
+      rows = _and(ctx.valid_mask(idx_aval.shape[:-1]), in_bounds)
+      if rows is not None:
+        indices = _keep_only(rows, indices)
+        params = dict(params, indices_are_sorted=False)
     out = ctx.bind(operand, indices, updates, dimension_numbers=dn, mode=mode, **params)[0]
-    if upd_mask is not None:  # a set with a dynamic window: keep what it must not touch
-      if int(np.prod(indices.shape[:-1])) != 1:
-        raise ctx.error(
-            "it sets windows of dynamic size at several indices; their padding "
-            "could overwrite each other's data.",
-            "set one window at a time, or use a window of fixed size.")
-      written = ctx.bind(jnp.zeros(operand.shape, bool), indices, upd_mask,
-                         dimension_numbers=dn, mode=mode, **params)[0]
-      out = lax.select(written, out, operand)
     return [_restore(out, shape)]
   return rule
 
 
-for _name, _kind in _SCATTER_IDENTITY.items():
+for _name, _kind in _COMBINERS.items():
   register(_name)(_scatter(_kind))
+register("scatter")(_scatter(None))

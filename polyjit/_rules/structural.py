@@ -1,18 +1,24 @@
-"""Shape-changing primitives that keep data anchored at index 0.
+"""Shape-changing primitives that keep data anchored at index 0, and reshape.
 
 `broadcast_in_dim`, `iota`, `squeeze`, `transpose`, `stack` and the like move
 whole axes around but never move data along a dynamic axis: binding them with
-padded sizes keeps the valid region leading. `reshape` does too when each
-dynamic axis is the outermost non-unit axis of the group of axes it merges or
-splits ((n, 3) <-> (3n,)); other reshapes would interleave padding with data
-and are refused here. `dim_as_value` is where a size becomes a value: it
-evaluates on the logical sizes.
+padded sizes keeps the valid region leading. `dim_as_value` is where a size
+becomes a value: it evaluates on the logical sizes.
+
+`reshape` binds unchanged when each dynamic axis is the outermost non-unit
+axis of the group of axes it merges or splits ((n, 3) <-> (3n,)): row-major
+order then puts the data first. Any other reshape ((3, n) -> (3n,),
+(n, m) -> (nm,), (2n,) -> (2, n), (n, m) -> (m, n)) would interleave padding
+with data, so it is a gather instead: each output entry reads the input entry
+with the same logical row-major index, computed from the logical sizes.
 """
 
 from __future__ import annotations
 
 import math
 
+import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from .. import _jax_compat as jc
@@ -88,17 +94,37 @@ def _leading_dynamic_only(shape, axes) -> bool:
 
 @register("reshape")
 def _reshape(ctx, x, *, new_sizes, dimensions, **params):
-  in_aval, = ctx.in_avals
-  out_aval, = ctx.out_avals
-  groups = None if dimensions is not None else reshape_groups(in_aval.shape, out_aval.shape)
-  if groups is None or not all(
-      _leading_dynamic_only(in_aval.shape, gi) and _leading_dynamic_only(out_aval.shape, gj)
+  in_shape = ctx.in_avals[0].shape
+  out_shape = ctx.out_avals[0].shape
+  if dimensions is not None:  # reshape of a transpose: transpose first
+    x = lax.transpose(x, dimensions)
+    in_shape = tuple(in_shape[a] for a in dimensions)
+  groups = reshape_groups(in_shape, out_shape)
+  if groups is not None and all(
+      _leading_dynamic_only(in_shape, gi) and _leading_dynamic_only(out_shape, gj)
       for gi, gj in groups):
+    return ctx.bind(x, new_sizes=new_sizes, dimensions=None, **params)
+  return [_reshape_by_gather(ctx, x, in_shape, out_shape)]
+
+
+def _reshape_by_gather(ctx, x, in_shape, out_shape):
+  """Output entry j reads the input entry whose logical row-major index is
+  j's; entries past the logical end read anything (they are padding)."""
+  dtype = jc.dim_value_dtype()
+  shape = ctx.padded_shape(out_shape)
+  if x.size > np.iinfo(dtype).max:
     raise ctx.error(
-        f"reshaping {in_aval.str_short()} to {out_aval.str_short()} would "
-        "interleave padding with data (a dynamic axis is merged behind another "
-        "axis, or two dynamic axes are merged).",
-        "reshape so that each dynamic axis is the outermost of the axes it is "
-        "merged with, e.g. (n, 3) -> (3n,) rather than (3, n) -> (3n,); or move "
-        "the axis first with jnp.moveaxis.")
-  return ctx.bind(x, new_sizes=new_sizes, dimensions=dimensions, **params)
+        f"it moves data with a gather over {x.size} padded entries, more "
+        f"than {np.dtype(dtype).name} indices can address.",
+        "enable 64-bit mode (jax.config.update('jax_enable_x64', True)) or "
+        "reshape smaller arrays.")
+  flat = lax.full(shape, 0, dtype)  # logical row-major index of each entry
+  for axis, d in enumerate(out_shape):
+    flat = flat * ctx.logical(d) + lax.broadcasted_iota(dtype, shape, axis)
+  source, stride = lax.full(shape, 0, dtype), 1
+  for axis in reversed(range(len(in_shape))):
+    size = lax.max(ctx.logical(in_shape[axis]), np.ones((), dtype))  # never / 0
+    source = source + lax.rem(flat, size) * stride
+    flat = lax.div(flat, size)
+    stride *= x.shape[axis]
+  return jnp.take(x.reshape(-1), source, mode="clip")

@@ -1,9 +1,16 @@
 """Compile statistics, explanations and guards.
 
-`count_compiles()` records every XLA backend compile in a block of code, as
-`jax.monitoring` reports it: compile counts are measured, never assumed.
+Compile counts are measured with `jax.monitoring`, never assumed
+(`count_compiles`). For `pj.jit` functions: `stats` and `explain`; for plain
+`jax.jit` code: `watch`; for tests and serving: `assert_max_compiles`; before
+running anything: `shapecheck`.
 """
 
 from ._compiles import CompileEvent, CompileLog, count_compiles
+from ._explain import JitStats, explain, stats
+from ._guard import assert_max_compiles
+from ._shapecheck import shapecheck
+from ._watch import FunctionReport, WatchReport, watch
 
-__all__ = ["CompileEvent", "CompileLog", "count_compiles"]
+__all__ = ["CompileEvent", "CompileLog", "FunctionReport", "JitStats", "WatchReport",
+           "assert_max_compiles", "count_compiles", "explain", "shapecheck", "stats", "watch"]

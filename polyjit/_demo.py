@@ -1,0 +1,202 @@
+"""`python -m polyjit demo`: the problem and the fix, side by side, in a minute.
+
+Two workloads, each run with `jax.jit` and with polyjit in the same process:
+
+* the seed: a Gaussian log-likelihood over vectors whose length changes on
+  every call (`jax.jit` compiles every length; `pj.jit` one program per
+  bucket);
+* a ragged batch: gradients of an RNN's mean loss over batches of sequences
+  of different lengths (`jax.jit` on batches padded to their own longest
+  sequence, with hand-written masks, compiles per distinct longest length;
+  `pj.vmap` over `pj.Ragged` reuses a bucket's program).
+
+It prints a table (calls, distinct shapes, compiles, seconds compiling, total
+seconds, speedup, largest difference between the two results) and writes a
+plot of cumulative time against calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import polyjit as pj
+
+
+def _progress(iterable, desc: str, total: int):
+  try:
+    from tqdm.auto import tqdm
+  except ImportError:  # the bar is a nicety: run without it
+    return iterable
+  return tqdm(iterable, desc=desc, total=total, unit="call", leave=False)
+
+
+def _timed(fn: Callable, inputs: list, desc: str):
+  """Runs fn on every input; returns outputs, cumulative seconds, compiles."""
+  outs, times = [], []
+  start = time.perf_counter()
+  with pj.diagnostics.count_compiles() as compiles:
+    for x in _progress(inputs, desc, len(inputs)):
+      outs.append(jax.block_until_ready(fn(*x)))
+      times.append(time.perf_counter() - start)
+  return outs, times, compiles
+
+
+# --- the seed: a likelihood over a vector of changing length ------------------------
+
+def loglik(x, mu, log_sigma):
+  z = (x - mu) * jnp.exp(-log_sigma)
+  return jnp.sum(-0.5 * z * z - log_sigma) - 0.5 * x.shape[0] * jnp.log(2 * jnp.pi)
+
+
+def seed_inputs(calls: int, rng):
+  lengths = rng.choice(np.arange(100, 10_001), calls, replace=False)
+  return [(rng.standard_normal(n).astype(np.float32), np.float32(0.3), np.float32(0.1))
+          for n in lengths]
+
+
+# --- a ragged batch: RNN loss gradients ----------------------------------------------
+
+HIDDEN = 16
+
+
+def rnn_loss(params, seq):
+  """Mean squared prediction error of a tanh RNN over one unpadded sequence."""
+  w, u, v = params
+
+  def step(h, x):
+    h = jnp.tanh(h @ w + x * u)
+    return h, h @ v
+
+  _, preds = lax.scan(step, jnp.zeros(HIDDEN), seq[:-1])
+  return jnp.mean((preds - seq[1:]) ** 2)
+
+
+def handmasked_batch_loss(params, padded, lengths):
+  """What people write by hand: pad to the batch's longest, mask every step."""
+  w, u, v = params
+
+  def one(seq, n):
+    def step(h, inp):
+      x, t = inp
+      h_new = jnp.tanh(h @ w + x * u)
+      return jnp.where(t < n - 1, h_new, h), jnp.where(t < n - 1, h_new @ v, 0.0)
+    steps = jnp.arange(seq.shape[0] - 1)
+    _, preds = lax.scan(step, jnp.zeros(HIDDEN), (seq[:-1], steps))
+    err = jnp.where(steps < n - 1, (preds - seq[1:]) ** 2, 0.0)
+    return err.sum() / (n - 1)
+
+  return jnp.mean(jax.vmap(one)(padded, lengths))
+
+
+def ragged_inputs(steps: int, batch: int, rng):
+  return [[np.sin(np.linspace(0, rng.uniform(1, 20), n)).astype(np.float32)
+           for n in rng.integers(10, 257, batch)] for _ in range(steps)]
+
+
+def params_for(rng):
+  return (rng.standard_normal((HIDDEN, HIDDEN)).astype(np.float32) * 0.3,
+          rng.standard_normal(HIDDEN).astype(np.float32) * 0.3,
+          rng.standard_normal(HIDDEN).astype(np.float32) * 0.3)
+
+
+# --- running it ---------------------------------------------------------------------
+
+def _max_diff(a_outs, b_outs) -> float:
+  diffs = [float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+           for a, b in zip(a_outs, b_outs) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))]
+  return max(diffs) if diffs else 0.0
+
+
+def run(calls: int = 150, steps: int = 40, batch: int = 16, seed: int = 0) -> dict:
+  rng = np.random.default_rng(seed)
+  results = {}
+
+  data = seed_inputs(calls, rng)
+  jit_outs, jit_t, jit_c = _timed(jax.jit(loglik), data, "seed: jax.jit")
+  pj_outs, pj_t, pj_c = _timed(pj.jit(loglik), data, "seed: pj.jit")
+  results["seed log-likelihood"] = {
+      "calls": calls, "shapes": len({x[0].shape for x in data}),
+      "jax.jit": (jit_t, jit_c), "polyjit": (pj_t, pj_c),
+      "max_diff": _max_diff(jit_outs, pj_outs), "polyjit_name": "pj.jit"}
+
+  params = params_for(rng)
+  batches = ragged_inputs(steps, batch, rng)
+  hand = jax.jit(jax.value_and_grad(handmasked_batch_loss))
+
+  def jit_step(seqs):
+    n_max = max(len(s) for s in seqs)
+    padded = np.zeros((len(seqs), n_max), np.float32)
+    for i, s in enumerate(seqs):
+      padded[i, :len(s)] = s
+    return hand(params, padded, np.array([len(s) for s in seqs], np.int32))
+
+  ragged_step = jax.jit(jax.value_and_grad(
+      lambda p, r: pj.vmap(rnn_loss, in_axes=(None, 0))(p, r).mean()))
+  jit_outs, jit_t, jit_c = _timed(jit_step, [(b,) for b in batches], "ragged: jax.jit")
+  pj_outs, pj_t, pj_c = _timed(lambda b: ragged_step(params, pj.Ragged.from_list(b)),
+                               [(b,) for b in batches], "ragged: pj.vmap")
+  results["ragged RNN gradients"] = {
+      "calls": steps, "shapes": len({max(len(s) for s in b) for b in batches}),
+      "jax.jit": (jit_t, jit_c), "polyjit": (pj_t, pj_c),
+      "max_diff": _max_diff(jit_outs, pj_outs), "polyjit_name": "pj.vmap + Ragged"}
+  return results
+
+
+def table(results: dict) -> str:
+  head = (f"{'workload':<22}{'contender':<18}{'calls':>6}{'shapes':>8}{'compiles':>10}"
+          f"{'compile s':>11}{'total s':>9}{'speedup':>9}{'max diff':>10}")
+  lines = [head, "-" * len(head)]
+  for name, r in results.items():
+    base = r["jax.jit"][0][-1]
+    for label, key in (("jax.jit", "jax.jit"), (r["polyjit_name"], "polyjit")):
+      times, compiles = r[key]
+      lines.append(
+          f"{name if key == 'jax.jit' else '':<22}{label:<18}{r['calls']:>6}{r['shapes']:>8}"
+          f"{len(compiles):>10}{sum(c.seconds for c in compiles):>11.2f}{times[-1]:>9.2f}"
+          f"{base / times[-1]:>8.1f}x{r['max_diff'] if key == 'polyjit' else 0.0:>10.1e}")
+  return "\n".join(lines)
+
+
+def plot(results: dict, path: str) -> str | None:
+  try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+  except ImportError:
+    return None
+  fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4))
+  for ax, (name, r) in zip(np.atleast_1d(axes), results.items()):
+    for label, key in (("jax.jit", "jax.jit"), (r["polyjit_name"], "polyjit")):
+      times = r[key][0]
+      ax.plot(np.arange(1, len(times) + 1), times, label=f"{label} ({len(r[key][1])} compiles)")
+    ax.set_title(name)
+    ax.set_xlabel("calls")
+    ax.set_ylabel("cumulative seconds")
+    ax.legend()
+    ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return os.path.abspath(path)
+
+
+def main(argv=None) -> dict:
+  parser = argparse.ArgumentParser(prog="python -m polyjit demo", description=__doc__.splitlines()[0])
+  parser.add_argument("--calls", type=int, default=150, help="seed workload calls")
+  parser.add_argument("--steps", type=int, default=40, help="ragged training steps")
+  parser.add_argument("--plot", default="polyjit-demo.png", help="where to write the plot")
+  opts = parser.parse_args(argv)
+  print(f"polyjit {pj.__version__} on JAX {jax.__version__}, {jax.devices()[0].platform}")
+  results = run(opts.calls, opts.steps)
+  print(table(results))
+  path = plot(results, opts.plot)
+  print(f"plot: {path}" if path else "plot skipped (pip install matplotlib)")
+  return results

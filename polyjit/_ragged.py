@@ -1,0 +1,619 @@
+"""Ragged batching: `pj.Ragged` and `pj.vmap`.
+
+    batch = pj.Ragged.from_list([x1, x2, x3])       # examples of different lengths
+    ys = pj.vmap(fun)(batch)                        # fun written for one example
+    ys.to_list()                                    # == [fun(x1), fun(x2), fun(x3)]
+
+Design
+------
+A `Ragged` is a batch of examples whose leading `ragged_axes` axes differ in
+size (sequences: one axis; images of different height and width: two). It is a
+pytree of three children, so it passes through `jax.jit`, `jax.grad` and
+`pj.jit` like any container:
+
+* `data`: every example padded to the same shape, stacked on a new leading
+  batch axis: `(batch, P_1, ..., P_k, *fixed)`. `P_j` comes from a bucket
+  policy (`polyjit.buckets`), so batches of similar lengths have equal shapes
+  and reuse compiled programs. `data` may be a pytree of arrays whose examples
+  share their lengths (tokens and per-token targets).
+* `lengths`: int32, `(batch,)` for one ragged axis, `(batch, k)` for k.
+* `num_examples`: None, or an int32 scalar when the batch axis itself is
+  padded (`batch_buckets=`): then only the first `num_examples` rows are
+  examples, so the last, smaller batch of an epoch reuses the program of the
+  full ones.
+
+The number of ragged axes and whether the batch is padded are static (pytree
+structure); sizes and counts are data, so they may be traced.
+
+`pj.vmap(fun)` masks `fun` (`pj.mask`) with one dimension variable per ragged
+axis of each `Ragged` argument (`n{i}_{j}`: the i-th `Ragged` among the
+arguments, axis j; its data leaves share them), and `jax.vmap`s the
+masked function over the padded data and the per-example lengths; other
+arguments follow `in_axes` exactly as in `jax.vmap`. Each example therefore
+runs with its own logical size, and results and gradients are exact (see
+`_mask.py`). Outputs whose symbolic shape mentions a size come back as
+`Ragged` (their lengths evaluated per example); the others are stacked. The
+masked function is cached per argument structure and the whole call is one
+`jax.jit`, so a new batch in the same buckets neither retraces nor compiles.
+
+Padded-out examples
+-------------------
+Rows past `num_examples` must never count. Two rules make that hard to get
+wrong:
+
+* They run as copies of example 0 (data, lengths and every batched argument),
+  so they compute finite values even where the padding holds NaN or a length
+  of 0 would be invalid; their outputs get zero cotangents, and 0 times a
+  finite derivative is exactly 0, so they add nothing to any gradient.
+* When the batch is padded, *every* output comes back as a `Ragged`, per-
+  example scalars included (a `Ragged` with no ragged axes): `.mean()` and
+  `.sum()` then count real examples only, while `jnp.mean(out)` is a
+  TypeError rather than a silently wrong mean. Without batch padding,
+  per-example scalars are an ordinary array, and its `.mean()` is right too.
+  So `pj.vmap(loss)(params, batch).mean()` is correct either way.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from . import _buckets
+from . import _jax_compat as jc
+from ._errors import ShapeError
+from ._mask import Masked
+
+
+def _is_ragged(x) -> bool:
+  return isinstance(x, Ragged)
+
+
+def _is_concrete(x) -> bool:
+  return not isinstance(x, jc.Tracer)
+
+
+@jax.tree_util.register_pytree_with_keys_class
+class Ragged:
+  """A batch of examples whose leading `ragged_axes` axes differ in size.
+
+  Build one with `Ragged.from_list(examples)` (padding on the host), or from
+  padded parts: `Ragged(data, lengths, num_examples=None)`.
+
+  Attributes:
+    data: the padded examples, `(batch, P_1, ..., P_k, *fixed)` (or a pytree
+      of such arrays sharing the lengths). The padding is unspecified.
+    lengths: int32 logical sizes, `(batch,)` for one ragged axis, `(batch, k)`
+      for k (`(batch, 0)` for none).
+    ragged_axes: k, the number of leading example axes that vary.
+  """
+
+  def __init__(self, data, lengths, num_examples=None):
+    lengths = lengths if isinstance(lengths, jax.Array) else np.asarray(lengths)
+    if lengths.ndim not in (1, 2) or not jnp.issubdtype(lengths.dtype, jnp.integer):
+      raise TypeError(
+          "Ragged lengths must be an integer array of shape (batch,) for one "
+          f"ragged axis or (batch, k) for k; got {lengths.dtype}{list(lengths.shape)}.")
+    if isinstance(lengths, np.ndarray):  # what a traced size is: int32
+      lengths = lengths.astype(np.int32)
+    k = 1 if lengths.ndim == 1 else lengths.shape[1]
+    if num_examples is not None and not isinstance(num_examples, jax.Array):
+      num_examples = np.asarray(num_examples, np.int32)
+    self._set(data, lengths, num_examples, k)
+    _validate(self)
+
+  def _set(self, data, lengths, count, k):
+    self.data = data
+    self.lengths = lengths
+    self._count = count
+    self.ragged_axes = k
+
+  @classmethod
+  def _make(cls, data, lengths, count, k) -> "Ragged":
+    """Builds without validation (traced parts, pytree unflattening)."""
+    r = object.__new__(cls)
+    r._set(data, lengths, count, k)
+    return r
+
+  # --- pytree ----------------------------------------------------------------
+
+  def tree_flatten_with_keys(self):
+    key = jax.tree_util.GetAttrKey
+    children = ((key("data"), self.data), (key("lengths"), self.lengths),
+                (key("num_examples"), self._count))
+    return children, self.ragged_axes
+
+  @classmethod
+  def tree_unflatten(cls, k, children):
+    return cls._make(*children, k)
+
+  # --- construction on the host ----------------------------------------------
+
+  @classmethod
+  def from_list(cls, arrays: Sequence[Any], *, ragged_axes: int = 1, buckets=None,
+                batch_buckets=None) -> "Ragged":
+    """Pads examples of different sizes into one `Ragged` (on the host).
+
+    Args:
+      arrays: the examples: arrays (NumPy or JAX), or pytrees of arrays with
+        one structure, whose leading `ragged_axes` axes may differ from
+        example to example (equal within an example); the other axes must
+        agree.
+      ragged_axes: how many leading axes vary: 1 for sequences, 2 for images
+        of different height and width, 0 for fixed-size examples (per-example
+        targets of a batch whose size is padded).
+      buckets: the bucket policy for the padded size of each ragged axis (a
+        `polyjit.buckets` policy, a list of sizes, an int k for multiples of
+        k, or a callable); None: powers of two from 16.
+      batch_buckets: the same, for the number of examples. None (default): no
+        padding, `data.shape[0] == len(arrays)`. With a policy, padded-out
+        rows follow, and every `pj.vmap` output becomes a `Ragged` whose
+        `.mean()`/`.sum()` skip them.
+
+    Padding is done with NumPy and the result is transferred with
+    `jax.device_put`: no device program is compiled for any shape.
+    """
+    examples = list(arrays)
+    if not examples:
+      raise ShapeError("Ragged.from_list needs at least one example.")
+    if not isinstance(ragged_axes, int) or ragged_axes < 0:
+      raise TypeError(f"ragged_axes must be an int >= 0, got {ragged_axes!r}")
+    leaves, tree, sizes = _host_examples(examples, ragged_axes)
+    policy = _buckets.as_policy(buckets)
+    padded = tuple(policy(max(s[j] for s in sizes)) for j in range(ragged_axes))
+    n = len(examples)
+    batch = n if batch_buckets is None else _buckets.as_policy(batch_buckets)(n)
+    data = [_host_pad(column, padded, batch) for column in leaves]
+    lengths = np.zeros((batch, ragged_axes), np.int32)
+    lengths[:n] = sizes
+    if ragged_axes == 1:
+      lengths = lengths[:, 0]
+    count = None if batch_buckets is None else jax.device_put(np.int32(n))
+    return cls._make(jax.tree.unflatten(tree, [jax.device_put(d) for d in data]),
+                     jax.device_put(lengths), count, ragged_axes)
+
+  def to_list(self) -> list:
+    """The examples, unpadded, as NumPy arrays (or pytrees of them)."""
+    leaves, tree = jax.tree.flatten(self.data)
+    if not all(_is_concrete(x) for x in [*leaves, self.lengths, self._count]):
+      raise TypeError(
+          "Ragged.to_list reads the examples on the host, so it needs concrete "
+          "values: call it outside jax.jit/jax.grad (inside, use .data with "
+          ".mask, .sum() or .mean()).")
+    host = [np.asarray(x) for x in leaves]
+    lengths = np.asarray(self.lengths).reshape(self.batch_size, self.ragged_axes)
+    return [jax.tree.unflatten(tree, [h[i][tuple(slice(0, s) for s in lengths[i])]
+                                      for h in host])
+            for i in range(len(self))]
+
+  # --- sizes -----------------------------------------------------------------
+
+  @property
+  def batch_size(self) -> int:
+    """The padded number of rows (static)."""
+    return jax.tree.leaves(self.data)[0].shape[0]
+
+  @property
+  def padded_lengths(self) -> tuple[int, ...]:
+    """The padded size of each ragged axis (static)."""
+    return tuple(jax.tree.leaves(self.data)[0].shape[1:1 + self.ragged_axes])
+
+  @property
+  def batch_padded(self) -> bool:
+    """Whether rows past `num_examples` are padding (static)."""
+    return self._count is not None
+
+  @property
+  def num_examples(self):
+    """The number of examples: an int, or an int32 scalar (traced inside
+    `jax.jit`) when the batch is padded."""
+    return self.batch_size if self._count is None else self._count
+
+  def __len__(self) -> int:
+    if self._count is None:
+      return self.batch_size
+    if not _is_concrete(self._count):
+      raise TypeError(
+          "the number of examples of a batch-padded Ragged is a traced value "
+          "inside jax.jit; use r.num_examples (a scalar) or r.example_mask.")
+    return int(self._count)
+
+  def length_columns(self) -> list:
+    """The logical size of each ragged axis, one `(batch,)` array each."""
+    if self.ragged_axes == 1:
+      return [self.lengths]
+    return [self.lengths[:, j] for j in range(self.ragged_axes)]
+
+  # --- masks and reductions over valid entries --------------------------------
+
+  @property
+  def example_mask(self):
+    """`(batch,)` bool: True for real examples, False for padded-out rows."""
+    rows = jnp.arange(self.batch_size)
+    return rows < (self.batch_size if self._count is None else self._count)
+
+  @property
+  def mask(self):
+    """Bool, shaped like `data` (a pytree of masks for pytree data): True on
+    the valid entries of real examples."""
+    return jax.tree.map(self._mask_like, self.data)
+
+  def _mask_like(self, x):
+    lead = (x.shape[0],) + (1,) * (x.ndim - 1)
+    mask = jnp.broadcast_to(self.example_mask.reshape(lead), x.shape)
+    for j, size in enumerate(self.length_columns()):
+      axis = 1 + j
+      position = lax.broadcasted_iota(size.dtype, x.shape, axis)
+      mask = mask & (position < size.reshape(lead))
+    return mask
+
+  def sum(self):
+    """The sum over every valid entry of every real example (per data leaf).
+
+    Padding never enters, not even as 0 * NaN in gradients."""
+    return jax.tree.map(lambda x: jnp.sum(x, where=self._mask_like(x)), self.data)
+
+  def mean(self):
+    """The mean over every valid entry of every real example (per data leaf):
+    the mean of the concatenated examples. For per-example scalars (what
+    `pj.vmap` returns over a padded batch), the mean over real examples."""
+    return jax.tree.map(lambda x: jnp.mean(x, where=self._mask_like(x)), self.data)
+
+  def __repr__(self):
+    leaf = jax.tree.leaves(self.data)[0]
+    parts = [f"padded shape {tuple(leaf.shape)}", str(leaf.dtype)]
+    if all(_is_concrete(x) for x in (self.lengths, self._count)):
+      if self.ragged_axes:
+        parts.insert(0, f"lengths {np.asarray(self.lengths)[:len(self)].tolist()}")
+      parts.insert(0, f"{len(self)} examples")
+    return "Ragged(" + ", ".join(parts) + ")"
+
+
+def _validate(r: Ragged) -> None:
+  """Checks a Ragged built from parts: static shapes always, values when known."""
+  leaves = jax.tree.leaves(r.data)
+  batch, k = r.lengths.shape[0], r.ragged_axes
+  if not leaves:
+    raise TypeError("Ragged data must hold at least one array.")
+  padded = None
+  for path, x in jax.tree_util.tree_flatten_with_path(r.data)[0]:
+    where = "Ragged data" + jax.tree_util.keystr(path)
+    shape = tuple(np.shape(x))
+    if len(shape) < 1 + k or shape[0] != batch:
+      raise ShapeError(
+          f"{where} has shape {shape}, but the lengths describe {batch} examples "
+          f"with {k} ragged axes: it needs shape ({batch}, <{k} padded sizes>, ...).")
+    if padded is None:
+      padded = shape[1:1 + k]
+    if shape[1:1 + k] != padded:
+      raise ShapeError(
+          f"{where} has padded sizes {shape[1:1 + k]} on its ragged axes, but an "
+          f"earlier data leaf has {padded}: leaves sharing lengths need equal padding.")
+  real = batch
+  if r._count is not None and _is_concrete(r._count):
+    real = int(np.asarray(r._count))
+    if not 1 <= real <= batch:
+      raise ShapeError(f"num_examples={real} must be between 1 and the batch size {batch}.")
+  if _is_concrete(r.lengths):
+    lengths = np.asarray(r.lengths).reshape(batch, k)[:real]
+    for j, size in enumerate(padded):
+      bad = np.flatnonzero((lengths[:, j] < 1) | (lengths[:, j] > size))
+      if bad.size:
+        i = int(bad[0])
+        raise ShapeError(
+            f"example {i} has length {int(lengths[i, j])} on ragged axis {j}, which "
+            f"must be between 1 and its padded size {size}.")
+
+
+def _host_examples(examples, k):
+  """Flattens examples on the host: (per-leaf lists of arrays, tree, sizes)."""
+  _, tree = jax.tree.flatten(examples[0])
+  columns: list[list[np.ndarray]] = [[] for _ in range(tree.num_leaves)]
+  sizes = []
+  for i, example in enumerate(examples):
+    leaves, t = jax.tree.flatten(example)
+    if t != tree:
+      raise ShapeError(
+          f"example {i} has the structure {t}, but example 0 has {tree}: every "
+          "example must have the same pytree structure.")
+    arrays = [np.asarray(x) for x in leaves]
+    size = None
+    for leaf, (column, x) in enumerate(zip(columns, arrays)):
+      where = f"example {i}" + (f" leaf {leaf}" if len(arrays) > 1 else "")
+      if x.ndim < k:
+        raise ShapeError(
+            f"{where} has shape {x.shape}, fewer than ragged_axes={k} axes.")
+      if size is None:
+        size = x.shape[:k]
+      if x.shape[:k] != size:
+        raise ShapeError(
+            f"{where} has sizes {x.shape[:k]} on its ragged axes but {size} on "
+            "another leaf: the leaves of one example share their lengths.")
+      if column and x.shape[k:] != column[0].shape[k:]:
+        raise ShapeError(
+            f"{where} has shape {x.shape} but example 0 has {column[0].shape}: "
+            f"only the leading {k} axes may vary (ragged_axes={k}); raise "
+            "ragged_axes if more of the leading axes vary.")
+      column.append(x)
+    if 0 in size:
+      raise ShapeError(
+          f"example {i} is empty (sizes {size} on its ragged axes): polyjit "
+          "runs each example with logical sizes >= 1; leave empty examples out.")
+    sizes.append(size)
+  return columns, tree, sizes
+
+
+def _host_pad(arrays: list[np.ndarray], padded: tuple[int, ...], batch: int) -> np.ndarray:
+  k = len(padded)
+  dtype = jax.dtypes.canonicalize_dtype(np.result_type(*{a.dtype for a in arrays}))
+  out = np.zeros((batch, *padded, *arrays[0].shape[k:]), dtype)
+  for i, x in enumerate(arrays):
+    out[(i, *(slice(0, s) for s in x.shape[:k]))] = x
+  return out
+
+
+# --- pj.vmap -----------------------------------------------------------------
+
+def _hashable(tree):
+  leaves, treedef = jax.tree.flatten(tree, is_leaf=lambda x: x is None)
+  return tuple(leaves), treedef
+
+
+def _unhashable(key):
+  leaves, treedef = key
+  return treedef.unflatten(leaves)
+
+
+class RaggedVmapped:
+  """The result of `pj.vmap`: call it like the `jax.vmap`ped function."""
+
+  def __init__(self, fun: Callable, in_axes, out_axes):
+    self.fun = fun
+    # A list is not a prefix of the positional-argument tuple: as in jax.vmap.
+    self.in_axes = tuple(in_axes) if isinstance(in_axes, list) else in_axes
+    self.out_axes = out_axes
+    self._masked: dict[Any, Masked] = {}
+    functools.update_wrapper(self, fun, updated=())
+
+    def run(*args):
+      return self._run(*args)
+
+    # Compile events and profiles then name the user's function.
+    run.__name__ = run.__qualname__ = f"vmap_{getattr(fun, '__name__', 'fun')}"
+    self._jitted = jax.jit(run)
+
+  def __repr__(self):
+    return f"pj.vmap({getattr(self.fun, '__name__', self.fun)!r})"
+
+  def __call__(self, *args):
+    leaves = jax.tree.leaves(args, is_leaf=_is_ragged)
+    raggeds = [x for x in leaves if _is_ragged(x)]
+    if not raggeds:
+      return jax.vmap(self.fun, self.in_axes, self.out_axes)(*args)
+    _check_counts(raggeds)
+    return self._jitted(*args)
+
+  def _run(self, *args):
+    flat, treedef = jax.tree_util.tree_flatten_with_path(args, is_leaf=_is_ragged)
+    paths, leaves = [_describe(p) for p, _ in flat], [x for _, x in flat]
+    axes = _leaf_axes(self.in_axes, args, len(leaves))
+    batch, count = _batch(leaves, axes, paths)
+    keep = None if count is None else jnp.arange(batch) < count
+    masked, names = self._masked_for(treedef, leaves)
+
+    datas, sizes, plains, plain_axes = [], [], [], []
+    for x, axis in zip(leaves, axes):
+      if _is_ragged(x):
+        datas.append(_first_for_padded(x.data, 0, keep))
+        sizes.append([_first_for_padded(c, 0, keep) for c in x.length_columns()])
+      else:
+        plains.append(_first_for_padded(x, axis, keep))
+        plain_axes.append(axis)
+    kinds = [_is_ragged(x) for x in leaves]
+
+    def per_example(datas, sizes, plains):
+      sources = (iter(datas), iter(plains))
+      example = treedef.unflatten([next(sources[0] if r else sources[1]) for r in kinds])
+      env = {name: s for ns, ss in zip(names, sizes) for name, s in zip(ns, ss)}
+      outs = masked(list(example), env)
+      traced = masked.trace(list(example))
+      out_paths = [_describe(p) for p, _ in jax.tree_util.tree_flatten_with_path(outs)[0]]
+      return outs, [_out_lengths(a, env, p) for a, p in zip(traced.out_avals, out_paths)]
+
+    outs, out_lengths = jax.vmap(
+        per_example, in_axes=(0, 0, plain_axes), out_axes=(self.out_axes, 0))(
+            datas, sizes, plains)
+    return self._assemble(outs, out_lengths, count, keep)
+
+  def _masked_for(self, treedef, leaves):
+    """`pj.mask(fun)` for this argument structure (cached) and its dim names."""
+    ks = tuple(x.ragged_axes if _is_ragged(x) else None for x in leaves)
+    numbers = np.cumsum([k is not None for k in ks]) - 1
+    names = [[f"n{i}_{j}" for j in range(k)] for i, k in zip(numbers, ks) if k is not None]
+    key = (treedef, ks)
+    masked = self._masked.get(key)
+    if masked is None:
+      it = iter(names)
+      specs = [_spec(next(it)) if k is not None else None for k in ks]
+      masked = self._masked[key] = Masked(self.fun, list(treedef.unflatten(specs)))
+    return masked, names
+
+  def _assemble(self, outs, out_lengths, count, keep):
+    leaves, tree = jax.tree.flatten(outs)
+    axes = _broadcast(self.out_axes, outs, len(leaves), "out_axes")
+    result = []
+    for x, lengths, axis in zip(leaves, out_lengths, axes):
+      if not lengths and keep is None:
+        result.append(x)
+        continue
+      if axis != 0:
+        raise TypeError(
+            f"pj.vmap returns this output as a pj.Ragged (it {_why(lengths)}), whose "
+            f"examples are stacked on axis 0, but out_axes gives {axis}: use "
+            "out_axes=0 for it.")
+      column = [jnp.where(keep, s, 0) if keep is not None else s for s in lengths]
+      stacked = (column[0] if len(column) == 1
+                 else jnp.stack(column, axis=1) if column
+                 else jnp.zeros((x.shape[0], 0), jnp.int32))
+      result.append(Ragged._make(x, stacked, count, len(lengths)))
+    return tree.unflatten(result)
+
+
+def _why(lengths) -> str:
+  return ("depends on the example's length" if lengths
+          else "is per example, and the batch is padded")
+
+
+def _spec(names: list[str]) -> str | None:
+  return "(" + ", ".join([*names, "..."]) + ")" if names else None
+
+
+def _describe(path) -> str:
+  """'argument 1', 'argument 0 at ['x']' from a path into the args tuple."""
+  if not path:
+    return "the output"
+  head, rest = path[0], path[1:]
+  name = f"argument {head.idx}" if hasattr(head, "idx") else jax.tree_util.keystr((head,))
+  return name + (f" at {jax.tree_util.keystr(rest)}" if rest else "")
+
+
+def _broadcast(prefix, tree, n_leaves: int, what: str) -> list:
+  """`prefix` (ints and None) broadcast over `tree`'s leaves, Ragged as leaves."""
+  out: list = []
+  extend = lambda ax, sub: out.extend([ax] * len(jax.tree.leaves(sub, is_leaf=_is_ragged)))
+  try:
+    jax.tree.map(extend, prefix, tree, is_leaf=lambda x: x is None)
+  except ValueError as e:
+    raise ValueError(f"pj.vmap {what} {prefix!r} is not a pytree prefix of the "
+                     f"values: {e}") from None
+  if len(out) != n_leaves:
+    raise TypeError(f"pj.vmap {what} must give a pj.Ragged one axis (0), not a "
+                    f"pytree of axes; got {prefix!r}.")
+  return out
+
+
+def _leaf_axes(in_axes, args, n_leaves: int) -> list:
+  if not isinstance(in_axes, tuple):
+    in_axes = (in_axes,) * len(args)
+  elif len(in_axes) != len(args):
+    raise ValueError(
+        f"pj.vmap in_axes has {len(in_axes)} entries but the function was called "
+        f"with {len(args)} positional arguments; give one entry per argument.")
+  return _broadcast(in_axes, args, n_leaves, "in_axes")
+
+
+def _batch(leaves, axes, paths) -> tuple[int, Any]:
+  """The padded batch size and the number of examples (None: not padded)."""
+  raggeds = [(x, a, p) for x, a, p in zip(leaves, axes, paths) if _is_ragged(x)]
+  first, _, first_path = raggeds[0]
+  batch = first.batch_size
+  for x, axis, path in raggeds:
+    if axis != 0:
+      raise TypeError(
+          f"pj.vmap maps a pj.Ragged over its examples, so its in_axes must be 0; "
+          f"{path} has in_axes {axis}.")
+    if x.batch_size != batch:
+      raise ShapeError(
+          f"{path} holds {x.batch_size} rows but {first_path} holds {batch}: "
+          "pj.Ragged arguments of one call need the same (padded) batch size.")
+  count = next((x._count for x, _, _ in raggeds if x.batch_padded), None)
+  for x, axis, path in zip(leaves, axes, paths):
+    if _is_ragged(x) or axis is None:
+      continue
+    size = np.shape(x)[axis]
+    if size != batch:
+      hint = (" Pad it like the batch: pj.Ragged.from_list(values, ragged_axes=0, "
+              "batch_buckets=...) with the same batch_buckets." if count is not None else "")
+      raise ShapeError(
+          f"{path} has {size} entries on its mapped axis {axis}, but the pj.Ragged "
+          f"arguments hold {batch} rows.{hint}")
+  return batch, count
+
+
+def _check_counts(raggeds: list[Ragged]) -> None:
+  counts = {len(r) for r in raggeds if r.batch_padded and _is_concrete(r._count)}
+  if len(counts) > 1:
+    raise ShapeError(
+        f"the batch-padded pj.Ragged arguments disagree on the number of examples "
+        f"({sorted(counts)}): pad every argument of one batch from the same examples.")
+
+
+def _first_for_padded(x, axis, keep):
+  """`x` (a pytree) with the padded-out rows along `axis` replaced by row 0.
+
+  Padded-out examples then compute finite values whatever their padding holds,
+  and since their outputs never count, they contribute exact zeros to gradients.
+  """
+  if keep is None or axis is None:
+    return x
+
+  def fill(a):
+    shape = [1] * a.ndim
+    shape[axis] = a.shape[axis]
+    return jnp.where(keep.reshape(shape), a, lax.index_in_dim(a, 0, axis))
+
+  return jax.tree.map(fill, x)
+
+
+def _out_lengths(aval, env, where: str) -> list:
+  """Per example: the logical size of each leading dynamic axis of an output."""
+  shape = aval.shape
+  lead = next((a for a, d in enumerate(shape) if not jc.is_symbolic_dim(d)), len(shape))
+  later = [a for a in range(lead, len(shape)) if jc.is_symbolic_dim(shape[a])]
+  if later:
+    raise ShapeError(
+        f"{where} of the function has shape {aval.str_short()}: its axis {later[0]} "
+        "depends on the example's length but follows a fixed axis. pj.vmap returns "
+        "such outputs as a pj.Ragged, whose varying axes come first: move them to "
+        f"the front inside the function (e.g. jnp.moveaxis(y, {later[0]}, 0)).")
+  return [jc.evaluate_dim(d, env) for d in shape[:lead]]
+
+
+def vmap(fun: Callable, in_axes=0, out_axes=0) -> RaggedVmapped:
+  """`jax.vmap` that also maps over `pj.Ragged` arguments, example by example.
+
+  Args:
+    fun: a function written for one unpadded example.
+    in_axes: as in `jax.vmap` (an int, None, or a tuple with one pytree prefix
+      per positional argument). A `pj.Ragged` argument is mapped over its
+      examples (its entry must be 0), each with its own logical lengths;
+      other arguments are mapped or shared (None, e.g. model parameters) as
+      `jax.vmap` does.
+    out_axes: as in `jax.vmap`; must be 0 for outputs that come back as
+      `pj.Ragged`.
+
+  Returns:
+    A function of the same arguments. An output whose shape depends on an
+    example's length comes back as a `pj.Ragged` (lengths per example); one
+    that does not is stacked into an ordinary array, unless the batch itself
+    is padded (`Ragged.from_list(..., batch_buckets=...)`): then it is a
+    `pj.Ragged` with no ragged axes, so that `.mean()` and `.sum()` count real
+    examples only. `pj.vmap(loss)(params, batch).mean()` is the mean loss in
+    both cases. Results and gradients equal those of `fun` on each unpadded
+    example. Without `pj.Ragged` arguments this is `jax.vmap`.
+
+  The returned function is cached per (fun, in_axes, out_axes), and each call
+  is one `jax.jit` of the masked function, so batches in the same buckets
+  reuse one compiled program.
+  """
+  if not callable(fun):
+    raise TypeError(f"pj.vmap expects a callable, got {type(fun).__name__}")
+  key = (fun, _hashable(in_axes), _hashable(out_axes))
+  try:
+    hash(key)
+  except TypeError:  # an unhashable function: no reuse across pj.vmap calls
+    return RaggedVmapped(fun, in_axes, out_axes)
+  return _cached_vmap(*key)
+
+
+# Calling pj.vmap(f) again for the same f (in an eager loop) must not retrace
+# and recompile: instances are shared. Bounded, like JAX's own trace caches,
+# because each holds its function and compiled programs.
+@functools.lru_cache(maxsize=128)
+def _cached_vmap(fun, in_axes, out_axes) -> RaggedVmapped:
+  return RaggedVmapped(fun, _unhashable(in_axes), _unhashable(out_axes))

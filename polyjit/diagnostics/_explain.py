@@ -1,0 +1,117 @@
+"""`pj.stats` and `pj.explain`: what a `pj.jit` function compiled, and why.
+
+Every program a `pj.jit` function builds is recorded with its cause (the first
+call, an axis that changed and became dynamic, a new bucket, a fallback to
+exact shapes, equal sizes a size-branching trace cannot serve) and with the
+compile events `jax.monitoring` reported for it, so the counts here are
+measured. `explain` turns that record into text and ends with advice on
+bucket policies for the sizes each dynamic axis actually took.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from .._jit import JitFunction
+from ._advice import advise
+
+
+@dataclasses.dataclass(frozen=True)
+class JitStats:
+  """A snapshot of a `pj.jit` function's activity.
+
+  `buckets` maps a bucket, as a tuple of (dimension, padded size) pairs, to
+  the number of calls it served; `padding_waste` is the mean fraction of the
+  arguments' elements that were padding; `compiles` counts the backend
+  compiles `jax.monitoring` reported for this function's programs.
+  """
+  calls: int
+  compiles: int
+  compile_seconds: float
+  buckets: dict[tuple, int]
+  padding_waste: float
+  fallback_calls: int
+  cache_loads: int
+
+
+def _check(f) -> JitFunction:
+  if not isinstance(f, JitFunction):
+    raise TypeError(f"expected a function made by pj.jit, got {type(f).__name__}; for "
+                    "plain jax.jit functions use `with pj.watch() as report:`.")
+  return f
+
+
+def stats(f) -> JitStats:
+  """The activity of a `pj.jit` function so far."""
+  s = _check(f).stats
+  return JitStats(calls=s.calls, compiles=s.compiles, compile_seconds=s.compile_seconds,
+                  buckets=dict(s.bucket_hits), padding_waste=s.padding_waste,
+                  fallback_calls=s.fallback_calls, cache_loads=s.cache_loads)
+
+
+def explain(f) -> str:
+  """Each compile of a `pj.jit` function and its cause, then advice."""
+  f = _check(f)
+  s = f.stats
+  name = getattr(f.fun, "__name__", "fun")
+  lines = [f"pj.jit({name}): {s.calls} call{'s' * (s.calls != 1)}, {s.compiles} "
+           f"compile{'s' * (s.compiles != 1)} ({s.compile_seconds:.2f} s compiling), "
+           f"mean padding {s.padding_waste:.0%}, {s.fallback_calls} call"
+           f"{'s' * (s.fallback_calls != 1)} at exact shapes after a fallback"]
+  if s.cache_loads:
+    lines[0] += f", {s.cache_loads} program(s) loaded from the persistent cache"
+  lines.append("compiles:")
+  for i, event in enumerate(s.compile_events, 1):
+    lines.append(f"  {i}. {_describe(event['cause'])} ({event['seconds']:.2f} s)")
+  advice = _advice(f)
+  if advice:
+    lines.append("advice:")
+    lines.extend(f"  {a}" for a in advice)
+  return "\n".join(lines)
+
+
+def _axis(name: str, axis: int) -> str:
+  return f"argument `{name}` axis {axis}"
+
+
+def _changes(cause) -> str:
+  return "; ".join(f"{_axis(n, a)} changed {old} -> {new}" for n, a, old, new in cause["changed"])
+
+
+def _bucket(cause) -> str:
+  return ", ".join(f"{d}={p}" for d, p in sorted(cause["bucket"].items()))
+
+
+def _describe(cause: dict) -> str:
+  kind = cause.get("kind")
+  if kind == "first call":
+    return "first call, compiled for its exact shapes"
+  if kind == "precompile":
+    return f"precompiled bucket {_bucket(cause)}"
+  if kind == "fallback":
+    error = (cause.get("error") or "").strip().splitlines()
+    return (f"{_changes(cause) or 'new shapes'}; exact shapes because the function "
+            f"cannot run with dynamic sizes ({error[0] if error else 'see the log'})")
+  if kind == "equal sizes":
+    return (f"{_changes(cause)}; exact shapes because the function compares sizes "
+            "that are equal here")
+  if kind == "exact":
+    return f"{_changes(cause)}; exact shapes"
+  sizes = ", ".join(f"{d}={n}" for d, n in sorted(cause.get("sizes", {}).items()))
+  became = ""
+  if cause.get("became_dynamic"):
+    became = "; now dynamic: " + ", ".join(cause["became_dynamic"])
+  return f"{_changes(cause) or 'new sizes'}{became}; bucket {_bucket(cause)} for {sizes}"
+
+
+def _advice(f: JitFunction) -> list[str]:
+  out = []
+  for dim, entry in sorted(f.stats.dims.items()):
+    sizes = entry["sizes"]
+    if len(sizes) < 3:
+      continue
+    where = _axis(*entry["where"]) if entry["where"] else f"dimension `{dim}`"
+    out.append(advise(where, sizes, f._policy(dim)))
+  if f.stats.fallback_calls:
+    out.append("calls ran at exact shapes after a fallback: give polymorphic_shapes (and "
+               "constraints for size comparisons) so that they can be masked.")
+  return out

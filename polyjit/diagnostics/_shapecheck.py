@@ -1,0 +1,62 @@
+"""`pj.shapecheck`: check a function's output shapes when it is decorated.
+
+The function is traced once with symbolic shapes (no data, no compile), the
+way `pj.mask` traces it, and the symbolic output shapes are compared with the
+declared ones: `@pj.shapecheck(["n", "(n, m)"], "(n, m)")`. Input specs name
+every dim (there is no argument to take a "_" from); a leaf is a spec string
+(float32) or a (spec, dtype) pair.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from .. import _jax_compat as jc
+from .. import _spec
+from .._errors import ShapeError
+from .._mask import check_out_shape, trace_flat
+
+
+def _is_leaf(x) -> bool:
+  return (x is None or isinstance(x, str)
+          or (isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str)))
+
+
+def shapecheck(in_shapes: Sequence[Any], out_shape, *, constraints: Sequence[str] = ()):
+  """A decorator that checks `fun`'s output shapes symbolically, then returns it."""
+  scope = _spec.make_scope(constraints)
+
+  def decorate(fun: Callable) -> Callable:
+    args = [jax.tree.map(lambda leaf: _abstract(leaf, scope), spec, is_leaf=_is_leaf)
+            for spec in in_shapes]
+    leaves, in_tree = jax.tree.flatten(args)
+    box = []
+
+    def flat_fun(*flat):
+      out, out_tree = jax.tree.flatten(fun(*jax.tree.unflatten(in_tree, flat)))
+      box.append(out_tree)
+      return out
+
+    traced = trace_flat(flat_fun, [jc.shaped(a.shape, a.dtype) for a in leaves], ())
+    traced.out_tree = box[0]
+    try:
+      check_out_shape(out_shape, traced, scope)
+    except ShapeError as e:
+      raise ShapeError(f"{getattr(fun, '__name__', 'function')}: {e} (argument specs: "
+                       f"{list(in_shapes)!r})") from None
+    return fun
+
+  return decorate
+
+
+def _abstract(leaf, scope):
+  spec, dtype = (leaf, jnp.float32) if isinstance(leaf, str) else leaf
+  try:
+    shape = jc.symbolic_shape(spec, scope=scope)
+  except Exception as e:
+    raise ShapeError(f"shapecheck: cannot use the spec {spec!r}: {e} (every dim needs "
+                     "a name or a number here)") from None
+  return jax.ShapeDtypeStruct(tuple(shape), dtype)

@@ -1,0 +1,185 @@
+"""`pj.watch`: why do plain `jax.jit` functions recompile in this block?
+
+JAX explains each tracing cache miss when `jax_explain_cache_misses` is on: it
+logs which function missed and, against the closest previous call, which
+argument had which new type ("* at x, now f32[7,3] and before f32[5,3]").
+Inside `watch()` those explanations are captured (and kept out of the user's
+log), compile events come from `jax.monitoring`, and both are summed up per
+function: compiles, seconds compiling, the axes that varied and over how many
+distinct sizes, and the `pj.jit` that would serve them with its compile count.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import re
+from typing import Iterator
+
+from .. import _buckets as B
+from .. import _jax_compat as jc
+from ._advice import advise
+from ._compiles import count_compiles
+
+_MISS_HEAD = "TRACING CACHE MISS"
+_NEVER_SEEN = re.compile(r"never seen function:\s*\n\s*(?P<name>\S+) id=\S+ defined at (?P<where>\S+)")
+_SEEN = re.compile(r"\n\s*for (?P<name>\S+) defined at (?P<where>\S+)")
+_CHANGE = re.compile(r"\* at (?P<path>.+?), now (?P<now>\S+) and before (?P<before>\S+)")
+_AVAL = re.compile(r"^(?P<dtype>[a-z]+[0-9]*)\[(?P<dims>[0-9,]*)\]")
+
+
+@dataclasses.dataclass
+class FunctionReport:
+  """What one `jax.jit` function did inside `watch()`."""
+  name: str
+  defined_at: str = "?"
+  compiles: int = 0
+  compile_seconds: float = 0.0
+  misses: int = 0
+  new_objects: int = 0  # "never seen function" misses: the function object is new
+  # (argument path, axis) -> distinct sizes seen
+  varying: dict = dataclasses.field(default_factory=dict)
+  signatures: list = dataclasses.field(default_factory=list)
+
+  def pj_jit_compiles(self) -> int:
+    """Programs `pj.jit` with the default buckets would build for the same calls:
+    one for the first call's exact shapes, then one per distinct bucket."""
+    if not self.varying:
+      return min(self.compiles, 1)
+    policy = B.default()
+    keys = {tuple(policy.bucket(sig.get(k, 0)) for k in sorted(self.varying))
+            for sig in self.signatures[1:]}
+    return 1 + len(keys)
+
+  def suggestion(self) -> str:
+    if self.new_objects > 1:
+      return (f"jax.jit of a function created {self.new_objects} times at {self.defined_at} "
+              "(jit caches per function object: a lambda or functools.partial made in a "
+              "loop compiles every time): create the jitted function once, outside the loop")
+    if not self.varying:
+      return "no axis varied: the recompiles come from elsewhere (dtypes, static arguments)"
+    axes = ", ".join(f"`{p}` axis {a}" for p, a in sorted(self.varying))
+    return f"pj.jit({self.name}) (automatic mode: {axes} become dynamic)"
+
+  def advice(self) -> list[str]:
+    return [advise(f"argument `{p}` axis {a}", sizes)
+            for (p, a), sizes in sorted(self.varying.items()) if len(sizes) >= 3]
+
+
+class WatchReport:
+  """Per-function recompilation report; `str(report)` is a readable table."""
+
+  def __init__(self):
+    self.functions: dict[str, FunctionReport] = {}
+
+  def __getitem__(self, name: str) -> FunctionReport:
+    return self.functions[name]
+
+  def as_dict(self) -> dict:
+    return {name: dict(dataclasses.asdict(f), varying={f"{p} axis {a}": sorted(s)
+                                                        for (p, a), s in f.varying.items()},
+                       pj_jit_compiles=f.pj_jit_compiles(), suggestion=f.suggestion())
+            for name, f in self.functions.items()}
+
+  def __str__(self) -> str:
+    if not self.functions:
+      return "pj.watch: no jax.jit function compiled in the block."
+    rows = [("function", "compiles", "compile s", "varying axes (distinct sizes)",
+             "with pj.jit")]
+    for f in sorted(self.functions.values(), key=lambda f: -f.compile_seconds):
+      varying = "; ".join(f"{p} axis {a} ({len(s)})" for (p, a), s in sorted(f.varying.items()))
+      if f.new_objects > 1:
+        varying = f"re-created {f.new_objects} times"
+      rows.append((f.name, str(f.compiles), f"{f.compile_seconds:.2f}", varying or "-",
+                   f"{f.pj_jit_compiles()} compiles" if f.varying else "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    for f in self.functions.values():
+      if f.new_objects > 1:
+        lines.append(f"{f.name}: {f.suggestion()}.")
+      elif f.varying:
+        lines.append(f"{f.name} (defined at {f.defined_at}): use {f.suggestion()}.")
+        lines.extend(f"  {a}" for a in f.advice())
+    return "\n".join(lines)
+
+  # --- building ------------------------------------------------------------
+
+  def _function(self, name: str) -> FunctionReport:
+    if name not in self.functions:
+      self.functions[name] = FunctionReport(name)
+    return self.functions[name]
+
+  def _add_miss(self, message: str) -> None:
+    head = _NEVER_SEEN.search(message) or _SEEN.search(message)
+    if head is None:
+      return
+    f = self._function(head.group("name"))
+    f.defined_at = head.group("where")
+    f.misses += 1
+    f.new_objects += head.re is _NEVER_SEEN
+    signature = dict(f.signatures[-1]) if f.signatures else {}
+    for change in _CHANGE.finditer(message):
+      path = change.group("path")
+      now, before = _dims(change.group("now")), _dims(change.group("before"))
+      if now is None or before is None or len(now) != len(before):
+        continue
+      for axis, (n, b) in enumerate(zip(now, before)):
+        if n != b:
+          f.varying.setdefault((path, axis), set()).update((n, b))
+          for sig in f.signatures:  # calls before the first change had the old size
+            sig.setdefault((path, axis), b)
+          signature[(path, axis)] = n
+    f.signatures.append(signature)
+
+  def _add_compiles(self, events) -> None:
+    for e in events:
+      name = e.fun_name[4:-1] if e.fun_name.startswith("jit(") else e.fun_name
+      f = self._function(name)
+      f.compiles += 1
+      f.compile_seconds += e.seconds
+
+
+def _dims(aval: str):
+  match = _AVAL.match(aval)
+  if match is None:
+    return None
+  return [int(d) for d in match.group("dims").split(",") if d]
+
+
+class _Capture(logging.Filter):
+  """A logger filter that takes JAX's cache-miss explanations for the report."""
+
+  def __init__(self, report: WatchReport):
+    super().__init__()
+    self.report = report
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    message = record.getMessage()
+    if message.startswith(_MISS_HEAD):
+      self.report._add_miss(message)
+      return False  # captured: not printed
+    return True
+
+
+@contextlib.contextmanager
+def watch() -> Iterator[WatchReport]:
+  """Observes plain `jax.jit` functions in a block and reports recompiles.
+
+      with pj.watch() as report:
+        train()
+      print(report)          # a table; report.as_dict() for the data
+  """
+  report = WatchReport()
+  capture = _Capture(report)
+  loggers = [logging.getLogger(name) for name in jc.cache_miss_loggers()]
+  for lg in loggers:
+    lg.addFilter(capture)
+  try:
+    with jc.explain_cache_misses(), count_compiles() as events:
+      yield report
+  finally:
+    for lg in loggers:
+      lg.removeFilter(capture)
+  report._add_compiles(events)

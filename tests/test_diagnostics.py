@@ -1,0 +1,135 @@
+"""Diagnostics: stats match jax.monitoring, explanations name what varied."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import polyjit as pj
+
+
+def loglik(x, mu):
+  return jnp.sum(-0.5 * (x - mu) ** 2)
+
+
+def some_lengths(k, seed=0):
+  return np.random.default_rng(seed).choice(np.arange(100, 9_901), k, replace=False)
+
+
+def test_stats_count_what_jax_monitoring_counts():
+  f = pj.jit(loglik)
+  with pj.diagnostics.count_compiles() as compiles:
+    for n in some_lengths(25):
+      f(np.ones(n, np.float32), 0.5)
+  s = pj.stats(f)
+  assert s.compiles == len(compiles) > 0
+  assert s.calls == 25 and sum(s.buckets.values()) == 24  # the first call is exact
+  assert 0 < s.padding_waste < 0.5
+  assert s.compile_seconds == pytest.approx(sum(c.seconds for c in compiles))
+  assert s.fallback_calls == 0
+
+
+def test_explain_names_argument_axis_sizes_and_buckets():
+  f = pj.jit(loglik)
+  lengths = some_lengths(30, seed=1)
+  for n in lengths:
+    f(np.ones(n, np.float32), 0.5)
+  text = pj.explain(f)
+  assert text.startswith("pj.jit(loglik): 30 calls")
+  assert "first call, compiled for its exact shapes" in text
+  first, second = lengths[:2]
+  assert f"argument `x` axis 0 changed {first} -> {second}; now dynamic: x_0" in text
+  assert f"bucket x_0={pj.buckets.PowersOfTwo()(second)} for x_0={second}" in text
+  assert (f"argument `x` axis 0 took {len(set(lengths[1:]))} distinct sizes in "
+          f"[{min(lengths[1:]):,}, {max(lengths[1:]):,}]: the default buckets") in text
+  assert "would need" in text
+
+
+def test_explain_reports_a_fallback():
+  def branchy(x):
+    return x.sum() if int(x.shape[0]) % 2 else x.max()
+
+  f = pj.jit(branchy)
+  for n in (3, 4, 5):
+    f(np.ones(n, np.float32))
+  text = pj.explain(f)
+  assert "cannot run with dynamic sizes" in text and "give polymorphic_shapes" in text
+
+
+def test_watch_sees_recompiles_of_plain_jax_jit(caplog):
+  @jax.jit
+  def loss(x, w):
+    return jnp.sum(x @ w)
+
+  lengths = some_lengths(12, seed=2)
+  with caplog.at_level(logging.WARNING), pj.watch() as report:
+    with pj.diagnostics.count_compiles() as compiles:
+      for n in lengths:
+        loss(np.ones((n, 3), np.float32), np.ones((3, 2), np.float32))
+  f = report["loss"]
+  assert f.compiles == len(compiles) == 12
+  assert f.varying == {("x", 0): set(int(n) for n in lengths)}
+  assert f.pj_jit_compiles() == 1 + len({pj.buckets.PowersOfTwo()(n) for n in lengths[1:]})
+  text = str(report)
+  assert "loss" in text and "x axis 0 (12)" in text and "use pj.jit(loss)" in text
+  assert report.as_dict()["loss"]["varying"] == {"x axis 0": sorted(int(n) for n in lengths)}
+  assert not [r for r in caplog.records if "CACHE MISS" in r.getMessage()]
+
+
+def test_assert_max_compiles_names_the_argument():
+  scaled = jax.jit(lambda x, s: x * s)
+
+  @pj.assert_max_compiles(2)
+  def step(x, scale):
+    return scaled(x, scale)
+
+  step(np.ones(3), 2.0)
+  step(np.ones(3), 2.0)
+  step(np.ones(4), 2.0)
+  with pytest.raises(pj.CompileLimitError,
+                     match=r"argument `x` had the new shape \(5,\) \(before: \(3,\), \(4,\)\)"):
+    step(np.ones(5), 2.0)
+
+
+def test_no_compile_after_warm_up():
+  f = pj.jit(loglik, polymorphic_shapes=["n", None])
+  f(np.ones(100, np.float32), 0.5)
+  with pj.assert_max_compiles(0):
+    for n in (70, 90, 128):
+      f(np.ones(n, np.float32), 0.5)  # same bucket: fine
+  with pytest.raises(pj.CompileLimitError, match=r"1 compiles in a block limited to 0"):
+    with pj.assert_max_compiles(0):
+      f(np.ones(1000, np.float32), 0.5)
+
+
+def test_shapecheck_passes_and_fails_at_decoration():
+  def cat(x, y):
+    return jnp.concatenate([x, y])
+
+  assert pj.shapecheck(["n", "m"], "n + m")(cat) is cat
+  assert pj.shapecheck([("(n, 3)", jnp.int32)], "(3, n)")(lambda x: x.T) is not None
+  with pytest.raises(pj.ShapeError, match=r"has shape \(n \+ m,\) but out_shape declares "
+                                          r"\(2\*n,\).*argument specs: \['n', 'm'\]"):
+    pj.shapecheck(["n", "m"], "2*n")(cat)
+  with pytest.raises(pj.ShapeError, match="every dim needs a name or a number"):
+    pj.shapecheck(["(n, _)"], "n")(lambda x: x[:, 0])
+
+
+def test_nothing_prints_unless_asked():
+  script = textwrap.dedent("""
+      import numpy as np, polyjit as pj
+      f = pj.jit(lambda x: x.sum() if int(x.shape[0]) % 2 else x.max())
+      for n in (3, 4, 5):
+        f(np.ones(n, np.float32))
+  """)
+  run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=120)
+  assert run.returncode == 0, run.stderr
+  assert run.stdout == "" and run.stderr == ""
