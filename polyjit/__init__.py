@@ -2,7 +2,7 @@
 
 `pj.mask` runs a function written for unpadded arrays on padded arrays and
 returns the exact unpadded result, with logical sizes as runtime values.
-See DESIGN.md for the approach and the invariant.
+See docs/DESIGN.md for the approach and the invariant.
 """
 
 from . import buckets, diagnostics

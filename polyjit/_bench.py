@@ -128,8 +128,18 @@ def _summary(results: dict, quick: bool) -> str:
     lines.append("")
   ragged = results.get("ragged_training")
   if ragged:
-    lines += ["**Ragged training**", "", "```", json.dumps(ragged.get("summary", ragged),
-                                                          indent=1)[:3000], "```", ""]
+    m = ragged["meta"]
+    lines += [f"**Ragged training, {m['steps']} steps of {m['batch']} sequences, lengths "
+              f"{m['lengths']} ({m['distinct_maxima']} distinct batch maxima)**", "",
+              "| model | approach | total s | cpu s | compiles | vs polyjit (cpu) | "
+              "grad rel diff |", "|---|---|---|---|---|---|---|"]
+    for model, r in ragged["models"].items():
+      base = r["approaches"].get("polyjit", {}).get("cpu_s")
+      for approach, row in r["approaches"].items():
+        ratio = f"{row['cpu_s'] / base:.2f}x" if base else "-"
+        lines.append(f"| {model} | {approach} | {row['total_s']:.2f} | {row['cpu_s']:.2f} | "
+                     f"{row['compiles']} | {ratio} | {row['max_grad_rel_diff']:.1e} |")
+    lines.append("")
   return "\n".join(lines)
 
 

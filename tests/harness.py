@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import polyjit as pj
 
@@ -145,6 +146,25 @@ def check(case: Case, mode: str, seed: int = 0):
     for i, (o, e, s) in enumerate(zip(jax.tree.leaves(outs), jax.tree.leaves(expected),
                                       _shape_leaves(shapes, expected))):
       assert_close(valid(o, s), e, case, f"{case.name} {mode} sizes={sizes} output {i}")
+
+
+def table_test(cases: Sequence[Case]):
+  """A table's cases by name, and the test that checks each in every mode.
+
+  In a test module: `CASES_BY_NAME, test_rule = table_test(CASES)`.
+  """
+  by_name = {c.name: c for c in cases}
+  assert len(by_name) == len(cases), "case names must be unique"
+
+  @pytest.mark.parametrize("mode", MODES)
+  @pytest.mark.parametrize("name", list(by_name))
+  def test_rule(name, mode):
+    case = by_name[name]
+    if mode not in case.modes:
+      pytest.skip(f"{mode} does not apply to {name}")
+    check(case, mode)
+
+  return by_name, test_rule
 
 
 def reference(case: Case, unpadded):

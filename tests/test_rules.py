@@ -11,10 +11,9 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from jax import lax
 
-from harness import MODES, Case, bools, check, const, ints, make, normal, positive
+from harness import Case, bools, const, ints, make, normal, positive, table_test
 
 # JAX cannot reverse-differentiate a while_loop (see test_errors.py).
 FORWARD = ("eager", "jit", "vmap")
@@ -186,14 +185,4 @@ CASES = [
     vec(lambda x: jax.vmap(lambda r: r * x)(x).sum(0), name="vmap_inside"),
 ]
 
-CASES_BY_NAME = {c.name: c for c in CASES}
-assert len(CASES_BY_NAME) == len(CASES), "case names must be unique"
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("name", list(CASES_BY_NAME))
-def test_rule(name, mode):
-  case = CASES_BY_NAME[name]
-  if mode not in case.modes:
-    pytest.skip(f"{mode} does not apply to {name}")
-  check(case, mode)
+CASES_BY_NAME, test_rule = table_test(CASES)

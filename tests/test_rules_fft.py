@@ -25,7 +25,7 @@ import pytest
 from jax import lax
 
 import polyjit as pj
-from harness import MODES, Case, check, make, normal
+from harness import Case, make, normal, table_test
 
 SIZES = ({"n": 2}, {"n": 7})   # even and odd: RFFT treats a Nyquist entry specially
 NM = {"n": 6, "m": 5}
@@ -66,17 +66,7 @@ CASES = [
          make(complexes("n", 5)), sizes=SIZES),
 ]
 
-CASES_BY_NAME = {c.name: c for c in CASES}
-assert len(CASES_BY_NAME) == len(CASES), "case names must be unique"
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("name", list(CASES_BY_NAME))
-def test_rule(name, mode):
-  case = CASES_BY_NAME[name]
-  if mode not in case.modes:
-    pytest.skip(f"{mode} does not apply to {name}")
-  check(case, mode)
+CASES_BY_NAME, test_rule = table_test(CASES)
 
 
 # --- accuracy --------------------------------------------------------------------

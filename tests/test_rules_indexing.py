@@ -16,7 +16,7 @@ import pytest
 from jax import lax
 
 import polyjit as pj
-from harness import MODES, Case, check, ints, make, normal
+from harness import Case, ints, make, normal, table_test
 
 FORWARD = ("eager", "jit", "vmap")
 NM = {"n": 7, "m": 5}
@@ -156,17 +156,7 @@ CASES = [
          ["n", "n", "m"], normal("n"), index("n", low=-1, high="m + 2"), normal("m")),
 ]
 
-CASES_BY_NAME = {c.name: c for c in CASES}
-assert len(CASES_BY_NAME) == len(CASES), "case names must be unique"
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("name", list(CASES_BY_NAME))
-def test_rule(name, mode):
-  case = CASES_BY_NAME[name]
-  if mode not in case.modes:
-    pytest.skip(f"{mode} does not apply to {name}")
-  check(case, mode)
+CASES_BY_NAME, test_rule = table_test(CASES)
 
 
 def test_set_into_a_scalar_from_padded_updates_raises():

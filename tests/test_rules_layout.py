@@ -15,7 +15,7 @@ import pytest
 from jax import lax
 
 import polyjit as pj
-from harness import MODES, Case, check, const, ints, make, normal
+from harness import Case, check, const, ints, make, normal, table_test
 
 FORWARD = ("eager", "jit", "vmap")
 NM = {"n": 8, "m": 6}
@@ -131,17 +131,7 @@ CASES = [
          make(normal(2, "n"), const(np.int32(5))), sizes=SIZES_N),
 ]
 
-CASES_BY_NAME = {c.name: c for c in CASES}
-assert len(CASES_BY_NAME) == len(CASES), "case names must be unique"
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("name", list(CASES_BY_NAME))
-def test_rule(name, mode):
-  case = CASES_BY_NAME[name]
-  if mode not in case.modes:
-    pytest.skip(f"{mode} does not apply to {name}")
-  check(case, mode)
+CASES_BY_NAME, test_rule = table_test(CASES)
 
 
 # --- what is refused ---------------------------------------------------------

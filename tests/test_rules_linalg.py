@@ -16,7 +16,7 @@ import pytest
 from jax import lax
 
 import polyjit as pj
-from harness import MODES, Case, check, make, normal
+from harness import Case, make, normal, table_test
 
 SIZES = ({"n": 1}, {"n": 4})
 PADDED = {"n": 5}
@@ -153,17 +153,7 @@ CASES = [
          rtol=1e-4, atol=1e-4),
 ]
 
-CASES_BY_NAME = {c.name: c for c in CASES}
-assert len(CASES_BY_NAME) == len(CASES), "case names must be unique"
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("name", list(CASES_BY_NAME))
-def test_rule(name, mode):
-  case = CASES_BY_NAME[name]
-  if mode not in case.modes:
-    pytest.skip(f"{mode} does not apply to {name}")
-  check(case, mode)
+CASES_BY_NAME, test_rule = table_test(CASES)
 
 
 # --- what cannot be masked exactly raises ------------------------------------

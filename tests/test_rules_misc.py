@@ -28,7 +28,7 @@ from jax import lax
 from jax.experimental import io_callback
 
 import polyjit as pj
-from harness import MODES, Case, bools, check, const, ints, make, normal, positive
+from harness import Case, bools, check, const, ints, make, normal, positive, table_test
 from polyjit._rules.random import COUNTER_BASED
 
 FORWARD = ("eager", "jit", "vmap")
@@ -251,17 +251,7 @@ REGRESSION_CASES = [
 ]
 
 CASES = RANDOM_CASES + CALLBACK_CASES + ELEMENTWISE_CASES + REGRESSION_CASES
-CASES_BY_NAME = {c.name: c for c in CASES}
-assert len(CASES_BY_NAME) == len(CASES), "case names must be unique"
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("name", list(CASES_BY_NAME))
-def test_rule(name, mode):
-  case = CASES_BY_NAME[name]
-  if mode not in case.modes:
-    pytest.skip(f"{mode} does not apply to {name}")
-  check(case, mode)
+CASES_BY_NAME, test_rule = table_test(CASES)
 
 
 # --- the PRNG property the random rules rely on ------------------------------------

@@ -16,7 +16,7 @@ import pytest
 from jax import lax
 
 import polyjit as pj
-from harness import MODES, Case, bools, check, ints, make, normal
+from harness import Case, bools, check, ints, make, normal, table_test
 
 FORWARD = ("eager", "jit", "vmap")   # integer-only rows: no gradient to check
 SIZES = ({"n": 1}, {"n": 5})
@@ -154,17 +154,7 @@ CASES = [
          make(sorted_table, specials("n")), sizes=SIZES, modes=FORWARD),
 ]
 
-CASES_BY_NAME = {c.name: c for c in CASES}
-assert len(CASES_BY_NAME) == len(CASES), "case names must be unique"
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("name", list(CASES_BY_NAME))
-def test_rule(name, mode):
-  case = CASES_BY_NAME[name]
-  if mode not in case.modes:
-    pytest.skip(f"{mode} does not apply to {name}")
-  check(case, mode)
+CASES_BY_NAME, test_rule = table_test(CASES)
 
 
 # --- the ties with the padding, made certain --------------------------------

@@ -21,7 +21,7 @@ import pytest
 from jax import lax
 
 import polyjit as pj
-from harness import MODES, Case, check, ints, make, normal
+from harness import Case, ints, make, normal, table_test
 
 FORWARD = ("eager", "jit", "vmap")
 SIZES = ({"n": 3}, {"n": 8})
@@ -187,17 +187,7 @@ CASES = [
     vec("pad_interior", lambda x: lax.pad(x, 0.5, [(-1, 2, 2)])),
 ]
 
-CASES_BY_NAME = {c.name: c for c in CASES}
-assert len(CASES_BY_NAME) == len(CASES), "case names must be unique"
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("name", list(CASES_BY_NAME))
-def test_rule(name, mode):
-  case = CASES_BY_NAME[name]
-  if mode not in case.modes:
-    pytest.skip(f"{mode} does not apply to {name}")
-  check(case, mode)
+CASES_BY_NAME, test_rule = table_test(CASES)
 
 
 # --- jnp.convolve ------------------------------------------------------------

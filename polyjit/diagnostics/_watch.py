@@ -60,7 +60,8 @@ class FunctionReport:
     if not self.varying:
       return "no axis varied: the recompiles come from elsewhere (dtypes, static arguments)"
     axes = ", ".join(f"`{p}` axis {a}" for p, a in sorted(self.varying))
-    return f"pj.jit({self.name}) (automatic mode: {axes} become dynamic)"
+    verb = "becomes" if len(self.varying) == 1 else "become"
+    return f"pj.jit({self.name}) (automatic mode: {axes} {verb} dynamic)"
 
   def advice(self) -> list[str]:
     return [advise(f"argument `{p}` axis {a}", sizes)
