@@ -264,9 +264,12 @@ def _factor_interval(f, bounds):
   if f.operation in ("max", "min"):
     pick = max if f.operation == "max" else min
     return pick(o[0] for o in ops), pick(o[1] for o in ops)
-  if f.operation not in ("floordiv", "mod") or ops[1][0] < 1:
+  if f.operation not in ("floordiv", "mod") or ops[1][1] < 1:
     return None
-  (a_lo, a_hi), (b_lo, b_hi) = ops
+  # Only assignments where the divisor is >= 1 matter: at any other the size
+  # is undefined and the unpadded program itself fails (JAX refuses a zero or
+  # negative divisor in a shape), so there is nothing to match.
+  (a_lo, a_hi), (b_lo, b_hi) = ops[0], (max(ops[1][0], 1), ops[1][1])
   if f.operation == "floordiv":  # monotone in each operand: extremes at corners
     corners = [x // y for x in (a_lo, a_hi) for y in (b_lo, b_hi)]
     return min(corners), max(corners)

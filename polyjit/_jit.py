@@ -72,6 +72,7 @@ class _Structure:
     self.last_shapes = None             # shapes of the latest new plan
     self.exact_only = False
     self.plans: collections.OrderedDict = collections.OrderedDict()
+    self.templates: dict = {}           # bucket -> _Template (see JitFunction._fast_plan)
 
 
 class _Plan:
@@ -90,6 +91,40 @@ class _Plan:
     self.waste = waste                  # fraction of input elements that are padding
     self.provisional = provisional      # future of the tighter bucket, if borrowing
     self.fallback = fallback            # exact shapes because masking failed
+
+
+class _Template:
+  """A bucket's plan, kept so that a new size in that bucket needs no binding,
+  tracing or constraint solving: only its logical sizes change."""
+  __slots__ = ("plan", "binding", "traced", "out_dims", "places", "fixed")
+
+  def __init__(self, plan, binding, traced, out_dims, places, fixed):
+    self.plan = plan
+    self.binding = binding
+    self.traced = traced                # the symbolic trace, for its equality assumptions
+    self.out_dims = out_dims            # per output leaf, its symbolic shape
+    self.places = places                # dim -> [(leaf, axis)] where it is the axis size
+    self.fixed = fixed                  # [((leaf, axis), size)] of the fixed axes
+
+
+def _simple_places(binding):
+  """(dim -> [(leaf, axis)], fixed axes) when every axis is a fixed size or a
+  bare dim; None when an axis is an expression (`2*n`, `n + 1`) whose sizes
+  only binding can solve."""
+  places: dict[str, list] = {}
+  fixed = []
+  for i, leaf in enumerate(binding.leaves):
+    for axis, d in enumerate(leaf.symbolic_shape):
+      if not jc.is_symbolic_dim(d):
+        fixed.append(((i, axis), int(d)))
+        continue
+      form = jc.linear_form(d)
+      if form is None or form[1] != 0 or len(form[0]) != 1 or set(form[0].values()) != {1}:
+        return None
+      places.setdefault(next(iter(form[0])), []).append((i, axis))
+  if set(places) != set(binding.dim_names):
+    return None
+  return places, tuple(fixed)
 
 
 class _Contradicted(Exception):
@@ -216,6 +251,8 @@ class JitFunction:
       stale = [s for s, p in struct.plans.items() if p.key == key]
       for shapes in stale:
         struct.plans.pop(shapes, None)
+      for bucket in [b for b, t in struct.templates.items() if t.plan.key == key]:
+        del struct.templates[bucket]
 
   def _run(self, plan: _Plan, leaves):
     self.stats.calls += 1
@@ -334,6 +371,7 @@ class JitFunction:
         struct.specs = tuple(struct.tracker.specs()) if struct.tracker.any_dynamic else None
         struct.variants = []
         struct.plans.clear()
+        struct.templates.clear()
         why["became_dynamic"] = sorted({struct.tracker.symbol(d) for d in struct.tracker.dynamic})
     if struct.specs is None or struct.exact_only:
       kind = "fallback" if struct.exact_only else (
@@ -352,6 +390,7 @@ class JitFunction:
   def _fall_back(self, struct: _Structure, error: Exception):
     struct.exact_only = True
     struct.plans.clear()
+    struct.templates.clear()
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     logger.warning(
         "pj.jit(%s): cannot run with dynamic sizes (%s: %s); compiling every "
@@ -367,7 +406,45 @@ class JitFunction:
     return _Plan(key, program, shapes, dtypes, (), None, None, 0.0,
                  fallback=struct.exact_only)
 
+  def _fast_plan(self, struct: _Structure, shapes) -> _Plan | None:
+    """The plan for new sizes in a bucket that already has one, or None.
+
+    The common case on the call path (every call with a new length): the
+    sizes are read off the shapes, the bucket's program and padded shapes are
+    reused, and only the logical sizes and output shapes are computed. The
+    full path (`_masked_plan`) runs for anything else, and is the only one
+    that records templates: no constraints or guards to check, no background
+    compile, and a program still in the cache.
+    """
+    for template in struct.templates.values():
+      break
+    else:
+      return None
+    logical: dict[str, int] = {}
+    for dim, places in template.places.items():
+      for leaf, axis in places:
+        if logical.setdefault(dim, shapes[leaf][axis]) != shapes[leaf][axis]:
+          return None
+    template = struct.templates.get(
+        tuple(sorted((v, self._policy(v).bucket(n)) for v, n in logical.items())))
+    if template is None or any(shapes[i][a] != n for (i, a), n in template.fixed):
+      return None
+    plan = template.plan
+    fut = self._cache.peek(plan.key)
+    if fut is None or not fut.done() or template.traced.contradicted_by(logical):
+      return None
+    self.stats.record_sizes(template.binding, struct.leaf_names, logical)
+    out_shapes = tuple(tuple(jc.evaluate_dim(d, logical) for d in dims)
+                       for dims in template.out_dims)
+    dtype = jc.dim_value_dtype()
+    logical_values = tuple(np.asarray(logical[v], dtype) for v in template.binding.dim_names)
+    return _Plan(plan.key, plan.program, plan.padded_shapes, plan.dtypes, logical_values,
+                 out_shapes, plan.bucket, _waste(shapes, plan.padded_shapes))
+
   def _masked_plan(self, struct: _Structure, shapes, why: dict) -> _Plan:
+    fast = self._fast_plan(struct, shapes)
+    if fast is not None:
+      return fast
     masked, binding = self._variant(struct, shapes)
     logical = binding.padded  # solved from unpadded shapes: the logical sizes
     if masked.trace(self._abstract_args(struct, shapes), binding).contradicted_by(logical):
@@ -396,9 +473,16 @@ class JitFunction:
                        for aval in traced.out_avals)
     dtype = jc.dim_value_dtype()
     logical_values = tuple(np.asarray(logical[v], dtype) for v in binding.dim_names)
-    return _Plan(key, program, padded_shapes, tuple(a[0] for a in struct.avals),
+    plan = _Plan(key, program, padded_shapes, tuple(a[0] for a in struct.avals),
                  logical_values, out_shapes, dict(padded_env),
                  _waste(shapes, padded_shapes), provisional)
+    simple = _simple_places(binding)
+    if (simple is not None and provisional is None and not masked.constraints
+        and len(struct.variants) == 1 and dict(padded_env) == buckets):
+      struct.templates[_bucket_key(buckets)] = _Template(
+          plan, binding, masked.trace(self._abstract_args(struct, shapes), binding),
+          tuple(aval.shape for aval in traced.out_avals), *simple)
+    return plan
 
   @staticmethod
   def _program_key(struct, masked, padded_shapes, padded_env):
@@ -548,6 +632,7 @@ class JitFunction:
         struct.specs = tuple(struct.tracker.specs())
         struct.variants = []
         struct.plans.clear()
+        struct.templates.clear()
     if struct.specs is None or not sizes:
       self._plan_for(struct, shapes)
       return [{}]

@@ -122,6 +122,10 @@ CASES = [
     vec(lambda x: (jnp.roll(x, 2), jnp.roll(x, -3), jnp.roll(x, 11)), "roll"),
     mat(lambda x: jnp.roll(x, (1, -2), axis=(0, 1)), "roll_2d", ("n", "m")),
     mat(lambda x: jnp.roll(x, 4), "roll_flattened", (3, "n")),
+    # An axis of size n - 2 (found by tests/test_fuzz.py): the shift is taken
+    # mod (n - 2), a size that needs the bound on a mod with a shrinking divisor.
+    Case("roll_of_a_shrunk_axis", lambda x: (jnp.roll(x[2:], 1), jnp.roll(x[2:], -3)), ["n"],
+         make(normal("n")), sizes=({"n": 3}, {"n": 5}, {"n": 8}), constraints=("n >= 3",)),
     # A piece whose size can shrink as n grows (n - mod(-2, n)), reduced: its
     # buffer is an upper bound (MaskEnv.padded), its mask the logical size.
     vec(lambda x: x[(-2) % x.shape[0]:].max() + x[:(-3) % x.shape[0]].sum(), "shrinking_piece"),
