@@ -105,6 +105,25 @@ def test_no_compile_for_new_lengths_in_a_known_bucket():
     assert c.shape == (n,) and float(s) == n * (n - 1) / 2
 
 
+def test_a_known_bucket_with_other_fixed_sizes_or_shared_dims_gets_its_own_program():
+  # New sizes in a known bucket reuse its program; a fixed axis of another
+  # size, or a shared dim whose axes disagree, must not.
+  f = pj.jit(lambda x, y: (x @ x.T, x.sum(0), y * 2.0), polymorphic_shapes=["(n, _)", "n"])
+  rng = np.random.default_rng(0)
+  calls = [(20, 3), (21, 3), (30, 3), (22, 4), (23, 4), (40, 4)]
+  seen = set()
+  for n, k in calls:
+    x, y = rng.standard_normal((n, k)).astype(np.float32), np.arange(n, dtype=np.float32)
+    n_compiles, [(gram, colsum, twice)] = count(f, (x, y))
+    assert n_compiles == (0 if (k, 32 if n <= 32 else 64) in seen else 1), (n, k)
+    seen.add((k, 32 if n <= 32 else 64))
+    np.testing.assert_allclose(gram, x @ x.T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(colsum, x.sum(0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(twice, y * 2.0)
+  with pytest.raises(pj.ShapeError):
+    f(np.ones((21, 3), np.float32), np.ones(22, np.float32))
+
+
 def test_decorator_forms_and_static_arguments():
   @pj.jit
   def a(x):
