@@ -416,9 +416,8 @@ class JitFunction:
     that records templates: no constraints or guards to check, no background
     compile, and a program still in the cache.
     """
-    for template in struct.templates.values():
-      break
-    else:
+    template = next(iter(struct.templates.values()), None)
+    if template is None:
       return None
     logical: dict[str, int] = {}
     for dim, places in template.places.items():
@@ -434,12 +433,10 @@ class JitFunction:
     if fut is None or not fut.done() or template.traced.contradicted_by(logical):
       return None
     self.stats.record_sizes(template.binding, struct.leaf_names, logical)
-    out_shapes = tuple(tuple(jc.evaluate_dim(d, logical) for d in dims)
-                       for dims in template.out_dims)
-    dtype = jc.dim_value_dtype()
-    logical_values = tuple(np.asarray(logical[v], dtype) for v in template.binding.dim_names)
-    return _Plan(plan.key, plan.program, plan.padded_shapes, plan.dtypes, logical_values,
-                 out_shapes, plan.bucket, _waste(shapes, plan.padded_shapes))
+    return _Plan(plan.key, plan.program, plan.padded_shapes, plan.dtypes,
+                 _logical_values(template.binding, logical),
+                 _out_shapes(template.out_dims, logical), plan.bucket,
+                 _waste(shapes, plan.padded_shapes))
 
   def _masked_plan(self, struct: _Structure, shapes, why: dict) -> _Plan:
     fast = self._fast_plan(struct, shapes)
@@ -447,7 +444,8 @@ class JitFunction:
       return fast
     masked, binding = self._variant(struct, shapes)
     logical = binding.padded  # solved from unpadded shapes: the logical sizes
-    if masked.trace(self._abstract_args(struct, shapes), binding).contradicted_by(logical):
+    symbolic = masked.trace(self._abstract_args(struct, shapes), binding)
+    if symbolic.contradicted_by(logical):
       raise _Contradicted  # `fun` branched on sizes being unequal; these are equal
     buckets = {v: self._policy(v).bucket(n) for v, n in logical.items()}
     padded_env = fit_to_constraints(logical, buckets, masked.scope)
@@ -469,19 +467,15 @@ class JitFunction:
     if provisional is None:
       program = self._cache.get(key, build)
     traced = masked.trace(self._abstract_args(struct, padded_shapes))
-    out_shapes = tuple(tuple(jc.evaluate_dim(d, logical) for d in aval.shape)
-                       for aval in traced.out_avals)
-    dtype = jc.dim_value_dtype()
-    logical_values = tuple(np.asarray(logical[v], dtype) for v in binding.dim_names)
+    out_dims = tuple(aval.shape for aval in traced.out_avals)
     plan = _Plan(key, program, padded_shapes, tuple(a[0] for a in struct.avals),
-                 logical_values, out_shapes, dict(padded_env),
-                 _waste(shapes, padded_shapes), provisional)
+                 _logical_values(binding, logical), _out_shapes(out_dims, logical),
+                 dict(padded_env), _waste(shapes, padded_shapes), provisional)
     simple = _simple_places(binding)
     if (simple is not None and provisional is None and not masked.constraints
         and len(struct.variants) == 1 and dict(padded_env) == buckets):
-      struct.templates[_bucket_key(buckets)] = _Template(
-          plan, binding, masked.trace(self._abstract_args(struct, shapes), binding),
-          tuple(aval.shape for aval in traced.out_avals), *simple)
+      struct.templates[_bucket_key(buckets)] = _Template(plan, binding, symbolic, out_dims,
+                                                         *simple)
     return plan
 
   @staticmethod
@@ -724,6 +718,17 @@ def _map_outputs(plan: _Plan, outs, convert):
 def _padded_shapes(binding, env) -> tuple:
   return tuple(tuple(jc.evaluate_dim(d, env) for d in leaf.symbolic_shape)
                for leaf in binding.leaves)
+
+
+def _logical_values(binding, logical) -> tuple:
+  """The program's size arguments: one int scalar per dim, in binding order."""
+  dtype = jc.dim_value_dtype()
+  return tuple(np.asarray(logical[v], dtype) for v in binding.dim_names)
+
+
+def _out_shapes(out_dims, logical) -> tuple:
+  """Each output's logical shape: its symbolic shape at these sizes."""
+  return tuple(tuple(jc.evaluate_dim(d, logical) for d in dims) for dims in out_dims)
 
 
 def _waste(shapes, padded_shapes) -> float:

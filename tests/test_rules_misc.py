@@ -3,7 +3,7 @@
 Every row of the random and callback rules runs eagerly, under jit, under
 vmap over different logical sizes and under grad (see harness.py), with
 NaN/inf/huge values in the padding; the rows for other families' rules skip
-the eager and vmap runs (see COMPILED).
+the eager run (see COMPILED).
 
 * Random numbers of a dynamic shape must be the very numbers the unpadded
   program draws: for the dynamic axis first ((n,), (n, 3)), drawn at the
@@ -32,9 +32,9 @@ from harness import Case, bools, check, const, ints, make, normal, positive, tab
 from polyjit._rules.random import COUNTER_BASED
 
 FORWARD = ("eager", "jit", "vmap")
-# Rows for other families' rules only need to reach them: their eager and vmap
-# runs bind the same rules, and cost a compile or a slow op-by-op run each.
-COMPILED = ("jit", "grad")
+# Rows for other families' rules skip the eager run: op-by-op dispatch of
+# special functions compiles every op at every size, and jit runs the same rules.
+COMPILED = ("jit", "vmap", "grad")
 TWO = ({"n": 2}, {"n": 5})
 NM = {"n": 8, "m": 6}
 SIZES_NM = ({"n": 1, "m": 6}, {"n": 5, "m": 2})
@@ -211,6 +211,12 @@ def special_functions(x, y):
           special.polygamma(1, x), special.zeta(x + 1.0, y), special.betainc(1.5, 2.0, 0.4 * y))
 
 
+def differentiable_special_functions(x, y):
+  """x, y: positive; the functions of special_functions that JAX differentiates."""
+  return (special.digamma(x), special.erfc(x), special.i0e(x), special.i1e(x),
+          special.gammaincc(x, y), special.polygamma(1, x), special.betainc(1.5, 2.0, 0.4 * y))
+
+
 def without_gradients(a, b, p, q, x):
   """a, b: ints; p, q: bools; x: floats."""
   return (a << 2, lax.shift_right_logical(a, 3), lax.population_count(a), lax.clz(a),
@@ -227,9 +233,11 @@ ELEMENTWISE_CASES = [
     row("float_elementwise", float_elementwise, ["n", "n"], normal("n"), positive("n"),
         modes=COMPILED),
     row("special_functions", special_functions, ["n", "n"], positive("n"), positive("n"),
-        modes=("jit",), rtol=1e-4, atol=1e-4),
+        modes=("jit", "vmap"), rtol=1e-4, atol=1e-4),
+    row("special_function_gradients", differentiable_special_functions, ["n", "n"],
+        positive("n"), positive("n"), modes=("grad",), rtol=1e-4, atol=1e-4),
     row("incomplete_gamma", special.gammainc,
-        ["n", "n"], positive("n"), positive("n"), modes=("grad",), rtol=1e-4, atol=1e-4),
+        ["n", "n"], positive("n"), positive("n"), modes=COMPILED, rtol=1e-4, atol=1e-4),
     row("without_gradients", without_gradients, ["n"] * 5, ints("n", low=-1000, high=1000),
         ints("n", low=-1000, high=1000), bools("n"), bools("n"), normal("n"),
         modes=("jit", "vmap")),
