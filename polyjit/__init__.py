@@ -7,7 +7,8 @@ See docs/DESIGN.md for the approach and the invariant.
 
 from . import buckets, diagnostics
 from ._cache import enable_persistent_cache
-from ._errors import CompileLimitError, MaskingError, PolyjitError, ShapeError
+from ._errors import (CompileLimitError, FallbackWarning, MaskingError, PolyjitError,
+                      PolyjitWarning, ShapeError)
 from ._jit import JitFunction, jit
 from ._mask import Masked, mask
 from ._padding import Padded
@@ -16,7 +17,7 @@ from .diagnostics import assert_max_compiles, explain, shapecheck, stats, watch
 
 __version__ = "0.1.0"
 
-__all__ = ["CompileLimitError", "JitFunction", "MaskingError", "Masked", "Padded",
-           "PolyjitError", "Ragged", "ShapeError", "assert_max_compiles", "buckets",
+__all__ = ["CompileLimitError", "FallbackWarning", "JitFunction", "MaskingError", "Masked", "Padded",
+           "PolyjitError", "PolyjitWarning", "Ragged", "ShapeError", "assert_max_compiles", "buckets",
            "diagnostics", "enable_persistent_cache", "explain", "jit", "mask", "shapecheck",
            "stats", "vmap", "watch"]

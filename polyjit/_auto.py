@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from . import _jax_compat as jc
+from ._spec import violated_constraint
 
 Dim = tuple[int, int]  # (leaf index, axis)
 
@@ -100,31 +100,7 @@ class DimTracker:
     return bool(self.dynamic)
 
 
-# --- guards ----------------------------------------------------------------------
-
-_COMPARISON = re.compile(r"comparison '(?P<a>[^']+)' (?P<op>>=|<=|>|<) '(?P<b>[^']+)' is inconclusive")
-
-
-def guard_for(error: Exception, sizes: dict[str, int], scope) -> str | None:
-  """A constraint that settles an inconclusive size comparison the way the
-  current sizes do, e.g. 'x_0 >= 11' for `x.shape[0] > 10` at x_0 = 20.
-
-  Tracing again under that constraint gives a program valid for every size
-  that satisfies it (a guard); sizes on the other side get their own. None
-  when the error is not such a comparison.
-  """
-  match = _COMPARISON.search(str(error))
-  if match is None:
-    return None
-  a, op, b = match.group("a"), match.group("op"), match.group("b")
-  try:
-    lhs, rhs = (jc.evaluate_dim(jc.symbolic_shape(t, scope=scope)[0], sizes) for t in (a, b))
-  except Exception:
-    return None
-  if op in (">", "<="):  # both are settled by whether a > b
-    return f"{a} >= {b} + 1" if lhs > rhs else f"{a} <= {b}"
-  return f"{a} >= {b}" if lhs >= rhs else f"{a} <= {b} - 1"  # ">=" and "<": a >= b
-
+# --- fitting buckets to constraints --------------------------------------------
 
 def fit_to_constraints(logical: dict[str, int], padded: dict[str, int], scope) -> dict[str, int]:
   """Padded sizes, lowered where needed so that the constraints hold.
@@ -133,7 +109,6 @@ def fit_to_constraints(logical: dict[str, int], padded: dict[str, int], scope) -
   bucket size that satisfies the constraints (bisection); if that is not
   enough, the logical sizes themselves (which satisfy them) are used.
   """
-  from ._spec import violated_constraint
   env = dict(padded)
   if violated_constraint(env, scope) is None:
     return env

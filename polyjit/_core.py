@@ -44,6 +44,7 @@ from jax import lax
 
 from . import _jax_compat as jc
 from ._errors import MaskingError, no_rule_message
+from ._refusals import why_unsupported
 
 Rule = Callable[..., list]
 
@@ -278,7 +279,6 @@ def _no_rule_error(eqn) -> MaskingError:
       padded.append(f"operand {i} {v.aval.str_short()}: " + ", ".join(axes))
   source = jc.source_line(eqn)
   message = no_rule_message(eqn.primitive.name, source, padded)
-  from ._coverage import why_unsupported  # the reasons live with the coverage table
   why = why_unsupported(eqn.primitive.name)
   if why:
     message += f"\nWhy it has none: {why}"

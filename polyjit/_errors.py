@@ -6,6 +6,10 @@ primitive, and the user's source line), and what to do about it.
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
+
 
 class PolyjitError(Exception):
   """Base class of polyjit's errors."""
@@ -44,5 +48,64 @@ def no_rule_message(prim_name: str, source: str, padded: list[str]) -> str:
       "what is supported.")
 
 
+def trace_error(error: BaseException, fun_name: str, constraints=()) -> PolyjitError:
+  """JAX's error from tracing `fun` with symbolic sizes, as a polyjit error
+  that names the user's line (and the JAX function that failed, if one did)
+  and says what to do."""
+  from . import _jax_compat as jc  # (the error module itself stays import-free)
+  where, inside = jc.user_line_of(error), jc.library_function_of(error)
+  at = (f" in `{inside}`" if inside else "") + (f" (called at {where})" if where else "")
+  text = f"{type(error).__name__}: {error}".strip()
+  head = f"polyjit cannot trace {fun_name} with dynamic sizes{at}: {text}\n"
+  fixed = "declare the axis fixed (\"_\" in the spec, or None for the whole argument)"
+  cmp = jc.inconclusive_comparison(error)
+  if cmp is not None:
+    a, op, b = cmp
+    bound = {">=": f"{a} >= {b}", ">": f"{a} >= {b} + 1",
+             "<=": f"{b} >= {a}", "<": f"{b} >= {a} + 1"}[op]
+    return ShapeError(
+        head + "JAX needs to know how these sizes compare, and nothing says.\n"
+        f"What to do: if '{bound}' always holds, declare it: constraints=['{bound}'] "
+        f"(pj.mask, pj.jit); or {fixed}. pj.jit, and pj.mask called with concrete "
+        "sizes, add such a bound themselves when the sizes of the call satisfy it.")
+  concrete_needed = (isinstance(error, TypeError) and (
+      "cannot be interpreted as an integer" in str(error) or "DimExpr" in str(error))
+      or isinstance(error, jc.InconclusiveDimensionOperation))
+  if concrete_needed and inside is None:
+    return ShapeError(
+        head + "a dynamic size was used where Python needs a plain int.\nWhat to do: "
+        "write x.shape[0] instead of len(x); loop with lax.fori_loop or lax.scan "
+        "instead of a Python loop over range(x.shape[0]); pass sizes to jnp "
+        f"functions as x.shape[i], not int(...); or {fixed}.")
+  if concrete_needed:
+    return MaskingError(
+        head + f"`{inside}` needs this size as a plain int, which a dynamic size is not.\n"
+        f"What to do: {fixed}; or compute this step outside the masked function "
+        "(see the README's pitfalls).")
+  return MaskingError(
+      head + f"What to do: {fixed}; add constraints=[...] if JAX needs a bound on a "
+      "size; or compute this step outside the masked function (see the README's "
+      "pitfalls).")
+
+
 class CompileLimitError(PolyjitError, RuntimeError):
   """A function compiled more often than `pj.assert_max_compiles` allows."""
+
+
+class PolyjitWarning(UserWarning):
+  """Base class of polyjit's warnings (filter them with `warnings.filterwarnings`)."""
+
+
+class FallbackWarning(PolyjitWarning):
+  """`pj.jit` compiles every distinct shape exactly because it cannot mask."""
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def warn_user(message: str, category: type[Warning]) -> None:
+  """`warnings.warn`, attributed to the user's line that called into polyjit."""
+  level, frame = 2, sys._getframe(1)
+  while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+    frame, level = frame.f_back, level + 1
+  warnings.warn(message, category, stacklevel=level)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import sys
 import threading
 from typing import Any, Callable, Iterable
@@ -164,54 +165,138 @@ def _factor_is_monotone(f) -> bool:
   return False  # mod, and anything newer we do not know about
 
 
-# --- equalities a symbolic trace assumed false -----------------------------------
+# --- size comparisons in user code -----------------------------------------------
 #
-# `jax.export` answers `a == b` with False whenever it cannot prove equality, so
-# user code such as `if x.shape[0] == 1:` traced symbolically takes the "not
-# equal" branch for every size, including 1. polyjit records such answers made
-# from user code (JAX's own internal checks are JAX's business) while it
-# traces, so that calls whose sizes make them equal can be refused or run at
-# exact shapes instead of silently getting the other branch.
+# User code branches on sizes (`if x.shape[0] == 1:`, `n % 2 == 0`, `n > 3`).
+# With symbolic sizes `jax.export` answers `a == b` with False whenever it
+# cannot prove equality (it must: `__eq__` is used for hashing), and raises
+# InconclusiveDimensionOperation for an undecidable `>=`. Either way a trace
+# would silently hold for one side of the comparison only. While polyjit
+# traces, every such comparison *asked from user code* (JAX's and polyjit's own
+# internal checks are left alone) goes to an oracle that polyjit installs:
+# it answers the comparison (for concrete sizes, as those sizes do; when
+# exploring, each way in turn) and records the answer, so that the trace is
+# known to be valid exactly where its recorded answers hold (`_mask.Variant`).
 
-_equalities = threading.local()
+_decisions = threading.local()
 _JAX_DIR = os.path.dirname(os.path.dirname(os.path.abspath(_core.__file__)))
 _SHAPE_POLY_FILE = os.path.abspath(_shape_poly.__file__)
+_THIS_FILE = os.path.abspath(__file__)
 
 
-def _install_equality_recorder() -> None:
-  original = DimExpr.__eq__
-  if getattr(original, "_polyjit_recording", False):
+class SizeDecision:
+  """A comparison of sizes asked by user code: `expr == 0` or `expr >= 0`."""
+  __slots__ = ("kind", "expr", "text", "where", "sides")
+
+  def __init__(self, kind: str, expr, text: str, where: str, sides=None):
+    self.kind = kind      # "eq" or "ge"
+    self.expr = expr      # a dimension expression (of the trace's scope)
+    self.text = text      # the comparison as written: "'n' == '1'"
+    self.where = where    # the user's "file:line"
+    self.sides = sides    # (lhs, rhs) as strings, for an equality
+
+  def equality_constraint(self) -> str | None:
+    """For an equality between sizes of two or more dimensions (`n == m`),
+    the scope constraint that makes JAX treat them as one ('m == n'): its
+    "equal" side must be traced with it, or `x + y` would not type-check."""
+    if self.kind != "eq" or len(dim_vars(self.expr)) < 2 or self.sides is None:
+      return None
+    for lhs, rhs in (self.sides, self.sides[::-1]):
+      text = f"{lhs} == {rhs}"
+      try:
+        _export.SymbolicScope([text])
+      except Exception:
+        continue
+      return text
+    return None
+
+  @property
+  def key(self) -> tuple[str, str]:
+    """Identifies the comparison across traces (whose scopes differ)."""
+    return self.kind, str(self.expr)
+
+  def holds(self, sizes: dict[str, Any]):
+    """Whether it holds at these sizes: a bool for ints, a traced bool else."""
+    value = evaluate_dim(self.expr, sizes)
+    return value == 0 if self.kind == "eq" else value >= 0
+
+  def __repr__(self):
+    return f"{self.text} at {self.where}"
+
+
+def _user_frame() -> str | None:
+  """'file:line' of the code that asked a comparison, or None when it was JAX
+  or polyjit itself."""
+  frame = sys._getframe(2)
+  while frame is not None and os.path.abspath(frame.f_code.co_filename) in (
+      _SHAPE_POLY_FILE, _THIS_FILE):
+    frame = frame.f_back  # `!=` calls `==`, `>` calls `_geq_decision`
+  if frame is None:
+    return None
+  path = os.path.abspath(frame.f_code.co_filename)
+  if path.startswith(_JAX_DIR) or path.startswith(_POLYJIT_DIR):
+    return None
+  return f"{path}:{frame.f_lineno}"
+
+
+def dim_bounds(d) -> tuple[float, float]:
+  """Lower and upper bounds of a dimension expression (dims are >= 1)."""
+  if not is_symbolic_dim(d):
+    return int(d), int(d)
+  return _shape_poly._bounds_decision(d, _shape_poly.BoundsPrecision.BEST)
+
+
+def _install_decision_hooks() -> None:
+  if getattr(DimExpr.__eq__, "_polyjit", False):
     return
+  original_eq = DimExpr.__eq__
+  original_geq = _shape_poly._geq_decision
 
   def __eq__(self, other):
-    result = original(self, other)
-    log = getattr(_equalities, "log", None)
-    if log is not None and result is False and (
+    result = original_eq(self, other)
+    oracle = getattr(_decisions, "oracle", None)
+    if oracle is None or result is not False or not (
         is_symbolic_dim(other) or isinstance(other, (int, np.integer))):
-      frame = sys._getframe(1)
-      while frame is not None and os.path.abspath(frame.f_code.co_filename) == _SHAPE_POLY_FILE:
-        frame = frame.f_back  # `!=` calls `==`
-      path = os.path.abspath(frame.f_code.co_filename) if frame is not None else ""
-      if not (path.startswith(_JAX_DIR) or path.startswith(_POLYJIT_DIR)):
-        log.append((self, other, f"{path}:{frame.f_lineno}" if frame else "?"))
-    return result
+      return result
+    where = _user_frame()
+    if where is None:
+      return result
+    try:
+      diff = self - other
+    except Exception:  # another scope: not a size comparison polyjit made
+      return result
+    lo, hi = dim_bounds(diff)
+    if not is_symbolic_dim(diff) or lo > 0 or hi < 0:
+      return result  # proven unequal
+    return oracle(SizeDecision("eq", diff, f"'{self}' == '{other}'", where,
+                               (str(self), str(other))))
 
-  __eq__._polyjit_recording = True
+  def _geq_decision(e1, e2, cmp_str):
+    try:
+      return original_geq(e1, e2, cmp_str)
+    except InconclusiveDimensionOperation:
+      oracle = getattr(_decisions, "oracle", None)
+      where = _user_frame() if oracle is not None else None
+      if where is None:
+        raise
+      return oracle(SizeDecision("ge", e1 - e2, cmp_str(), where))
+
+  __eq__._polyjit = True
   DimExpr.__eq__ = __eq__  # (assigning __eq__ later leaves __hash__ as it was)
+  _shape_poly._geq_decision = _geq_decision
 
 
 @contextlib.contextmanager
-def record_assumed_inequalities():
-  """Yields a list that fills with (a, b, 'file:line') for every `a == b` that
-  user code asked during the block and that was answered False unproven."""
-  _install_equality_recorder()
-  previous = getattr(_equalities, "log", None)
-  log: list = []
-  _equalities.log = log
+def size_decisions(oracle: Callable[[SizeDecision], bool]):
+  """Within the block, user code's undecidable size comparisons are answered
+  by `oracle(decision) -> bool` (which records them)."""
+  _install_decision_hooks()
+  previous = getattr(_decisions, "oracle", None)
+  _decisions.oracle = oracle
   try:
-    yield log
+    yield
   finally:
-    _equalities.log = previous
+    _decisions.oracle = previous
 
 
 def scope_constraints(scope) -> list[tuple[str, str, Any]]:
@@ -362,6 +447,53 @@ def source_line(eqn: JaxprEqn | None) -> str:
   return f"in `{name}`" if name else "at an unknown location"
 
 
+def user_line_of(error: BaseException) -> str | None:
+  """'file:line' of the innermost frame of `error`'s traceback that is not
+  JAX's or polyjit's (the user's line that failed), or None."""
+  tb, found = error.__traceback__, None
+  while tb is not None:
+    path = os.path.abspath(tb.tb_frame.f_code.co_filename)
+    if not (path.startswith(_JAX_DIR) or path.startswith(_POLYJIT_DIR)):
+      found = f"{path}:{tb.tb_lineno}"
+    tb = tb.tb_next
+  return found
+
+
+def library_function_of(error: BaseException) -> str | None:
+  """The JAX function the user called when `error` was raised inside JAX
+  (`jax.numpy.convolve`), or None when it was raised in user code."""
+  tb, called = error.__traceback__, None
+  last_user = None
+  frames = []
+  while tb is not None:
+    frames.append(tb.tb_frame)
+    tb = tb.tb_next
+  for i, frame in enumerate(frames):
+    path = os.path.abspath(frame.f_code.co_filename)
+    if not (path.startswith(_JAX_DIR) or path.startswith(_POLYJIT_DIR)):
+      last_user = i
+  if last_user is None or last_user == len(frames) - 1:
+    return None
+  for frame in frames[last_user + 1:]:
+    module = frame.f_globals.get("__name__", "")
+    if module.startswith("polyjit"):
+      return None
+    if module in _WRAPPER_MODULES or module.startswith("jax._src.interpreters"):
+      continue
+    for prefix, short in (("jax._src.numpy", "jnp"), ("jax._src.lax", "lax"),
+                          ("jax._src.scipy", "jax.scipy"), ("jax._src.nn", "jax.nn")):
+      if module.startswith(prefix):
+        return f"{short}.{frame.f_code.co_name}"
+    return f"{module}.{frame.f_code.co_name}"
+  return "a JAX function"
+
+
+# Frames of JAX's own call machinery (jit dispatch, traceback filtering).
+_WRAPPER_MODULES = {"jax._src.traceback_util", "jax._src.pjit", "jax._src.api",
+                    "jax._src.export.shape_poly", "jax._src.core",
+                    "jax._src.linear_util", "jax._src.profiler", "jax._src.api_util"}
+
+
 def current_user_line() -> str:
   """The innermost user frame of the current Python stack."""
   frame = _siu.user_frame(_siu.current().traceback)
@@ -492,3 +624,15 @@ def replay_unsafe_effects(jaxpr: Jaxpr) -> list:
   refuses to replay (an io_callback's), unlike debug prints."""
   from jax._src import effects as _effects
   return _effects.remat_allowed_effects.filter_not_in(jaxpr.effects)
+
+
+# --- JAX's error texts -------------------------------------------------------------
+
+_INCONCLUSIVE = re.compile(
+    r"comparison '(?P<a>[^']+)' (?P<op>>=|<=|>|<) '(?P<b>[^']+)' is inconclusive")
+
+
+def inconclusive_comparison(error: Exception) -> tuple[str, str, str] | None:
+  """(a, op, b) of the comparison an InconclusiveDimensionOperation names."""
+  match = _INCONCLUSIVE.search(str(error))
+  return None if match is None else (match.group("a"), match.group("op"), match.group("b"))

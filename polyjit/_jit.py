@@ -18,12 +18,14 @@ once: `jax.jit` of `pj.mask(fun)` lowered at the padded shapes.
 
 Explicit mode (`polymorphic_shapes=`) uses the given specs. Automatic mode
 learns them (`_auto.py`): the first call compiles the exact shapes, and axes
-that vary become dynamic. Python branching on a size gets guards: each side
-of an undecidable size comparison gets a variant traced under a constraint
-(`_variant`). Sizes that make equal what the trace assumed unequal run at
-exact shapes. If `fun` still cannot be traced or masked with symbolic sizes
-(a primitive without a masking rule), the structure falls back to exact
-shapes, like `jax.jit`, with one log message.
+that vary become dynamic. Python branching on a size gets one variant per
+side of the comparison (`_variants.py`): the sizes of a call select the variant
+on their side, traced once, and each variant has its own program per bucket.
+If `fun` still cannot be traced or masked with symbolic sizes (a primitive
+without a masking rule), the structure falls back to exact shapes, like
+`jax.jit`, and says so: a `pj.FallbackWarning` once per function and cause
+(`fallback="warn"`, the default), an error (`fallback="error"`), or only
+`pj.explain` and the "polyjit" logger (`fallback="silent"`).
 
 Called under another transformation (`jax.jit`, `jax.grad`, `jax.vmap`), a
 `pj.jit` function is inlined: the outer trace has fixed shapes anyway.
@@ -43,10 +45,10 @@ import numpy as np
 
 from . import _jax_compat as jc
 from . import _spec
-from ._auto import DimTracker, fit_to_constraints, guard_for, sanitize
+from ._auto import DimTracker, fit_to_constraints, sanitize
 from ._buckets import BucketPolicy, as_policy
 from ._cache import ExecutableCache
-from ._errors import ShapeError
+from ._errors import FallbackWarning, MaskingError, PolyjitError, ShapeError, warn_user
 from ._mask import Masked
 from ._padding import Padded, is_padded, logical_shape, pad, unpad
 from .diagnostics._compiles import count_compiles
@@ -55,7 +57,6 @@ logger = logging.getLogger("polyjit")
 logger.addHandler(logging.NullHandler())  # a library prints nothing unless asked
 
 _PLANS_PER_STRUCTURE = 4096
-_MAX_GUARDS = 8  # size comparisons settled per variant before giving up
 
 
 class _Structure:
@@ -68,9 +69,10 @@ class _Structure:
     self.leaf_names = leaf_names
     self.tracker: DimTracker | None = None
     self.specs: tuple | None = None     # per-leaf specs in use (None: exact)
-    self.variants: list[Masked] = []    # one masked function per set of guards
+    self.masked: Masked | None = None   # `fun` masked with the specs in use
     self.last_shapes = None             # shapes of the latest new plan
     self.exact_only = False
+    self.fallback_reason: str | None = None   # why exact_only, for messages
     self.plans: collections.OrderedDict = collections.OrderedDict()
     self.templates: dict = {}           # bucket -> _Template (see JitFunction._fast_plan)
 
@@ -96,12 +98,12 @@ class _Plan:
 class _Template:
   """A bucket's plan, kept so that a new size in that bucket needs no binding,
   tracing or constraint solving: only its logical sizes change."""
-  __slots__ = ("plan", "binding", "traced", "out_dims", "places", "fixed")
+  __slots__ = ("plan", "binding", "variant", "out_dims", "places", "fixed")
 
-  def __init__(self, plan, binding, traced, out_dims, places, fixed):
+  def __init__(self, plan, binding, variant, out_dims, places, fixed):
     self.plan = plan
     self.binding = binding
-    self.traced = traced                # the symbolic trace, for its equality assumptions
+    self.variant = variant              # the sizes it serves must select it
     self.out_dims = out_dims            # per output leaf, its symbolic shape
     self.places = places                # dim -> [(leaf, axis)] where it is the axis size
     self.fixed = fixed                  # [((leaf, axis), size)] of the fixed axes
@@ -125,10 +127,6 @@ def _simple_places(binding):
   if set(places) != set(binding.dim_names):
     return None
   return places, tuple(fixed)
-
-
-class _Contradicted(Exception):
-  """These sizes contradict an equality the symbolic trace assumed false."""
 
 
 class Stats:
@@ -189,9 +187,13 @@ class JitFunction:
   def __init__(self, fun: Callable, *, polymorphic_shapes=None, buckets=None,
                constraints: Sequence[str] = (), static_argnums=None,
                static_argnames=None, donate_argnums=None, cache_size: int = 64,
-               background_compile: bool = False):
+               background_compile: bool = False, fallback: str = "warn"):
     if not callable(fun):
       raise TypeError(f"pj.jit expects a callable, got {type(fun).__name__}")
+    if fallback not in ("warn", "error", "silent"):
+      raise ValueError(f"fallback must be 'warn', 'error' or 'silent', got {fallback!r}")
+    self.fallback = fallback
+    self._warned: set[str] = set()
     self.fun = fun
     self.polymorphic_shapes = (None if polymorphic_shapes is None
                                else _as_tuple(polymorphic_shapes))
@@ -334,9 +336,8 @@ class JitFunction:
     leaf_specs = []
     for pos, sub in zip(positions, args_tree.children()):
       dummy = sub.unflatten([0] * sub.num_leaves)
-      leaf_specs.extend(jax.tree.leaves(
-          jax.tree.broadcast(specs[pos], dummy, is_leaf=_spec.is_spec_leaf),
-          is_leaf=_spec.is_spec_leaf))
+      leaf_specs.extend(sub.flatten_up_to(
+          jax.tree.broadcast(specs[pos], dummy, is_leaf=_spec.is_spec_leaf)))
     return tuple(leaf_specs) + (None,) * kwargs_tree.num_leaves
 
   @staticmethod
@@ -369,34 +370,50 @@ class JitFunction:
     if struct.tracker is not None and not struct.exact_only:
       if struct.tracker.observe(shapes) or (struct.specs is None and struct.tracker.any_dynamic):
         struct.specs = tuple(struct.tracker.specs()) if struct.tracker.any_dynamic else None
-        struct.variants = []
+        struct.masked = None
         struct.plans.clear()
         struct.templates.clear()
         why["became_dynamic"] = sorted({struct.tracker.symbol(d) for d in struct.tracker.dynamic})
     if struct.specs is None or struct.exact_only:
       kind = "fallback" if struct.exact_only else (
           "first call" if not why["changed"] else "exact")
-      return self._exact_plan(struct, shapes, dict(why, kind=kind))
+      return self._exact_plan(struct, shapes, dict(why, kind=kind, error=struct.fallback_reason))
+    if _zero_sized(struct.specs, shapes):
+      # A masked trace assumes sizes >= 1; jax.jit's own program for the empty
+      # shapes gives exactly its shapes, values and exceptions.
+      return self._exact_plan(struct, shapes, dict(why, kind="zero size"))
     try:
       return self._masked_plan(struct, shapes, dict(why, kind="bucket"))
-    except _Contradicted:
-      return self._exact_plan(struct, shapes, dict(why, kind="equal sizes"))
     except Exception as e:
       if struct.tracker is None:  # explicit mode: the user asked for masking
         raise
       self._fall_back(struct, e)
-      return self._exact_plan(struct, shapes, dict(why, kind="fallback", error=str(e)))
+      return self._exact_plan(struct, shapes,
+                              dict(why, kind="fallback", error=struct.fallback_reason))
 
   def _fall_back(self, struct: _Structure, error: Exception):
+    """Automatic mode cannot mask this structure: run exact shapes, and say so."""
+    name = getattr(self.fun, "__name__", "fun")
+    text = str(error).strip()
+    reason = f"{type(error).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+    if self.fallback == "error":
+      if isinstance(error, PolyjitError):
+        raise error
+      raise MaskingError(f"pj.jit({name}) cannot run with dynamic sizes: {reason}") from error
     struct.exact_only = True
+    struct.fallback_reason = reason
     struct.plans.clear()
     struct.templates.clear()
-    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    logger.warning(
-        "pj.jit(%s): cannot run with dynamic sizes (%s: %s); compiling every "
-        "distinct shape exactly, as jax.jit does. Give polymorphic_shapes and "
-        "constraints to fix the dynamic axes, or see pj.explain.",
-        getattr(self.fun, "__name__", "fun"), type(error).__name__, first)
+    message = (
+        f"pj.jit({name}) cannot run with dynamic sizes, so it compiles every distinct "
+        f"shape exactly, as jax.jit does: {reason}\nWhat to do: see the full error with "
+        f"pj.jit({name}, fallback='error'); give polymorphic_shapes (and constraints) so "
+        "that only the axes that really vary are dynamic; or pass fallback='silent' "
+        "to accept compiling per shape.")
+    logger.warning("%s", message)
+    if self.fallback == "warn" and reason not in self._warned:
+      self._warned.add(reason)
+      warn_user(message, FallbackWarning)
 
   def _exact_plan(self, struct: _Structure, shapes, why: dict) -> _Plan:
     dtypes = tuple(a[0] for a in struct.avals)
@@ -424,13 +441,15 @@ class JitFunction:
       for leaf, axis in places:
         if logical.setdefault(dim, shapes[leaf][axis]) != shapes[leaf][axis]:
           return None
+      if logical[dim] == 0:  # empty: jax.jit's exact program (`_new_plan`)
+        return None
     template = struct.templates.get(
         tuple(sorted((v, self._policy(v).bucket(n)) for v, n in logical.items())))
     if template is None or any(shapes[i][a] != n for (i, a), n in template.fixed):
       return None
     plan = template.plan
     fut = self._cache.peek(plan.key)
-    if fut is None or not fut.done() or template.traced.contradicted_by(logical):
+    if fut is None or not fut.done() or not template.variant.holds(logical):
       return None
     self.stats.record_sizes(template.binding, struct.leaf_names, logical)
     return _Plan(plan.key, plan.program, plan.padded_shapes, plan.dtypes,
@@ -442,19 +461,18 @@ class JitFunction:
     fast = self._fast_plan(struct, shapes)
     if fast is not None:
       return fast
-    masked, binding = self._variant(struct, shapes)
+    masked, binding, variant = self._variant(struct, shapes)
     logical = binding.padded  # solved from unpadded shapes: the logical sizes
-    symbolic = masked.trace(self._abstract_args(struct, shapes), binding)
-    if symbolic.contradicted_by(logical):
-      raise _Contradicted  # `fun` branched on sizes being unequal; these are equal
     buckets = {v: self._policy(v).bucket(n) for v, n in logical.items()}
-    padded_env = fit_to_constraints(logical, buckets, masked.scope)
+    padded_env = fit_to_constraints(logical, buckets, variant.scope)
     self.stats.record_sizes(binding, struct.leaf_names, logical)
     why = dict(why, bucket=dict(padded_env), sizes=dict(logical))
+    if variant.decisions:
+      why["variant"] = variant.describe()
     padded_shapes = _padded_shapes(binding, padded_env)
-    key = self._program_key(struct, masked, padded_shapes, padded_env)
+    key = self._program_key(struct, variant, padded_shapes, padded_env)
     build = functools.partial(
-        self._compile, key, self._masked_body(struct, masked, binding.dim_names),
+        self._compile, key, self._masked_body(struct, masked, variant, padded_env),
         padded_shapes, struct, cause=why, logical=len(binding.dim_names))
     provisional = None
     fut = self._cache.peek(key)
@@ -466,21 +484,20 @@ class JitFunction:
         padded_shapes, padded_env = key[3], dict(key[4])
     if provisional is None:
       program = self._cache.get(key, build)
-    traced = masked.trace(self._abstract_args(struct, padded_shapes))
-    out_dims = tuple(aval.shape for aval in traced.out_avals)
+    out_dims = tuple(aval.shape for aval in variant.traced.out_avals)
     plan = _Plan(key, program, padded_shapes, tuple(a[0] for a in struct.avals),
                  _logical_values(binding, logical), _out_shapes(out_dims, logical),
                  dict(padded_env), _waste(shapes, padded_shapes), provisional)
     simple = _simple_places(binding)
-    if (simple is not None and provisional is None and not masked.constraints
-        and len(struct.variants) == 1 and dict(padded_env) == buckets):
-      struct.templates[_bucket_key(buckets)] = _Template(plan, binding, symbolic, out_dims,
+    if (simple is not None and provisional is None and not variant.constraints
+        and dict(padded_env) == buckets):
+      struct.templates[_bucket_key(buckets)] = _Template(plan, binding, variant, out_dims,
                                                          *simple)
     return plan
 
   @staticmethod
-  def _program_key(struct, masked, padded_shapes, padded_env):
-    return (struct.key, struct.specs, masked.constraints, padded_shapes,
+  def _program_key(struct, variant, padded_shapes, padded_env):
+    return (struct.key, struct.specs, variant.key, padded_shapes,
             _bucket_key(padded_env))
 
   def _borrow(self, key, shapes):
@@ -504,35 +521,14 @@ class JitFunction:
     return list(struct.treedef.unflatten(list(struct.specs)))
 
   def _variant(self, struct: _Structure, shapes):
-    """The masked function (and the binding) that serves these shapes.
-
-    A structure has one variant per set of guards: when the symbolic trace
-    hits a size comparison it cannot decide (Python branching on a size), the
-    comparison is settled as the current sizes settle it, as a constraint, and
-    `fun` is traced again; later sizes on the same side of every guard reuse
-    that variant, sizes on the other side get one of their own.
-    """
+    """The masked function, its binding at these (logical) shapes, and the
+    variant of `fun` that these sizes select (`_variants.py`): one per side
+    of each size comparison `fun` makes, traced on first use."""
     args = self._abstract_args(struct, shapes)
-    spec_tree = self._spec_tree(struct)
-    for masked in struct.variants:
-      try:  # binding checks the sizes against the variant's guards
-        return masked, _spec.bind(spec_tree, args, masked.scope)
-      except ShapeError:
-        continue
-    guards: list[str] = []
-    while True:
-      masked = self._new_masked(struct, self.constraints + tuple(guards))
-      binding = _spec.bind(spec_tree, args, masked.scope)
-      try:
-        masked.trace(args, binding)
-      except jc.InconclusiveDimensionOperation as e:
-        guard = guard_for(e, binding.padded, masked.scope)
-        if guard is None or guard in guards or len(guards) >= _MAX_GUARDS:
-          raise
-        guards.append(guard)
-        continue
-      struct.variants.append(masked)
-      return masked, binding
+    if struct.masked is None:
+      struct.masked = self._new_masked(struct, self.constraints)
+    binding = struct.masked.bind(args)
+    return struct.masked, binding, struct.masked.variant_for(args, binding.padded, binding)
 
   def _new_masked(self, struct: _Structure, constraints) -> Masked:
     fun = self._bound_fun(struct.key[0])
@@ -552,13 +548,15 @@ class JitFunction:
       return self.fun(*args, **static_kwargs, **dyn_kwargs)
     return bound
 
-  def _masked_body(self, struct, masked, dim_names):
+  def _masked_body(self, struct, masked, variant, padded_env):
     treedef = struct.treedef
+    padded_env = dict(padded_env)
+    names = sorted(padded_env)  # the order of `_logical_values`
 
     def body(*leaves_and_logical):
       *leaves, logical = leaves_and_logical
-      dyn_args, dyn_kwargs = treedef.unflatten(leaves)
-      return masked([dyn_args, dyn_kwargs], dict(zip(dim_names, logical)))
+      return masked.call_variant(variant, treedef.unflatten(leaves), padded_env,
+                                 dict(zip(names, logical)))
     return body
 
   def _exact_body(self, struct):
@@ -624,13 +622,13 @@ class JitFunction:
     if struct.tracker is not None and sizes:
       if struct.tracker.force_dynamic(list(sizes)):
         struct.specs = tuple(struct.tracker.specs())
-        struct.variants = []
+        struct.masked = None
         struct.plans.clear()
         struct.templates.clear()
     if struct.specs is None or not sizes:
       self._plan_for(struct, shapes)
       return [{}]
-    masked, binding = self._variant(struct, shapes)
+    masked, binding, variant = self._variant(struct, shapes)
     unknown = set(sizes) - set(binding.dim_names)
     if unknown:
       raise ShapeError(f"precompile: unknown dimension names {sorted(unknown)}; this "
@@ -641,9 +639,9 @@ class JitFunction:
     futures = []
     for env in envs:
       padded_shapes = _padded_shapes(binding, env)
-      key = self._program_key(struct, masked, padded_shapes, env)
+      key = self._program_key(struct, variant, padded_shapes, env)
       futures.append(self._cache.submit(key, functools.partial(
-          self._compile, key, self._masked_body(struct, masked, binding.dim_names),
+          self._compile, key, self._masked_body(struct, masked, variant, env),
           padded_shapes, struct, cause={"kind": "precompile", "bucket": env},
           logical=len(binding.dim_names))))
     _wait(futures, progress, f"precompiling {getattr(self.fun, '__name__', 'fun')}")
@@ -715,6 +713,11 @@ def _map_outputs(plan: _Plan, outs, convert):
   return tree.unflatten([convert(o, s) for o, s in zip(leaves, plan.out_shapes)])
 
 
+def _zero_sized(specs, shapes) -> bool:
+  """Whether an argument with dynamic axes has an empty axis in this call."""
+  return any(spec is not None and 0 in shape for spec, shape in zip(specs, shapes))
+
+
 def _padded_shapes(binding, env) -> tuple:
   return tuple(tuple(jc.evaluate_dim(d, env) for d in leaf.symbolic_shape)
                for leaf in binding.leaves)
@@ -768,7 +771,8 @@ def _wait(futures, progress: bool, desc: str):
 
 def jit(fun: Callable | None = None, *, polymorphic_shapes=None, buckets=None,
         constraints: Sequence[str] = (), static_argnums=None, static_argnames=None,
-        donate_argnums=None, cache_size: int = 64, background_compile: bool = False):
+        donate_argnums=None, cache_size: int = 64, background_compile: bool = False,
+        fallback: str = "warn"):
   """A drop-in for `jax.jit` that pads to size buckets and masks.
 
   Usable as `pj.jit(f)`, `@pj.jit`, `@pj.jit(buckets=...)` or through
@@ -788,11 +792,16 @@ def jit(fun: Callable | None = None, *, polymorphic_shapes=None, buckets=None,
     cache_size: the most compiled programs kept (least recently used dropped).
     background_compile: on a new bucket, run on an already compiled larger one
       and compile the tight one in a background thread.
+    fallback: what automatic mode does when `fun` cannot run with dynamic
+      sizes and it compiles every distinct shape instead: "warn" (a
+      `pj.FallbackWarning` once per cause), "error" (raise the reason), or
+      "silent" (only `pj.explain` and the "polyjit" logger say it).
   """
   kw = dict(polymorphic_shapes=polymorphic_shapes, buckets=buckets,
             constraints=constraints, static_argnums=static_argnums,
             static_argnames=static_argnames, donate_argnums=donate_argnums,
-            cache_size=cache_size, background_compile=background_compile)
+            cache_size=cache_size, background_compile=background_compile,
+            fallback=fallback)
   if fun is None:
     return functools.partial(jit, **kw)
   return JitFunction(fun, **kw)

@@ -41,9 +41,10 @@ import numpy as np
 
 from . import _jax_compat as jc
 from . import _rules  # noqa: F401  (registers the masking rules)
-from . import _spec, _symbolic_ad
+from . import _spec, _symbolic_ad, _variants
+from ._refusals import jax_refusal
 from ._core import MaskEnv, eval_jaxpr_masked
-from ._errors import MaskingError, ShapeError
+from ._errors import MaskingError, ShapeError, trace_error
 
 
 _symbolic_ad.install()
@@ -63,14 +64,6 @@ class Traced:
   dim_names: tuple[str, ...]
   cache: dict = dataclasses.field(default_factory=dict)
   _vjp: "VJP | None" = None
-  # (a, b, where) for each `a == b` that `fun` asked and the trace answered
-  # False without proof: valid only for sizes where a != b.
-  assumed_unequal: list = dataclasses.field(default_factory=list)
-
-  def contradicted_by(self, sizes: dict[str, int]) -> list:
-    """The recorded inequalities that these concrete sizes make equal."""
-    return [(a, b, where) for a, b, where in self.assumed_unequal
-            if jc.evaluate_dim(a, sizes) == jc.evaluate_dim(b, sizes)]
 
   @property
   def cacheable(self) -> bool:
@@ -196,7 +189,13 @@ def _apply_inputs(traced: Traced, padded, inputs: list, logical: tuple) -> list:
 
 
 class Masked:
-  """The result of `pj.mask`: call it as `masked(args, logical_env)`."""
+  """The result of `pj.mask`: call it as `masked(args, logical_env)`.
+
+  For each argument structure it keeps the variants of `fun` (`_variants.py`):
+  one trace per side of the size comparisons `fun` makes. Concrete sizes run
+  the variant they select; traced sizes run all the variants their padded
+  sizes allow, selected in the program.
+  """
 
   def __init__(self, fun: Callable, in_shapes, out_shape=None, *,
                constraints: Sequence[str] = ()):
@@ -207,12 +206,17 @@ class Masked:
     self.out_shape = out_shape
     self.constraints = tuple([constraints] if isinstance(constraints, str) else constraints)
     self.scope = _spec.make_scope(self.constraints)
-    self._cache: dict[Any, Traced] = {}
+    self._variants: dict[Any, list[_variants.Variant]] = {}
+    self._explored: dict[Any, list[_variants.Variant]] = {}
     self._bindings: dict[Any, _spec.Binding] = {}
     functools.update_wrapper(self, fun, updated=())
 
   def __repr__(self):
     return f"pj.mask({getattr(self.fun, '__name__', self.fun)!r}, {self.in_shapes!r})"
+
+  @property
+  def _name(self) -> str:
+    return getattr(self.fun, "__name__", None) or repr(self.fun)
 
   def bind(self, args: Sequence[Any]) -> _spec.Binding:
     """Binds the specs to padded `args`: padded sizes and symbolic shapes.
@@ -226,21 +230,86 @@ class Masked:
       binding = self._bindings[key] = _spec.bind(self.in_shapes, args, self.scope)
     return binding
 
-  def trace(self, args: Sequence[Any], binding: _spec.Binding | None = None) -> Traced:
-    """The symbolic trace of `fun` for `args`' structure and dtypes (cached)."""
-    binding = binding or self.bind(args)
+  # --- variants -------------------------------------------------------------
+
+  def _structure(self, args, binding) -> tuple:
+    """The key of everything a trace depends on: tree, symbolic shapes, dtypes."""
     leaves, in_tree = jax.tree.flatten(tuple(args))
-    avals = []
-    for leaf_spec, x in zip(binding.leaves, leaves):
-      t = jc.typeof(x)
-      avals.append(jc.shaped(leaf_spec.symbolic_shape, t.dtype, t.weak_type))
-    key = (in_tree, tuple((a.shape, a.dtype, a.weak_type) for a in avals))
-    traced = self._cache.get(key)
-    if traced is None:
-      traced = self._trace(in_tree, avals, binding.dim_names)
-      if traced.cacheable:
-        self._cache[key] = traced
-    return traced
+    return (in_tree, tuple((tuple(map(str, leaf.symbolic_shape)), jc.typeof(x).dtype,
+                            jc.typeof(x).weak_type)
+                           for leaf, x in zip(binding.leaves, leaves)))
+
+  def _tracer(self, args, binding) -> Callable:
+    """(constraints, oracle) -> Traced: `fun` traced in the scope of those
+    constraints, its size comparisons answered by `oracle`."""
+    leaves, in_tree = jax.tree.flatten(tuple(args))
+
+    def trace(constraints, oracle):
+      scope = _spec.make_scope(constraints)
+      bound = (binding if constraints == self.constraints
+               else _spec.bind(self.in_shapes, args, scope, check=False))
+      avals = [jc.shaped(leaf.symbolic_shape, jc.typeof(x).dtype, jc.typeof(x).weak_type)
+               for leaf, x in zip(bound.leaves, leaves)]
+      with jc.size_decisions(oracle):
+        traced = self._trace(in_tree, avals, bound.dim_names)
+      if self.out_shape is not None:
+        check_out_shape(self.out_shape, traced, scope)
+      return traced
+    return trace
+
+  def variant_for(self, args: Sequence[Any], sizes: dict[str, int],
+                  binding: _spec.Binding | None = None) -> _variants.Variant:
+    """The variant that concrete logical `sizes` select (traced once).
+
+    Raises the error `fun` gives on that side of its comparisons.
+    """
+    binding = binding or self.bind(args)
+    key = self._structure(args, binding)
+    known = self._variants.setdefault(key, [])
+    for v in known:
+      if v.holds(sizes):
+        variant = v
+        break
+    else:
+      variant = _variants.for_sizes(self._tracer(args, binding), self.constraints,
+                                    sizes, known)
+      if variant.traced is None or variant.traced.cacheable:
+        known.append(variant)
+    if variant.error is not None:
+      raise self._trace_error(variant.error, variant)
+    return variant
+
+  def variants(self, args: Sequence[Any],
+               binding: _spec.Binding | None = None) -> list[_variants.Variant]:
+    """Every variant that some logical sizes up to the padded ones select."""
+    binding = binding or self.bind(args)
+    structure = self._structure(args, binding)
+    universal = [v for v in self._variants.get(structure, ()) if self._is_universal(v)]
+    if universal:  # `fun` compares no sizes: one trace serves every padded size
+      return universal
+    key = (structure, binding.padded_key())
+    found = self._explored.get(key)
+    if found is None:
+      found = _variants.explore(self._tracer(args, binding), self.constraints,
+                                _variants.Domain(binding.padded))
+      for v in found:
+        if v.error is not None:
+          raise self._trace_error(v.error, v, traced_sizes=True)
+      _variants.check_same_outputs(found)
+      if all(v.traced.cacheable for v in found):
+        self._explored[key] = found
+        if len(found) == 1 and self._is_universal(found[0]):
+          self._variants.setdefault(structure, []).append(found[0])
+    return found
+
+  def _is_universal(self, variant) -> bool:
+    return (variant.error is None and not variant.decisions
+            and variant.constraints == self.constraints)
+
+  def trace(self, args: Sequence[Any], binding: _spec.Binding | None = None) -> Traced:
+    """A symbolic trace of `fun` for `args`' structure and dtypes: the first
+    variant (every variant has the same output shapes)."""
+    return self.variants(args, binding)[0].traced
 
   def _trace(self, in_tree, avals, dim_names) -> Traced:
     out_tree_box = []
@@ -252,26 +321,36 @@ class Masked:
       out_tree_box.append(out_tree)
       return out_leaves
 
-    try:
-      with jc.record_assumed_inequalities() as assumed:
-        traced = trace_flat(flat_fun, avals, dim_names)
-      traced.assumed_unequal = assumed
-    except MaskingError:
-      raise
-    except NotImplementedError as e:  # JAX's own refusals at symbolic sizes
-      from ._coverage import jax_refusal
-      raise jax_refusal(e) from e
+    traced = trace_flat(flat_fun, avals, dim_names)
     traced.out_tree = out_tree_box[0]
-    if self.out_shape is not None:
-      check_out_shape(self.out_shape, traced, self.scope)
     return traced
+
+  def _trace_error(self, error: BaseException, variant=None, traced_sizes=False):
+    """`error` from tracing `fun`, as a polyjit error that explains itself."""
+    if isinstance(error, (MaskingError, ShapeError)):
+      out = error
+    elif isinstance(error, NotImplementedError) and jax_refusal(error) is not None:
+      out = jax_refusal(error)
+    else:
+      out = trace_error(error, self._name, self.constraints)
+    if variant is not None and traced_sizes and (variant.decisions or variant.other_side):
+      declare = (f"constraints=['{variant.other_side}']" if variant.other_side
+                 else "constraints=[...]")
+      out.add_note(f"(it fails for the sizes where {variant.describe()}. With traced sizes "
+                   "(jax.jit of a masked function, pj.vmap) every size up to the padded "
+                   f"one must work; if sizes never go there, declare it: {declare}.)")
+    if out is not error:
+      out.__cause__ = error
+    return out
+
+  # --- calls ------------------------------------------------------------------
 
   def logical_shapes(self, args: Sequence[Any], logical_env) -> Any:
     """The outputs' logical shapes (a pytree of int tuples) for concrete sizes."""
     binding = self.bind(args)
-    traced = self.trace(args, binding)
     _spec.logical_values(logical_env, binding)  # validates the sizes
     sizes = {k: int(v) for k, v in logical_env.items()}
+    traced = self.variant_for(args, sizes, binding).traced
     shapes = [tuple(jc.evaluate_dim(d, sizes) for d in a.shape) for a in traced.out_avals]
     return jax.tree.unflatten(traced.out_tree, shapes)
 
@@ -284,35 +363,68 @@ class Masked:
         np.asarray(x)[tuple(slice(0, s) for s in shape)]
         for x, shape in zip(leaves, shape_leaves)])
 
+  def call_variant(self, variant: _variants.Variant, args: Sequence[Any],
+                   padded: dict[str, int], logical_env: dict[str, Any]) -> Any:
+    """Runs one variant (chosen by the caller from concrete sizes) on padded
+    `args` with the logical sizes of `logical_env`."""
+    outs = _apply_variant(variant, padded, jax.tree.leaves(tuple(args)), logical_env)
+    return jax.tree.unflatten(variant.traced.out_tree, outs)
+
   def __call__(self, args: Sequence[Any], logical_env) -> Any:
     try:
       binding = self.bind(args)
-      traced = self.trace(args, binding)
       logical = _spec.logical_values(logical_env, binding)
-      _check_assumptions(traced, logical_env, binding)
-      outs = apply(traced, binding.padded, jax.tree.leaves(tuple(args)), logical)
+      leaves = jax.tree.leaves(tuple(args))
+      if all(_spec.is_concrete(logical_env[k]) for k in binding.dim_names):
+        sizes = {k: int(logical_env[k]) for k in binding.dim_names}
+        variant = self.variant_for(args, sizes, binding)
+        _spec.check_constraints(binding.padded, variant.scope, what="padded")
+        traced = variant.traced
+        outs = _apply_variant(variant, binding.padded, leaves,
+                              dict(zip(binding.dim_names, logical)))
+      else:
+        found = self.variants(args, binding)
+        traced = found[0].traced
+        outs = _apply_selected(found, binding, leaves, logical)
     except (MaskingError, ShapeError) as e:
-      e.add_note(f"(while masking {getattr(self.fun, '__name__', self.fun)!s}, "
-                 f"called at {jc.current_user_line()})")
+      e.add_note(f"(while masking {self._name}, called at {jc.current_user_line()})")
       raise
     return jax.tree.unflatten(traced.out_tree, outs)
 
 
-def _check_assumptions(traced: Traced, logical_env, binding) -> None:
-  """Refuses concrete sizes that contradict an equality the trace assumed false."""
-  if not traced.assumed_unequal or not all(
-      _spec.is_concrete(logical_env[k]) for k in binding.dim_names):
-    return
-  sizes = {k: int(logical_env[k]) for k in binding.dim_names}
-  contradicted = traced.contradicted_by(sizes)
-  if contradicted:
-    a, b, where = contradicted[0]
-    raise ShapeError(
-        f"the function compares sizes at {where} ('{a}' == '{b}'); traced with "
-        "symbolic sizes it took the 'not equal' branch, which is wrong for the "
-        f"sizes {sizes}, where they are equal.\nWhat to do: give the two axes "
-        "the same dimension name if they are always equal, declare the size "
-        "fixed, or call pj.jit, which runs such sizes exactly.")
+def _apply_selected(variants, binding, leaves, logical) -> list:
+  """Runs the variant the (traced) sizes select: `lax.switch` over them.
+
+  Under `vmap` the switch evaluates every variant and selects; a variant on
+  the wrong side of its comparisons may compute NaN there, so each one sees
+  its inputs through `where(selected, x, stop_gradient(x))`: its gradient
+  reaches the inputs only where it was selected (a select, which drops NaN,
+  not a product, which keeps it).
+  """
+  padded = binding.padded
+  env = dict(zip(binding.dim_names, logical))
+  if len(variants) == 1:
+    return _apply_variant(variants[0], padded, leaves, env)
+  for v in variants:
+    _spec.check_constraints(padded, v.scope, what="padded")
+  selected = [v.holds_traced(env) for v in variants]
+  index = jnp.argmax(jnp.stack(selected)).astype(np.int32)
+
+  def branch(i):
+    def run(leaves, env):
+      guarded = [jnp.where(selected[i], x, jax.lax.stop_gradient(x))
+                 if jnp.issubdtype(jnp.result_type(x), jnp.inexact) else x for x in leaves]
+      return _apply_variant(variants[i], padded, guarded, env)
+    return run
+
+  return jax.lax.switch(index, [branch(i) for i in range(len(variants))], list(leaves), env)
+
+
+def _apply_variant(variant, padded, leaves, env: dict[str, Any]) -> list:
+  """`apply` with the sizes a variant's trace names (an equality constraint
+  such as 'm == n' leaves only `n`)."""
+  traced = variant.traced
+  return apply(traced, padded, leaves, [env[k] for k in traced.dim_names])
 
 
 def check_out_shape(out_shape, traced: Traced, scope) -> None:

@@ -90,8 +90,11 @@ def _leaf_paths(tree) -> list[str]:
 
 
 def bind(in_shapes, args: Sequence[Any], scope,
-         arg_names: Sequence[str] | None = None) -> Binding:
-  """Binds `in_shapes` (one spec per argument) to padded `args`."""
+         arg_names: Sequence[str] | None = None, *, check: bool = True) -> Binding:
+  """Binds `in_shapes` (one spec per argument) to padded `args`.
+
+  With `check`, the padded sizes must satisfy the scope's constraints.
+  """
   if not isinstance(args, (list, tuple)):
     raise TypeError(f"expected the arguments as a list or tuple, got {type(args).__name__}")
   if in_shapes is None or isinstance(in_shapes, str):
@@ -110,7 +113,9 @@ def bind(in_shapes, args: Sequence[Any], scope,
       raise ShapeError(
           f"{name}: the spec {spec_tree!r} is not a pytree prefix of the "
           f"argument: {e}") from None
-    spec_leaves = jax.tree.leaves(specs, is_leaf=is_spec_leaf)
+    # Up to the argument's structure: a None in the argument (an optional
+    # bias) is an empty subtree, not a spec.
+    spec_leaves = jax.tree.structure(arg).flatten_up_to(specs)
     arg_leaves = jax.tree.leaves(arg)
     paths = _leaf_paths(arg)
     for spec, leaf, path in zip(spec_leaves, arg_leaves, paths):
@@ -121,7 +126,8 @@ def bind(in_shapes, args: Sequence[Any], scope,
   padded = _solve(leaves)
   # The trace assumed the constraints; shapes evaluated at padded sizes that
   # break them could be inconsistent.
-  check_constraints(padded, scope, what="padded")
+  if check:
+    check_constraints(padded, scope, what="padded")
   return Binding(scope, tuple(leaves), tuple(sorted(padded)), padded)
 
 

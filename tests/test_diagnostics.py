@@ -122,14 +122,21 @@ def test_shapecheck_passes_and_fails_at_decoration():
     pj.shapecheck(["(n, _)"], "n")(lambda x: x[:, 0])
 
 
-def test_nothing_prints_unless_asked():
+def test_nothing_prints_unless_asked_and_a_fallback_warns_once():
   script = textwrap.dedent("""
       import numpy as np, polyjit as pj
-      f = pj.jit(lambda x: x.sum() if int(x.shape[0]) % 2 else x.max())
-      for n in (3, 4, 5):
-        f(np.ones(n, np.float32))
+      f = pj.jit(lambda x: x.sum() if int(x.shape[0]) % 2 else x.max(), fallback=FALLBACK)
+      g = pj.jit(lambda x: x.sum() * 2)
+      for n in (3, 4, 5, 6):
+        f(np.ones(n, np.float32)); g(np.ones(n, np.float32))
   """)
-  run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                       timeout=120)
-  assert run.returncode == 0, run.stderr
-  assert run.stdout == "" and run.stderr == ""
+  for fallback in ("silent", "warn"):
+    run = subprocess.run([sys.executable, "-c", script.replace("FALLBACK", repr(fallback))],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == ""
+    if fallback == "silent":
+      assert run.stderr == ""
+    else:  # once, attributed to the user's line, naming the cause and the fix
+      assert run.stderr.count("FallbackWarning") == 1, run.stderr
+      assert "<string>:6" in run.stderr and "int" in run.stderr and "fallback=" in run.stderr

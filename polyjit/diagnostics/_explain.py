@@ -90,17 +90,19 @@ def _describe(cause: dict) -> str:
   if kind == "fallback":
     error = (cause.get("error") or "").strip().splitlines()
     return (f"{_changes(cause) or 'new shapes'}; exact shapes because the function "
-            f"cannot run with dynamic sizes ({error[0] if error else 'see the log'})")
-  if kind == "equal sizes":
-    return (f"{_changes(cause)}; exact shapes because the function compares sizes "
-            "that are equal here")
+            f"cannot run with dynamic sizes ({error[0] if error else 'unknown reason'})")
+  if kind == "zero size":
+    return (f"{_changes(cause) or 'new shapes'}; exact shapes because a dynamic axis is "
+            "empty (jax.jit's own program for empty arrays)")
   if kind == "exact":
     return f"{_changes(cause)}; exact shapes"
   sizes = ", ".join(f"{d}={n}" for d, n in sorted(cause.get("sizes", {}).items()))
   became = ""
   if cause.get("became_dynamic"):
     became = "; now dynamic: " + ", ".join(cause["became_dynamic"])
-  return f"{_changes(cause) or 'new sizes'}{became}; bucket {_bucket(cause)} for {sizes}"
+  variant = f"; the side where {cause['variant']}" if cause.get("variant") else ""
+  return (f"{_changes(cause) or 'new sizes'}{became}; bucket {_bucket(cause)} for "
+          f"{sizes}{variant}")
 
 
 def _advice(f: JitFunction) -> list[str]:
