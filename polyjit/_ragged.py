@@ -27,7 +27,8 @@ structure); sizes and counts are data, so they may be traced.
 
 `pj.vmap(fun)` masks `fun` (`pj.mask`) with one dimension variable per ragged
 axis of each `Ragged` argument (`n{i}_{j}`: the i-th `Ragged` among the
-arguments, axis j; its data leaves share them), and `jax.vmap`s the
+arguments, axis j; its data leaves share them, and so do Ragged arguments
+whose lengths `fun` needs equal: see below), and `jax.vmap`s the
 masked function over the padded data and the per-example lengths; other
 arguments follow `in_axes` exactly as in `jax.vmap`. Each example therefore
 runs with its own logical size, and results and gradients are exact (see
@@ -35,6 +36,52 @@ runs with its own logical size, and results and gradients are exact (see
 `Ragged` (their lengths evaluated per example); the others are stacked. The
 masked function is cached per argument structure and the whole call is one
 `jax.jit`, so a new batch in the same buckets neither retraces nor compiles.
+
+Ragged arguments that share their lengths
+-----------------------------------------
+Tokens and per-token targets built by two `Ragged.from_list` calls have
+equal lengths, example by example, and `fun` needs them equal (`x * y`,
+`(pred - y) ** 2`): with one variable per argument JAX cannot trace it
+(`mul got incompatible shapes: (n0_0, 3), (n1_0, 1)`). A query sequence and
+a key sequence may differ (cross attention) and must keep their own sizes.
+`pj.vmap` makes two Ragged arguments share their variables exactly when
+`fun` needs their lengths equal, and checks on every call that they are:
+
+* **The rule.** Two Ragged arguments with the same number of ragged axes
+  share their size variables (all of them: the first one's `n{i}_{j}`) when
+  `fun` traces with them shared, and fails with them separate both when the
+  first may be the longer and when the second may (`n1_0 >= n0_0 + 1`, and
+  the other way, as constraints). The pairs tried are those whose sizes the
+  failure names (`(n0_0, 3), (n1_0, 1)`, or a branch 'n0_0 != n1_0' that
+  raises); more pairs may follow for more arguments. So `k[:q.shape[0]]`,
+  which needs keys at least as long as queries, never makes them equal:
+  that would demand more than `fun` does (it fails as it did). Padded sizes
+  may differ (the smaller is padded up inside the program). Finding this
+  costs up to four extra traces of `fun`, once per argument structure, and
+  only where a trace with separate sizes fails.
+* **Why from `fun`, not from the data.** Whether `fun` needs equal lengths
+  is a property of `fun`, the same for every batch: one program per
+  argument structure, concrete and traced lengths alike, and a batch whose
+  lengths happen to agree never changes how another batch runs. Deciding
+  from the lengths of the call (share when equal) would give traced lengths
+  (`jax.jit(jax.grad(loss))(params, tokens, targets)`, the common case)
+  nothing to decide on; sharing whenever the padded shapes agree would
+  break queries and keys of one bucket. As with a Python loop over the
+  unpadded examples, every batch `fun` accepts runs, and a batch fails (a
+  `pj.ShapeError`) exactly when some example would fail `fun` itself.
+* **The check.** Shared lengths must be equal on every real example, or a
+  `pj.ShapeError` names both arguments, the first differing example and its
+  two lengths, and what to do. Concrete lengths (an eager call) are
+  compared on the host before anything runs. Traced lengths are compared in
+  the program: a `lax.cond` whose taken side calls back to the host
+  (`jax.pure_callback`) to raise; equal lengths cost one comparison and no
+  callback (a few microseconds per call on CPU; `jax.grad`, `jax.vmap` and
+  `pj.jit` pass through it). JAX surfaces an error raised in a callback as a
+  `JaxRuntimeError` whose message ends with the `pj.ShapeError` text (and
+  logs the callback's traceback).
+* **Simplest.** Data of the same examples belongs in one `Ragged`:
+  `pj.Ragged.from_list([(tok, tgt), ...])` (a pytree per example); its
+  leaves share their lengths by construction, with no check and no probe.
 
 Padded-out examples
 -------------------
@@ -57,6 +104,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from typing import Any, Callable, Sequence
 
 import jax
@@ -66,7 +114,7 @@ from jax import lax
 
 from . import _buckets
 from . import _jax_compat as jc
-from ._errors import ShapeError
+from ._errors import MaskingError, ShapeError
 from ._mask import Masked
 
 
@@ -305,9 +353,11 @@ def _validate(r: Ragged) -> None:
       bad = np.flatnonzero((lengths[:, j] < 1) | (lengths[:, j] > size))
       if bad.size:
         i = int(bad[0])
+        empty = (" (an empty example: polyjit runs each example with logical sizes "
+                 ">= 1; leave empty examples out)" if lengths[i, j] < 1 else "")
         raise ShapeError(
             f"example {i} has length {int(lengths[i, j])} on ragged axis {j}, which "
-            f"must be between 1 and its padded size {size}.")
+            f"must be between 1 and its padded size {size}{empty}.")
 
 
 def _host_examples(examples, k):
@@ -378,6 +428,7 @@ class RaggedVmapped:
     self.in_axes = tuple(in_axes) if isinstance(in_axes, list) else in_axes
     self.out_axes = out_axes
     self._masked: dict[Any, Masked] = {}
+    self._plans: dict[Any, _Plan] = {}
     functools.update_wrapper(self, fun, updated=())
 
     def run(*args):
@@ -396,24 +447,41 @@ class RaggedVmapped:
     if not raggeds:
       return jax.vmap(self.fun, self.in_axes, self.out_axes)(*args)
     _check_counts(raggeds)
+    if _may_share(raggeds) and all(_is_concrete(r.lengths) for r in raggeds):
+      # Concrete lengths: a mismatch is a pj.ShapeError here, before running.
+      treedef, leaves, paths, axes = self._flatten(args)
+      _batch(leaves, axes, paths)
+      plan = self._plan(treedef, leaves, axes, paths)
+      if plan.shares:
+        plan.check_on_host(_host_lengths([x for x in leaves if _is_ragged(x)]))
     return self._jitted(*args)
 
-  def _run(self, *args):
+  def _flatten(self, args):
     flat, treedef = jax.tree_util.tree_flatten_with_path(args, is_leaf=_is_ragged)
     paths, leaves = [_describe(p) for p, _ in flat], [x for _, x in flat]
-    axes = _leaf_axes(self.in_axes, args, len(leaves))
+    return treedef, leaves, paths, _leaf_axes(self.in_axes, args, len(leaves))
+
+  def _run(self, *args):
+    treedef, leaves, paths, axes = self._flatten(args)
     batch, count = _batch(leaves, axes, paths)
     keep = None if count is None else jnp.arange(batch) < count
-    masked, names = self._masked_for(treedef, leaves)
+    plan = self._plan(treedef, leaves, axes, paths)
+    masked, names = plan.masked, plan.names
 
-    datas, sizes, plains, plain_axes = [], [], [], []
+    datas, lengths, plains, plain_axes = [], [], [], []
     for x, axis in zip(leaves, axes):
       if _is_ragged(x):
-        datas.append(_first_for_padded(x.data, 0, keep))
-        sizes.append([_first_for_padded(c, 0, keep) for c in x.length_columns()])
+        data = _first_for_padded(x.data, 0, keep)
+        datas.append(_pad_ragged_axes(data, plan.padded[len(lengths)]))
+        lengths.append(_first_for_padded(x.lengths, 0, keep))
       else:
         plains.append(_first_for_padded(x, axis, keep))
         plain_axes.append(axis)
+    # Arguments that share size variables: their lengths, checked equal in the
+    # program (a mismatch is never silent), are the group's first member's.
+    lengths = plan.check_in_program(lengths)
+    sizes = [_columns(l, r.ragged_axes)
+             for l, r in zip(lengths, [x for x in leaves if _is_ragged(x)])]
     kinds = [_is_ragged(x) for x in leaves]
 
     def per_example(datas, sizes, plains):
@@ -425,23 +493,86 @@ class RaggedVmapped:
       out_paths = [_describe(p) for p, _ in jax.tree_util.tree_flatten_with_path(outs)[0]]
       return outs, [_out_lengths(a, env, p) for a, p in zip(traced.out_avals, out_paths)]
 
-    outs, out_lengths = jax.vmap(
-        per_example, in_axes=(0, 0, plain_axes), out_axes=(self.out_axes, 0))(
-            datas, sizes, plains)
+    try:
+      outs, out_lengths = jax.vmap(
+          per_example, in_axes=(0, 0, plain_axes), out_axes=(self.out_axes, 0))(
+              datas, sizes, plains)
+    except (MaskingError, ShapeError) as e:
+      if plan.note:
+        e.add_note(plan.note)
+      raise
     return self._assemble(outs, out_lengths, count, keep)
 
-  def _masked_for(self, treedef, leaves):
-    """`pj.mask(fun)` for this argument structure (cached) and its dim names."""
-    ks = tuple(x.ragged_axes if _is_ragged(x) else None for x in leaves)
+  def _masked_for(self, treedef, ks, groups,
+                  constraints=()) -> tuple[Masked, list[list[str]]]:
+    """`pj.mask(fun)` for this argument structure and sharing (cached), and
+    the dim names of each Ragged argument: `n{i}_{j}`, i the first member of
+    its group."""
+    head = {o: g[0] for g in groups for o in g}
     numbers = np.cumsum([k is not None for k in ks]) - 1
-    names = [[f"n{i}_{j}" for j in range(k)] for i, k in zip(numbers, ks) if k is not None]
-    key = (treedef, ks)
+    names = [[f"n{head[i]}_{j}" for j in range(k)]
+             for i, k in zip(numbers, ks) if k is not None]
+    key = (treedef, ks, groups, constraints)
     masked = self._masked.get(key)
     if masked is None:
       it = iter(names)
       specs = [_spec(next(it)) if k is not None else None for k in ks]
-      masked = self._masked[key] = Masked(self.fun, list(treedef.unflatten(specs)))
+      masked = Masked(self.fun, list(treedef.unflatten(specs)), constraints=constraints)
+      if not constraints:  # the probes' are used once
+        self._masked[key] = masked
     return masked, names
+
+  def _plan(self, treedef, leaves, axes, paths) -> "_Plan":
+    """Which Ragged arguments share their size variables (cached per argument
+    structure, shapes and dtypes): none, unless `fun` needs their lengths
+    equal (the module docstring says how that is found)."""
+    ks = tuple(x.ragged_axes if _is_ragged(x) else None for x in leaves)
+    raggeds = [x for x in leaves if _is_ragged(x)]
+    key = (treedef, ks, tuple(_aval_key(x, a) for x, a in zip(leaves, axes)))
+    plan = self._plans.get(key)
+    if plan is not None:
+      return plan
+    separate = groups = tuple((o,) for o in range(len(raggeds)))
+    first_error = None
+    probe = functools.partial(self._probe, treedef, leaves, axes)
+    while _may_share(raggeds):
+      error = probe(groups)
+      if error is None:
+        break
+      first_error = first_error or error
+      pair = next((pair for pair in _suspects(error, groups, raggeds)
+                   if _needs_equal(probe, groups, *pair, raggeds)), None)
+      if pair is None:  # sharing is not the fix: separate, and the call raises
+        groups = separate
+        break
+      groups = tuple(sorted([g for g in groups if g not in pair]
+                            + [tuple(sorted(pair[0] + pair[1]))]))
+    plan = _Plan(self, treedef, ks, groups, list(zip(raggeds, [
+        p for x, p in zip(leaves, paths) if _is_ragged(x)])), first_error)
+    self._plans[key] = plan
+    return plan
+
+  def _probe(self, treedef, leaves, axes, groups, constraints=(),
+             padded=None) -> BaseException | None:
+    """Traces `fun` with these groups, constraints and padded sizes (no
+    program is built): its error, or None."""
+    ks = tuple(x.ragged_axes if _is_ragged(x) else None for x in leaves)
+    masked, _ = self._masked_for(treedef, ks, groups, tuple(constraints))
+    padded = padded or _group_padded(groups, [x for x in leaves if _is_ragged(x)])
+    it = iter(padded)
+    example = [_example_struct(x, a, next(it) if _is_ragged(x) else None)
+               for x, a in zip(leaves, axes)]
+    box = []
+
+    def probe(example):
+      try:
+        masked.trace(list(treedef.unflatten(example)))
+      except Exception as e:  # noqa: BLE001  (the real call raises it again)
+        box.append(e)
+      return ()
+
+    jax.eval_shape(probe, example)
+    return box[0] if box else None
 
   def _assemble(self, outs, out_lengths, count, keep):
     leaves, tree = jax.tree.flatten(outs)
@@ -462,6 +593,220 @@ class RaggedVmapped:
                  else jnp.zeros((x.shape[0], 0), jnp.int32))
       result.append(Ragged._make(x, stacked, count, len(lengths)))
     return tree.unflatten(result)
+
+
+# --- Ragged arguments that share their lengths ----------------------------------
+
+_DIM_NAME = re.compile(r"\bn(\d+)_(\d+)\b")
+
+
+def _may_share(raggeds) -> bool:
+  """Whether two of these Ragged arguments could share size variables."""
+  ks = [r.ragged_axes for r in raggeds if r.ragged_axes]
+  return len(ks) != len(set(ks))
+
+
+def _aval_key(x, axis) -> tuple:
+  """What a trace of `fun` depends on in one flat argument (concrete or traced)."""
+  def one(a):
+    t = jc.typeof(a)
+    return tuple(t.shape), str(t.dtype), bool(t.weak_type)
+  if _is_ragged(x):
+    return (x.ragged_axes, tuple(one(a) for a in jax.tree.leaves(x.data)),
+            jax.tree.structure(x.data))
+  return one(x), axis
+
+
+def _example_struct(x, axis, padded):
+  """The abstract value of one example of a flat argument (for tracing)."""
+  def struct(shape, a):
+    t = jc.typeof(a)
+    return jax.ShapeDtypeStruct(tuple(shape), t.dtype, weak_type=t.weak_type)
+  if _is_ragged(x):
+    k = x.ragged_axes
+    return jax.tree.map(lambda a: struct((*padded, *np.shape(a)[1 + k:]), a), x.data)
+  shape = list(np.shape(x))
+  if axis is not None:
+    del shape[axis]
+  return struct(shape, x)
+
+
+def _group_padded(groups, raggeds) -> list[tuple[int, ...]]:
+  """The padded sizes each Ragged argument runs at: a group's largest."""
+  out: list = [None] * len(raggeds)
+  for g in groups:
+    padded = tuple(max(sizes) for sizes in zip(*[raggeds[o].padded_lengths for o in g]))
+    for o in g:
+      out[o] = padded
+  return out
+
+
+def _pad_ragged_axes(data, padded):
+  """`data` with its ragged axes padded (with zeros) up to `padded`."""
+  def pad(x):
+    have = x.shape[1:1 + len(padded)]
+    if tuple(have) == tuple(padded):
+      return x
+    widths = [(0, 0), *[(0, p - h) for p, h in zip(padded, have)],
+              *[(0, 0)] * (x.ndim - 1 - len(padded))]
+    return jnp.pad(x, widths)
+  return jax.tree.map(pad, data)
+
+
+def _columns(lengths, k: int) -> list:
+  return [lengths] if k == 1 else [lengths[:, j] for j in range(k)]
+
+
+def _host_lengths(raggeds) -> list[np.ndarray]:
+  """Concrete lengths on the host, padded-out rows replaced by row 0's (as
+  the program does)."""
+  out = [np.array(r.lengths) for r in raggeds]
+  count = next((int(np.asarray(r._count)) for r in raggeds if r.batch_padded), None)
+  if count is not None:
+    for lengths in out:
+      lengths[count:] = lengths[0]
+  return out
+
+
+def _error_chain(error: BaseException) -> list[BaseException]:
+  chain, seen = [], set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    chain.append(error)
+    error = error.__cause__ or error.__context__
+  return chain
+
+
+def _error_texts(error: BaseException) -> list[str]:
+  return [t for e in _error_chain(error)
+          for t in [str(e), *getattr(e, "__notes__", ())]]
+
+
+def _suspects(error, groups, raggeds) -> list[tuple[tuple, tuple]]:
+  """Pairs of groups of Ragged arguments (as many ragged axes) whose sizes
+  `error`, from tracing `fun` with `groups`, names (`mul got incompatible
+  shapes: (n0_0, 3), (n1_0, 1)`, or a note 'n0_0 != n1_0'). An error that
+  names fewer than two, with just two such groups: that pair."""
+  head = {g[0]: g for g in groups}
+  named = sorted({int(m.group(1)) for t in _error_texts(error)
+                  for m in _DIM_NAME.finditer(t)})
+  hit = [head[i] for i in named if i in head]
+  if len(hit) < 2:
+    hit = [g for g in groups if raggeds[g[0]].ragged_axes]
+    if len(hit) != 2:
+      return []
+  k = lambda g: raggeds[g[0]].ragged_axes
+  return [(a, b) for i, a in enumerate(hit) for b in hit[i + 1:] if k(a) == k(b) and k(a)]
+
+
+def _needs_equal(probe, groups, a, b, raggeds) -> bool:
+  """Whether `fun` fails when either of groups `a`, `b` is the longer (on
+  every ragged axis), so that it needs their lengths equal. A function that
+  needs only an order (`k[:q.shape[0]]`: keys at least as long as queries)
+  passes one of the two, and its arguments stay separate: equal lengths
+  would demand more than it does."""
+  padded = _group_padded(groups, raggeds)
+  top = tuple(max(x, y) for x, y in zip(padded[a[0]], padded[b[0]]))
+  for short, long in ((a, b), (b, a)):
+    sizes = list(padded)
+    for o in short:
+      sizes[o] = top
+    for o in long:
+      sizes[o] = tuple(p + 1 for p in top)
+    constraints = [f"n{long[0]}_{j} >= n{short[0]}_{j} + 1" for j in range(len(top))]
+    if probe(groups, constraints, sizes) is None:
+      return False
+  return True
+
+
+def _names(i: int, shared: list[str]) -> str:
+  """The dim names Ragged argument number `i` has when it shares nothing."""
+  return ", ".join(f"n{i}_{j}" for j in range(len(shared)))
+
+
+def _root_cause(error: BaseException) -> str:
+  root = _error_chain(error)[-1]
+  text = f"{type(root).__name__}: {root}".strip().splitlines()[0]
+  where = jc.user_line_of(root)
+  return text + (f" (at {where})" if where else "")
+
+
+class _Plan:
+  """How one argument structure runs: the masked function, each Ragged
+  argument's dim names and padded sizes, and the groups that share them."""
+
+  def __init__(self, vmapped, treedef, ks, groups, raggeds, error):
+    self.groups = groups
+    self.masked, self.names = vmapped._masked_for(treedef, ks, groups)
+    self.padded = _group_padded(groups, [x for x, _ in raggeds])
+    self.paths = [p for _, p in raggeds]
+    self.shared = [g for g in groups if len(g) > 1]
+    self.shares = bool(self.shared)
+    self.fun_name = getattr(vmapped.fun, "__name__", None) or repr(vmapped.fun)
+    self.reason = _root_cause(error) if self.shares else None
+    named = [f"{n} is {p} axis {j}" for ns, p in zip(self.names, self.paths)
+             for j, n in enumerate(ns)]
+    self.note = (f"(pj.vmap names the lengths of the pj.Ragged arguments: "
+                 f"{'; '.join(named)}.)" if named else None)
+
+  def mismatch(self, lengths: Sequence[np.ndarray]) -> ShapeError | None:
+    """The error for the first example whose shared lengths differ, or None."""
+    for g in self.shared:
+      a = np.asarray(lengths[g[0]])
+      for o in g[1:]:
+        b = np.asarray(lengths[o])
+        bad = np.flatnonzero(np.any((a != b).reshape(len(a), -1), axis=1))
+        if bad.size:
+          return self._error(g[0], o, int(bad[0]), a[bad[0]], b[bad[0]])
+    return None
+
+  def _error(self, i, o, row, la, lb) -> ShapeError:
+    pa, pb = self.paths[i], self.paths[o]
+    show = lambda l: (f"length {int(l)}" if np.ndim(l) == 0
+                      else f"lengths {tuple(int(v) for v in l)}")
+    return ShapeError(
+        f"pj.vmap({self.fun_name}): {pa} and {pb} are pj.Ragged arguments that "
+        f"{self.fun_name} needs with equal lengths, example by example, but example "
+        f"{row} has {show(la)} in {pa} and {show(lb)} in {pb}.\n"
+        f"Why equal: traced with separate lengths ({_names(i, self.names[i])} for {pa}, "
+        f"{_names(o, self.names[o])} for {pb}), {self.fun_name} fails: {self.reason}\n"
+        "What to do: if both hold data of the same examples (tokens and per-token "
+        "targets), make them one pj.Ragged, whose leaves share their lengths: "
+        "pj.Ragged.from_list([(tok, tgt), ...]) (or a dict per example); otherwise "
+        f"give every example equal lengths in both, or write {self.fun_name} for "
+        "different ones.")
+
+  def check_on_host(self, lengths) -> None:
+    error = self.mismatch(lengths)
+    if error is not None:
+      raise error
+
+  def check_in_program(self, lengths: list) -> list:
+    """The lengths, each shared group's replaced by its first member's after
+    a check that they are equal: `lax.cond` on the comparison, whose taken
+    side calls back to the host to raise the pj.ShapeError, so equal lengths
+    cost one comparison and no callback."""
+    if not self.shares:
+      return lengths
+    heads = [lengths[g[0]] for g in self.shared]
+    differ = jnp.any(jnp.stack([jnp.any(lengths[o] != lengths[g[0]])
+                                for g in self.shared for o in g[1:]]))
+
+    def host(*values):
+      self.check_on_host(values)
+      return [np.asarray(values[g[0]]) for g in self.shared]
+
+    def fail(lengths):
+      shapes = [jax.ShapeDtypeStruct(h.shape, h.dtype) for h in heads]
+      return jax.pure_callback(host, shapes, *lengths, vmap_method="sequential")
+
+    checked = lax.cond(differ, fail, lambda lengths: [lengths[g[0]] for g in self.shared],
+                       lengths)
+    out = list(lengths)
+    for g, c in zip(self.shared, checked):
+      for o in g:
+        out[o] = c
+    return out
 
 
 def _why(lengths) -> str:
@@ -596,6 +941,12 @@ def vmap(fun: Callable, in_axes=0, out_axes=0) -> RaggedVmapped:
     examples only. `pj.vmap(loss)(params, batch).mean()` is the mean loss in
     both cases. Results and gradients equal those of `fun` on each unpadded
     example. Without `pj.Ragged` arguments this is `jax.vmap`.
+
+  Ragged arguments that `fun` needs with equal lengths (tokens and targets
+  from two `Ragged.from_list` calls) share their sizes, and a call whose
+  lengths differ raises a `pj.ShapeError` naming both arguments and the
+  first differing example; arguments `fun` accepts with different lengths
+  (queries and keys) keep their own (module docstring).
 
   The returned function is cached per (fun, in_axes, out_axes), and each call
   is one `jax.jit` of the masked function, so batches in the same buckets

@@ -131,6 +131,8 @@ def test_from_list_several_axes_pytrees_ints_and_batch_padding():
 @pytest.mark.parametrize("examples, kwargs, match", [
     ([np.ones((3, 2)), np.ones((4, 3))], {}, r"example 1 has shape \(4, 3\).*ragged_axes"),
     ([np.ones(3), np.ones(0)], {}, "example 1 is empty"),
+    ([np.zeros(0), np.ones(3)], {}, "example 0 is empty.*leave empty examples out"),
+    ([np.ones((2, 3)), np.ones((2, 0))], {"ragged_axes": 2}, "example 1 is empty"),
     ([np.ones(3), (np.ones(3), np.ones(3))], {}, "example 1 has the structure"),
     ([np.ones(3)], {"ragged_axes": 2}, r"fewer than ragged_axes=2"),
     ([np.ones(40)], {"buckets": pj.buckets.Explicit((16, 32), overflow="raise")},
@@ -150,6 +152,8 @@ def test_constructor_checks_parts():
     pj.Ragged(np.zeros((2, 8)), np.array([3, 4]), num_examples=3)
   with pytest.raises(TypeError, match="integer array"):
     pj.Ragged(np.zeros((2, 8)), np.array([3.0, 4.0]))
+  with pytest.raises(pj.ShapeError, match="example 0 has length 0 .*empty example"):
+    pj.Ragged(np.zeros((2, 8)), np.array([0, 3]))
   pj.Ragged(np.zeros((2, 8)), np.array([3, 0]), num_examples=1)  # padded-out rows are free
 
 
@@ -246,6 +250,137 @@ def test_two_ragged_arguments_with_their_own_lengths():
   out = pj.vmap(cross)(garbage_ragged(src, (8,)), garbage_ragged(tgt, (16,), seed=1))
   assert_examples(out.to_list(), [cross(jnp.asarray(s), jnp.asarray(t))
                                   for s, t in zip(src, tgt)])
+
+
+# --- Ragged arguments whose lengths the function needs equal --------------------
+
+def token_loss(w, x, y):
+  """Needs len(x) == len(y): per-token predictions against per-token targets."""
+  return jnp.sum((jnp.tanh(x @ w) - y) ** 2)
+
+
+def token_loss_np(w, x, y):
+  """token_loss and its gradients (w, x, y), in NumPy: no compile per length."""
+  x, y = np.float64(x), np.float64(y)
+  t = np.tanh(x @ w)
+  d = 2 * (t - y)
+  return np.sum((t - y) ** 2), (d * (1 - t ** 2)) @ x, np.outer(d * (1 - t ** 2), w), -d
+
+
+def checks_lengths(x, y):
+  """Needs them equal through its own check, not through a shape error."""
+  if x.shape[0] != y.shape[0]:
+    raise ValueError("one target per token")
+  return jnp.sum(x, axis=1) * y
+
+
+def test_two_ragged_arguments_with_equal_lengths_share_them():
+  # Tokens and targets from two Ragged, NaN in their padding and in the
+  # padded-out rows (whose lengths are garbage and differ between the two).
+  rng = np.random.default_rng(14)
+  w = normal(rng, 3)
+  xs = [normal(rng, n, 3) for n in (4, 12, 1, 7)]
+  ys = [normal(rng, n) for n in (4, 12, 1, 7)]
+  want = [token_loss_np(w, x, y) for x, y in zip(xs, ys)]
+  tokens, targets = garbage_ragged(xs, (16,), batch=6), garbage_ragged(ys, (16,), batch=6, seed=1)
+  per_example = pj.vmap(token_loss, in_axes=(None, 0, 0))
+  for got in (per_example(w, tokens, targets), jax.jit(per_example)(w, tokens, targets)):
+    assert isinstance(got, pj.Ragged) and len(got) == 4
+    np.testing.assert_allclose(np.asarray(got.data)[:4], [v for v, *_ in want], rtol=1e-5)
+
+  # A training step: the Ragged are arguments of the outer jit (traced lengths).
+  step = jax.jit(jax.value_and_grad(lambda w, t, y: per_example(w, t, y).mean(), (0, 2),
+                                    allow_int=True))
+  value, (grad_w, grad_y) = step(w, tokens, targets)
+  np.testing.assert_allclose(value, np.mean([v for v, *_ in want]), rtol=1e-5)
+  np.testing.assert_allclose(grad_w, np.mean([g for _, g, *_ in want], 0), rtol=1e-4)
+  g = np.asarray(grad_y.data)
+  for i, (y, (*_, want_y)) in enumerate(zip(ys, want)):
+    np.testing.assert_allclose(g[i, :len(y)], want_y / 4, rtol=1e-4, atol=1e-6)
+    assert np.all(g[i, len(y):] == 0)
+  assert np.all(g[4:] == 0)
+
+  # Another batch in the same buckets: the same program, no compile.
+  xs2 = [normal(rng, n, 3) for n in (9, 2, 16, 3)]
+  ys2 = [normal(rng, n) for n in (9, 2, 16, 3)]
+  with pj.diagnostics.count_compiles() as c:
+    value2, _ = step(w, garbage_ragged(xs2, (16,), batch=6), garbage_ragged(ys2, (16,), batch=6))
+  assert len(c) == 0, [e.fun_name for e in c]
+  np.testing.assert_allclose(
+      value2, np.mean([token_loss_np(w, x, y)[0] for x, y in zip(xs2, ys2)]), rtol=1e-5)
+
+  # A function that checks the lengths itself shares them too.
+  got = pj.vmap(checks_lengths)(tokens, targets)
+  assert_examples(got.to_list(), [x.sum(1) * y for x, y in zip(xs, ys)])
+
+
+def test_shared_lengths_with_different_padded_sizes():
+  # Equal lengths, other bucket policies: the smaller is padded up in the program.
+  rng = np.random.default_rng(15)
+  w = normal(rng, 3)
+  xs = [normal(rng, n, 3) for n in (5, 2, 9)]
+  ys = [normal(rng, n) for n in (5, 2, 9)]
+  want = [token_loss_np(w, x, y) for x, y in zip(xs, ys)]
+  tokens = garbage_ragged(xs, (16,))
+  targets = garbage_ragged(ys, (32,), seed=1)
+  loss = lambda w, t, y: pj.vmap(token_loss, in_axes=(None, 0, 0))(w, t, y).sum()
+  value, (grad_w, grad_x) = jax.jit(jax.value_and_grad(loss, (0, 1), allow_int=True))(
+      w, tokens, targets)
+  np.testing.assert_allclose(value, sum(v for v, *_ in want), rtol=1e-5)
+  np.testing.assert_allclose(grad_w, sum(g for _, g, *_ in want), rtol=1e-4)
+  g = np.asarray(grad_x.data)
+  assert g.shape == (3, 16, 3)
+  for i, (x, (_, _, want_x, _)) in enumerate(zip(xs, want)):
+    np.testing.assert_allclose(g[i, :len(x)], want_x, rtol=1e-4, atol=1e-6)
+    assert np.all(g[i, len(x):] == 0)
+
+
+def test_unequal_lengths_name_both_arguments_and_the_example():
+  rng = np.random.default_rng(16)
+  w = normal(rng, 3)
+  tokens = garbage_ragged([normal(rng, n, 3) for n in (4, 5, 2)], (16,))
+  targets = {"y": garbage_ragged([normal(rng, n) for n in (4, 6, 3)], (16,), seed=1)}
+  fun = lambda w, x, t: token_loss(w, x, t["y"])
+  message = (r"(?s)argument 1 and argument 2 at \['y'\] are pj.Ragged arguments that "
+             r"<lambda> needs with equal lengths, example by example, but example 1 has "
+             r"length 5 in argument 1 and length 6 in argument 2 at \['y'\].*"
+             r"sub got incompatible shapes.*Ragged.from_list\(\[\(tok, tgt\)")
+  per_example = pj.vmap(fun, in_axes=(None, 0, 0))
+  with pytest.raises(pj.ShapeError, match=message):  # concrete lengths: on the host
+    per_example(w, tokens, targets)
+  # Traced lengths: checked in the program; JAX wraps the callback's error.
+  step = jax.jit(jax.grad(lambda w, x, t: per_example(w, x, t).mean()))
+  with pytest.raises(jax.errors.JaxRuntimeError, match=message):
+    jax.block_until_ready(step(w, tokens, targets))
+  with pytest.raises(pj.ShapeError, match="example 0 has length 4 in argument 0 and length 3"):
+    pj.vmap(checks_lengths)(garbage_ragged([normal(rng, 4, 3)], (8,)),
+                            garbage_ragged([normal(rng, 3)], (8,)))
+
+
+def test_ragged_arguments_the_function_accepts_unequal_keep_their_lengths():
+  # Cross attention: queries and keys of one bucket (traced: nothing to compare),
+  # equal in one batch and not in the next; neither shares nor fails.
+  rng = np.random.default_rng(17)
+
+  def cross(q, k):
+    return jax.nn.softmax(q @ k.T, axis=-1) @ k
+
+  def cross_np(q, k):
+    s = np.exp(q @ k.T - (q @ k.T).max(-1, keepdims=True))
+    return (s / s.sum(-1, keepdims=True)) @ k
+
+  step = jax.jit(pj.vmap(cross))
+  for q_lengths, k_lengths in [((3, 5), (3, 5)), ((3, 5), (7, 1)), ((6, 2), (6, 9))]:
+    qs = [normal(rng, n, 3) for n in q_lengths]
+    ks = [normal(rng, n, 3) for n in k_lengths]
+    want = [cross_np(q, k) for q, k in zip(qs, ks)]
+    rq, rk = garbage_ragged(qs, (16,)), garbage_ragged(ks, (16,), seed=1)
+    assert_examples(step(rq, rk).to_list(), want)
+    assert_examples(pj.vmap(cross)(rq, rk).to_list(), want)
+  # Keys at least as long as the queries: an order, never made an equality.
+  with pytest.raises(pj.MaskingError, match=r"min\(n1_0, n0_0\)") as e:
+    pj.vmap(lambda q, k: q * k[:q.shape[0]])(rq, rk)
+  assert "equal lengths" not in str(e.value)
 
 
 def test_out_axes_and_no_ragged_arguments_follow_jax_vmap():
