@@ -25,6 +25,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
+
 
 def _benchmarks_dir() -> Path:
   here = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -82,7 +84,6 @@ def main(argv=None) -> int:
 # --- summary ---------------------------------------------------------------------
 
 def _summary(results: dict, quick: bool) -> str:
-  import jax
   lines = [f"polyjit benchmarks, {datetime.date.today()}, {platform.machine()} "
            f"({os.cpu_count()} cores), JAX {jax.__version__}, "
            f"{'quick' if quick else 'full'} run: `python -m polyjit bench{' --quick' if quick else ''}`", ""]

@@ -5,7 +5,8 @@ caller that needs a key compiles it; concurrent callers that need the same key
 wait on the same future, so a bucket compiles once however many threads ask.
 Past `maxsize` entries the least recently used finished program is dropped
 (programs still compiling are never dropped). `submit` compiles in a thread
-pool instead, for `precompile` and for background compiles of tighter buckets.
+pool instead, for `precompile` and for background compiles of tighter buckets;
+`wait` waits for such futures, with a progress bar when tqdm is installed.
 """
 
 from __future__ import annotations
@@ -113,6 +114,25 @@ class ExecutableCache:
   def clear(self):
     with self._lock:
       self._entries.clear()
+
+
+def wait(futures, *, progress: bool, desc: str) -> None:
+  """Waits for `futures`, raising the first error; a tqdm bar if asked and installed."""
+  bar = None
+  if progress:
+    try:
+      from tqdm.auto import tqdm  # optional
+      bar = tqdm(total=len(futures), desc=desc, unit="program")
+    except ImportError:
+      bar = None
+  try:
+    for fut in concurrent.futures.as_completed(futures):
+      fut.result()
+      if bar is not None:
+        bar.update(1)
+  finally:
+    if bar is not None:
+      bar.close()
 
 
 def enable_persistent_cache(directory: str = "~/.cache/polyjit") -> str:

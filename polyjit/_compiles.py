@@ -1,13 +1,17 @@
 """Counting compiles with `jax.monitoring`.
 
-JAX reports each XLA backend compile as the duration event
-`/jax/core/compile/backend_compile_duration`, tagged with the function name.
-The same event also wraps a load from the persistent compilation cache, which
-JAX announces just before, in the same thread, with the event
-`/jax/compilation_cache/cache_hits`: such loads are recorded apart
+JAX reports each XLA backend compile as a duration event
+(`_jax_compat.BACKEND_COMPILE_EVENT`), tagged with the function name. The same
+event also wraps a load from the persistent compilation cache, which JAX
+announces just before, in the same thread, with another event
+(`_jax_compat.CACHE_HIT_EVENT`): such loads are recorded apart
 (`CompileLog.cache_loads`), since nothing was compiled. One listener pair is
 registered for the process (listeners cannot be scoped); it forwards events to
 the recorders active at that moment.
+
+It sits below both of its users: `pj.jit` measures what each program it builds
+cost (`_jit_stats.py`), and `pj.diagnostics` exports `count_compiles` and
+builds `watch` and `assert_max_compiles` on it.
 """
 
 from __future__ import annotations
@@ -20,8 +24,7 @@ from typing import Iterator
 
 import jax.monitoring
 
-BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+from . import _jax_compat as jc
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,14 +50,14 @@ _hits = threading.local()
 
 
 def _on_event(event: str, **kwargs) -> None:
-  if event == CACHE_HIT_EVENT:
+  if event == jc.CACHE_HIT_EVENT:
     _hits.pending = True
 
 
 def _on_duration(event: str, seconds: float, **kwargs) -> None:
-  if event != BACKEND_COMPILE_EVENT:
+  if event != jc.BACKEND_COMPILE_EVENT:
     return
-  record = CompileEvent(str(kwargs.get("fun_name", "?")), float(seconds), time.time())
+  record = CompileEvent(jc.compile_event_function(kwargs), float(seconds), time.time())
   loaded = getattr(_hits, "pending", False)
   _hits.pending = False
   thread = threading.get_ident()

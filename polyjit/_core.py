@@ -34,14 +34,15 @@ answer is the worst failure this library can have, so nothing is guessed.
 
 from __future__ import annotations
 
+import difflib
 import weakref
 from typing import Any, Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from . import _dims
 from . import _jax_compat as jc
 from ._errors import MaskingError, no_rule_message
 from ._refusals import why_unsupported
@@ -52,15 +53,21 @@ Rule = Callable[..., list]
 masking_rules: dict[jc.Primitive, Rule] = {}
 
 
-def register(*names: str):
-  """Registers a rule for the primitives with these names (those that exist).
+def register(*names: str, optional: bool = False):
+  """Registers a rule for the primitives with these names.
 
-  A primitive gets one rule: registering a second is a programming error
-  (import order would otherwise decide silently which one runs).
+  A name that matches no JAX primitive is a typo and raises, unless
+  `optional`: a primitive that only some JAX versions have is skipped where
+  it is missing. A primitive gets one rule: registering a second is a
+  programming error (import order would otherwise decide silently which one
+  runs).
   """
   def wrap(rule: Rule) -> Rule:
-    for name in names:
-      prim = jc.primitive(name)
+    prims = [(name, jc.primitive(name)) for name in names]
+    for name, prim in prims:
+      if prim is None and not optional:
+        raise ValueError(_unknown_primitive_message(name, rule))
+    for name, prim in prims:
       if prim is None:
         continue
       other = masking_rules.get(prim)
@@ -70,6 +77,15 @@ def register(*names: str):
       masking_rules[prim] = rule
     return rule
   return wrap
+
+
+def _unknown_primitive_message(name: str, rule: Rule) -> str:
+  known = sorted({p.name for p in jc.all_primitives()})
+  close = difflib.get_close_matches(name, known, n=3)
+  hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+  return (f"the masking rule {rule.__module__}.{rule.__qualname__} is registered for "
+          f"'{name}', and no JAX {jax.__version__} primitive has that name{hint}. A "
+          "primitive that only some JAX versions have takes register(..., optional=True).")
 
 
 def registered_names() -> set[str]:
@@ -158,10 +174,10 @@ class MaskEnv:
       return int(d)
     size = self._padded_cache.get(d)
     if size is None:
-      if jc.is_monotone_dim(d):
-        size = jc.evaluate_dim(d, self.padded_env)
+      if _dims.is_monotone_dim(d):
+        size = _dims.evaluate_dim(d, self.padded_env)
       else:
-        size = jc.dim_upper_bound(d, self.padded_env)
+        size = _dims.dim_upper_bound(d, self.padded_env)
         if size is None:
           raise MaskingError(
               f"the size '{d}' {jc.source_line(eqn)} can shrink as a dimension grows, "
@@ -184,7 +200,7 @@ class MaskEnv:
       return self._logical_cache[d]
     except KeyError:
       pass
-    value = jc.evaluate_dim(d, self.logical_env)
+    value = _dims.evaluate_dim(d, self.logical_env)
     value = lax.convert_element_type(value, jc.dim_value_dtype())
     self._logical_cache[d] = value
     return value
@@ -225,20 +241,20 @@ class MaskEnv:
 
 # --- the interpreter ---------------------------------------------------------
 
-_plans: "weakref.WeakKeyDictionary[jc.Jaxpr, tuple]" = weakref.WeakKeyDictionary()
+_steps_cache: "weakref.WeakKeyDictionary[jc.Jaxpr, tuple]" = weakref.WeakKeyDictionary()
 
 
-def _plan(jaxpr: jc.Jaxpr) -> tuple:
+def _steps(jaxpr: jc.Jaxpr) -> tuple:
   """Per equation: (eqn, masks?, outvars to keep), computed once per jaxpr."""
   try:
-    return _plans[jaxpr]
+    return _steps_cache[jaxpr]
   except KeyError:
     pass
-  plan = tuple((eqn, eqn_is_symbolic(eqn),
+  steps = tuple((eqn, eqn_is_symbolic(eqn),
                 tuple((i, v) for i, v in enumerate(eqn.outvars) if not jc.is_dropvar(v)))
                for eqn in jaxpr.eqns)
-  _plans[jaxpr] = plan
-  return plan
+  _steps_cache[jaxpr] = steps
+  return steps
 
 
 def eval_jaxpr_masked(jaxpr: jc.Jaxpr, consts: Sequence[Any],
@@ -253,7 +269,7 @@ def eval_jaxpr_masked(jaxpr: jc.Jaxpr, consts: Sequence[Any],
     vals[v] = x
   for v, x in zip(jaxpr.invars, args):
     vals[v] = x
-  for eqn, symbolic, outvars in _plan(jaxpr):
+  for eqn, symbolic, outvars in _steps(jaxpr):
     invals = [read(v) for v in eqn.invars]
     with jc.eqn_context(eqn):
       if symbolic:
@@ -373,10 +389,6 @@ class RuleContext:
 
   # dynamic axes and masks
   @staticmethod
-  def dynamic_axes(aval) -> tuple[int, ...]:
-    return tuple(a for a, d in enumerate(aval.shape) if jc.is_symbolic_dim(d))
-
-  @staticmethod
   def is_dynamic(d) -> bool:
     return jc.is_symbolic_dim(d)
 
@@ -407,32 +419,3 @@ class RuleContext:
     """Evaluates a sub-jaxpr inline, masked with this environment."""
     return eval_jaxpr_masked(closed.jaxpr, closed.consts, args, self.env)
 
-
-def identity_value(kind: str, dtype) -> Any:
-  """The identity of a reduction `kind` ('add', 'mul', 'max', 'min', 'and',
-  'or', 'xor', 'logaddexp') for `dtype`, as a NumPy scalar."""
-  dtype = np.dtype(dtype)
-  if kind in ("add", "or", "xor"):
-    return np.zeros((), dtype)[()]
-  if kind == "mul":
-    return np.ones((), dtype)[()]
-  if kind == "and":  # all bits set
-    return (np.ones((), dtype) if dtype == np.bool_ else ~np.zeros((), dtype))[()]
-  if kind in ("max", "logaddexp"):
-    return _extreme(dtype, low=True)
-  if kind == "min":
-    return _extreme(dtype, low=False)
-  raise ValueError(kind)
-
-
-def _extreme(dtype, low: bool):
-  if dtype == np.bool_:
-    return np.bool_(not low)
-  if jnp.issubdtype(dtype, jnp.integer):
-    info = jnp.iinfo(dtype)
-    return np.asarray(info.min if low else info.max, dtype)[()]
-  info = jnp.finfo(dtype)
-  inf = np.asarray(np.inf, dtype)
-  if np.isinf(inf):
-    return (-inf if low else inf)[()]
-  return np.asarray(info.min if low else info.max, dtype)[()]

@@ -10,6 +10,8 @@ import os
 import sys
 import warnings
 
+from . import _jax_compat as jc
+
 
 class PolyjitError(Exception):
   """Base class of polyjit's errors."""
@@ -52,7 +54,6 @@ def trace_error(error: BaseException, fun_name: str, constraints=()) -> PolyjitE
   """JAX's error from tracing `fun` with symbolic sizes, as a polyjit error
   that names the user's line (and the JAX function that failed, if one did)
   and says what to do."""
-  from . import _jax_compat as jc  # (the error module itself stays import-free)
   where, inside = jc.user_line_of(error), jc.library_function_of(error)
   at = (f" in `{inside}`" if inside else "") + (f" (called at {where})" if where else "")
   text = f"{type(error).__name__}: {error}".strip()

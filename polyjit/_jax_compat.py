@@ -3,7 +3,12 @@
 polyjit reads jaxprs, symbolic dimension expressions and source locations, and
 binds primitives directly. Public APIs (`jax.export`, `jax.extend.core`) are
 used where they exist; everything private is wrapped here so that a JAX upgrade
-touches one file. Nothing outside this module imports from `jax._src`.
+touches one file. Nothing outside this module imports from `jax._src`, reads a
+private attribute of JAX's objects, or parses a text of JAX's (error messages,
+cache-miss explanations, monitoring event and program names). polyjit's own
+algebra on dimension expressions is in `_dims.py`, on the accessors below.
+Every patch to JAX's tables and classes is installed by `install_patches()`.
+This module imports nothing of polyjit's.
 
 Tested against JAX 0.10.2 (see pyproject.toml for the supported range).
 """
@@ -11,7 +16,9 @@ Tested against JAX 0.10.2 (see pyproject.toml for the supported range).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import importlib
 import os
 import re
 import sys
@@ -22,9 +29,12 @@ import jax
 import jax.extend.core as jex_core
 import numpy as np
 from jax import export as _export
+from jax._src import config as _config
 from jax._src import core as _core
+from jax._src import effects as _effects
 from jax._src import source_info_util as _siu
 from jax._src.export import shape_poly as _shape_poly
+from jax._src.numpy import util as _np_util
 from jax._src.interpreters import ad as _ad
 from jax._src.interpreters import partial_eval as _pe
 
@@ -34,11 +44,9 @@ ClosedJaxpr = jex_core.ClosedJaxpr
 Jaxpr = jex_core.Jaxpr
 JaxprEqn = jex_core.JaxprEqn
 Literal = jex_core.Literal
-Var = jex_core.Var
 Primitive = jex_core.Primitive
 Tracer = jax.core.Tracer
 InconclusiveDimensionOperation = jex_core.InconclusiveDimensionOperation
-float0 = jax.dtypes.float0
 
 # --- symbolic dimensions (jax.export) ---------------------------------------
 
@@ -53,116 +61,39 @@ def dim_value_dtype():
   return _core.dim_value_dtype()
 
 
-def dim_vars(d) -> set[str]:
-  """The dimension variables an expression mentions (empty for an int)."""
-  return d._get_vars() if is_symbolic_dim(d) else set()
+# The structure of a dimension expression, for polyjit's own algebra on it
+# (`_dims.py`): a sum of terms, each `coeff * f1**e1 * f2**e2 ...`, each factor
+# a variable or an operation (floordiv, mod, max, min) on expressions.
+
+def symbolic_vars(d) -> set[str]:
+  """The dimension variables a symbolic dimension expression mentions."""
+  return d._get_vars()
 
 
-def evaluate_dim(d, env: dict[str, Any]):
-  """Evaluates a dimension expression on `env` (ints or traced int scalars).
-
-  With ints in `env` the result is a Python int; with traced values it is a
-  traced scalar of `dim_value_dtype()`.
-  """
-  if not is_symbolic_dim(d):
-    return int(d)
-  if all(isinstance(v, int) for v in env.values()):
-    return _evaluate_int(d, env)  # Python ints: no int32 overflow, no tracing
-  res = d._evaluate(env)
-  if isinstance(res, (int, np.integer)):
-    return int(res)
-  return res
+def dim_terms(d) -> list[tuple[list[tuple[Any, int]], int]]:
+  """A symbolic expression's terms as `[([(factor, exp), ...], coeff), ...]`
+  in JAX's order; a constant term has no factors."""
+  return [(list(term._factors), k) for term, k in d._sorted_terms]
 
 
-def _evaluate_int(d, env: dict[str, int]) -> int:
-  if not is_symbolic_dim(d):
-    return int(d)
-  total = 0
-  for term, k in d._sorted_terms:
-    value = k
-    for factor, exp in term._factors:
-      value *= _factor_int(factor, env) ** exp
-    total += value
-  return total
-
-
-def _factor_int(f, env) -> int:
+def factor_parts(f) -> tuple[str | None, str | None, tuple]:
+  """A factor of a term as `(var, operation, operands)`: `(name, None, ())`
+  for a variable, else `(None, 'floordiv' | 'mod' | 'max' | 'min' | ..., operands)`."""
   if f.var is not None:
-    return env[f.var]
-  a, b = (_evaluate_int(o, env) for o in f.operands)
-  return {"floordiv": lambda: a // b, "mod": lambda: a % b,
-          "max": lambda: max(a, b), "min": lambda: min(a, b)}[f.operation]()
+    return f.var, None, ()
+  return None, f.operation, tuple(f.operands)
 
 
-def linear_form(d) -> tuple[dict[str, int], int] | None:
-  """`d` as `{var: coeff}, const` when it is linear in its variables, else None.
-
-  Used to solve padded sizes from argument shapes: `2*n + 1` -> ({'n': 2}, 1).
-  """
-  if not is_symbolic_dim(d):
-    return {}, int(d)
-  coeffs: dict[str, int] = {}
-  const = 0
-  for term, k in d._sorted_terms:
-    if term.is_constant:
-      const += k
-      continue
-    var = term.to_var()
-    if var is None:
-      return None
-    coeffs[var] = coeffs.get(var, 0) + k
-  return coeffs, const
+def evaluate_symbolic(d, env: dict[str, Any]):
+  """JAX's evaluation of a symbolic expression on `env`, whose values may be
+  ints, traced scalars or dimension expressions (for `_dims.evaluate_dim`,
+  which evaluates on ints itself)."""
+  return d._evaluate(env)
 
 
-@functools.lru_cache(maxsize=4096)
-def is_monotone_dim(d) -> bool:
-  """Whether `d` never decreases when any of its variables increases.
-
-  Masking evaluates symbolic sizes twice: on the padded sizes (for array shapes)
-  and on the logical sizes (for masks). The data of a value fits in its padded
-  buffer only if padded(d) >= logical(d), which holds for every logical
-  assignment below the padded one exactly when `d` is monotone. `n - 1`,
-  `2*n + m`, `n - floordiv(n, 2)` and `max(n, m)` are; `n - m` and `mod(n, 2)`
-  are not. A quick syntactic check comes first; then, per variable v, JAX's
-  decision procedure is asked whether d(v + 1) - d(v) >= 0.
-  """
-  if not is_symbolic_dim(d):
-    return True
-  if _syntactically_monotone(d):
-    return True
-  for var in sorted(d._get_vars()):
-    env = {v: _shape_poly._DimExpr._from_var(v, d.scope) for v in d._get_vars()}
-    env[var] = env[var] + 1
-    try:
-      if not (d._evaluate(env) - d >= 0):
-        return False
-    except InconclusiveDimensionOperation:
-      return False
-  return True
-
-
-def _syntactically_monotone(d) -> bool:
-  for term, k in d._sorted_terms:
-    if term.is_constant:
-      continue
-    if k < 0:
-      return False
-    for factor, _exp in term._factors:
-      if not _factor_is_monotone(factor):
-        return False
-  return True
-
-
-def _factor_is_monotone(f) -> bool:
-  if f.var is not None:
-    return True
-  op = f.operation
-  if op == "floordiv":
-    num, den = f.operands
-    return (is_monotone_dim(num) and not is_symbolic_dim(den) and int(den) > 0)
-  if op in ("max", "min"):
-    return all(is_monotone_dim(o) for o in f.operands)
-  return False  # mod, and anything newer we do not know about
+def dim_variable(name: str, like):
+  """The variable `name` as a dimension expression of `like`'s scope."""
+  return _shape_poly._DimExpr._from_var(name, like.scope)
 
 
 # --- size comparisons in user code -----------------------------------------------
@@ -199,7 +130,8 @@ class SizeDecision:
     """For an equality between sizes of two or more dimensions (`n == m`),
     the scope constraint that makes JAX treat them as one ('m == n'): its
     "equal" side must be traced with it, or `x + y` would not type-check."""
-    if self.kind != "eq" or len(dim_vars(self.expr)) < 2 or self.sides is None:
+    if (self.kind != "eq" or not is_symbolic_dim(self.expr)
+        or len(symbolic_vars(self.expr)) < 2 or self.sides is None):
       return None
     for lhs, rhs in (self.sides, self.sides[::-1]):
       text = f"{lhs} == {rhs}"
@@ -214,11 +146,6 @@ class SizeDecision:
   def key(self) -> tuple[str, str]:
     """Identifies the comparison across traces (whose scopes differ)."""
     return self.kind, str(self.expr)
-
-  def holds(self, sizes: dict[str, Any]):
-    """Whether it holds at these sizes: a bool for ints, a traced bool else."""
-    value = evaluate_dim(self.expr, sizes)
-    return value == 0 if self.kind == "eq" else value >= 0
 
   def __repr__(self):
     return f"{self.text} at {self.where}"
@@ -289,8 +216,8 @@ def _install_decision_hooks() -> None:
 @contextlib.contextmanager
 def size_decisions(oracle: Callable[[SizeDecision], bool]):
   """Within the block, user code's undecidable size comparisons are answered
-  by `oracle(decision) -> bool` (which records them)."""
-  _install_decision_hooks()
+  by `oracle(decision) -> bool` (which records them). The hooks that ask it
+  are installed by `install_patches()` when polyjit is imported."""
   previous = getattr(_decisions, "oracle", None)
   _decisions.oracle = oracle
   try:
@@ -308,63 +235,7 @@ def scope_constraints(scope) -> list[tuple[str, str, Any]]:
   return out
 
 
-def dim_upper_bound(d, var_bounds: dict[str, int]) -> int | None:
-  """An upper bound of `d` over every assignment with 1 <= v <= var_bounds[v].
-
-  For sizes that are not monotone (`n - mod(-2, n)`, from `jnp.roll`), where
-  evaluating at the largest values gives no bound. Interval arithmetic over
-  the expression; None when an operation is unknown or could divide by <= 0.
-  """
-  interval = _dim_interval(d, var_bounds)
-  return None if interval is None else interval[1]
-
-
-def _dim_interval(d, bounds):
-  if not is_symbolic_dim(d):
-    return int(d), int(d)
-  lo = hi = 0
-  for term, k in d._sorted_terms:
-    t = (1, 1)
-    for factor, exp in term._factors:
-      f = _factor_interval(factor, bounds)
-      if f is None:
-        return None
-      for _ in range(exp):
-        t = _interval_mul(t, f)
-    lo, hi = lo + min(k * t[0], k * t[1]), hi + max(k * t[0], k * t[1])
-  return lo, hi
-
-
-def _interval_mul(a, b):
-  corners = [x * y for x in a for y in b]
-  return min(corners), max(corners)
-
-
-def _factor_interval(f, bounds):
-  if f.var is not None:
-    return (1, bounds[f.var]) if f.var in bounds else None
-  ops = [_dim_interval(o, bounds) for o in f.operands]
-  if any(o is None for o in ops):
-    return None
-  if f.operation in ("max", "min"):
-    pick = max if f.operation == "max" else min
-    return pick(o[0] for o in ops), pick(o[1] for o in ops)
-  if f.operation not in ("floordiv", "mod") or ops[1][1] < 1:
-    return None
-  # Only assignments where the divisor is >= 1 matter: at any other the size
-  # is undefined and the unpadded program itself fails (JAX refuses a zero or
-  # negative divisor in a shape), so there is nothing to match.
-  (a_lo, a_hi), (b_lo, b_hi) = ops[0], (max(ops[1][0], 1), ops[1][1])
-  if f.operation == "floordiv":  # monotone in each operand: extremes at corners
-    corners = [x // y for x in (a_lo, a_hi) for y in (b_lo, b_hi)]
-    return min(corners), max(corners)
-  return 0, (b_hi - 1 if a_lo < 0 else min(b_hi - 1, a_hi))  # mod, divisor >= 1
-
-
 # --- primitives --------------------------------------------------------------
-
-dim_as_value_p = _shape_poly.dim_as_value_p
-
 
 @functools.lru_cache(maxsize=None)
 def _primitive_table() -> dict[str, list[Primitive]]:
@@ -425,8 +296,8 @@ class _EqnContext:
 
 
 # polyjit's own frames are not the user's: leave them out of source lines.
+# (Registered with JAX by `install_patches()`.)
 _POLYJIT_DIR = os.path.dirname(os.path.abspath(__file__))
-_siu.register_exclusion(_POLYJIT_DIR)
 
 
 def source_line(eqn: JaxprEqn | None) -> str:
@@ -485,7 +356,7 @@ def library_function_of(error: BaseException) -> str | None:
       if module.startswith(prefix):
         return f"{short}.{frame.f_code.co_name}"
     return f"{module}.{frame.f_code.co_name}"
-  return "a JAX function"
+  return None  # only JAX's call machinery: the user's own line failed
 
 
 # Frames of JAX's own call machinery (jit dispatch, traceback filtering).
@@ -558,7 +429,6 @@ def wrap_custom_jvp_rule(module: str, name: str, rule: Callable) -> None:
   Like `wrap_jvp_rule`: the rule defers to `original` except where it adds
   support. Idempotent; does nothing if this JAX version has no such function.
   """
-  import importlib
   fn = getattr(importlib.import_module(module), name, None)
   if not isinstance(fn, jax.custom_jvp) or getattr(fn.jvp, "_polyjit_wrapped", False):
     return
@@ -567,17 +437,122 @@ def wrap_custom_jvp_rule(module: str, name: str, rule: Callable) -> None:
   fn.jvp = wrapped
 
 
+# --- installing the patches ---------------------------------------------------
+
+_patches_lock = threading.Lock()
+_patches_installed = False
+
+
+def install_patches(*rule_installers: Callable[[], None]) -> None:
+  """Installs every change polyjit makes to JAX's tables and classes, once
+  (later calls do nothing). Called when polyjit is imported, from `_mask.py`.
+
+  * polyjit's frames are left out of JAX's source lines
+    (`source_info_util.register_exclusion`);
+  * the size-decision hooks: `DimExpr.__eq__` and `shape_poly._geq_decision`
+    ask the oracle of `size_decisions()` about user code's comparisons (and
+    behave as JAX's own outside such a block);
+  * `rule_installers`, polyjit's differentiation rules (`_symbolic_ad.install`
+    and the transposes in `_rules/windows.py`, `_rules/fft.py`), each calling
+    `wrap_jvp_rule`, `wrap_transpose_rules` or `wrap_custom_jvp_rule`; they are
+    passed in so that this module imports nothing of polyjit's.
+
+  Not installed here, by design: the spelling replacements of
+  `trace_spellings()` are put in place for each symbolic trace and removed
+  after it (see below), since they replace public JAX functions.
+  """
+  global _patches_installed
+  with _patches_lock:
+    if _patches_installed:
+      return
+    _siu.register_exclusion(_POLYJIT_DIR)
+    _install_decision_hooks()
+    for install in rule_installers:
+      install()
+    _patches_installed = True
+
+
 # --- recompilation explanations ------------------------------------------------
 
 def explain_cache_misses():
   """Context manager: JAX logs why each tracing cache miss happened."""
-  from jax._src import config as _config
   return _config.explain_cache_misses(True)
 
 
 def cache_miss_loggers() -> list[str]:
   """The loggers JAX writes its cache-miss explanations to."""
   return ["jax._src.interpreters.partial_eval", "jax._src.pjit", "jax._src.dispatch"]
+
+
+# An explanation names the function that missed ("never seen function: f id=..
+# defined at file:line", or "for f defined at file:line" against the closest
+# previous call) and each argument whose type changed
+# ("* at x, now f32[7,3] and before f32[5,3]").
+_MISS_HEAD = "TRACING CACHE MISS"
+_NEVER_SEEN = re.compile(r"never seen function:\s*\n\s*(?P<name>\S+) id=\S+ defined at (?P<where>\S+)")
+_SEEN = re.compile(r"\n\s*for (?P<name>\S+) defined at (?P<where>\S+)")
+_CHANGE = re.compile(r"\* at (?P<path>.+?), now (?P<now>\S+) and before (?P<before>\S+)")
+_AVAL = re.compile(r"^(?P<dtype>[a-z]+[0-9]*)\[(?P<dims>[0-9,]*)\]")
+
+
+def is_cache_miss_explanation(message: str) -> bool:
+  """Whether a log message is one of JAX's cache-miss explanations."""
+  return message.startswith(_MISS_HEAD)
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheMiss:
+  """What a cache-miss explanation says."""
+  function: str            # the function's name
+  defined_at: str          # its "file:line"
+  never_seen: bool         # the function object is new
+  # (argument path, its dims now, its dims before); dims are None when the
+  # type is not an array of a known shape
+  changes: tuple[tuple[str, list[int] | None, list[int] | None], ...]
+
+
+def parse_cache_miss(message: str) -> CacheMiss | None:
+  """The contents of a cache-miss explanation, or None when the function it
+  names cannot be found in it."""
+  head = _NEVER_SEEN.search(message) or _SEEN.search(message)
+  if head is None:
+    return None
+  changes = tuple((c.group("path"), _aval_dims(c.group("now")), _aval_dims(c.group("before")))
+                  for c in _CHANGE.finditer(message))
+  return CacheMiss(head.group("name"), head.group("where"), head.re is _NEVER_SEEN, changes)
+
+
+def _aval_dims(aval: str) -> list[int] | None:
+  """[7, 3] for JAX's text of an array type 'f32[7,3]', else None."""
+  match = _AVAL.match(aval)
+  if match is None:
+    return None
+  return [int(d) for d in match.group("dims").split(",") if d]
+
+
+# --- compile events (`jax.monitoring`) ---------------------------------------------
+#
+# JAX reports each XLA backend compile as a duration event, tagged with the
+# function name; a load from the persistent compilation cache is wrapped by the
+# same event, announced just before (in the same thread) by a cache-hit event.
+
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+
+
+def compile_event_function(event_kwargs: dict[str, Any]) -> str:
+  """The function name a compile event is tagged with ('?' when none)."""
+  return str(event_kwargs.get("fun_name", "?"))
+
+
+def jit_program_name(name: str) -> str:
+  """The name compile events give `jax.jit` of a function called `name`."""
+  return f"jit({name})"
+
+
+def function_of_program(program_name: str) -> str:
+  """The function name inside a program name 'jit(f)' (others unchanged)."""
+  return program_name[4:-1] if program_name.startswith("jit(") else program_name
 
 
 # --- jaxpr helpers -----------------------------------------------------------
@@ -622,7 +597,6 @@ def shaped(shape, dtype, weak_type=False):
 def replay_unsafe_effects(jaxpr: Jaxpr) -> list:
   """The effects of `jaxpr` that must not run twice: those `jax.checkpoint`
   refuses to replay (an io_callback's), unlike debug prints."""
-  from jax._src import effects as _effects
   return _effects.remat_allowed_effects.filter_not_in(jaxpr.effects)
 
 
@@ -632,7 +606,117 @@ _INCONCLUSIVE = re.compile(
     r"comparison '(?P<a>[^']+)' (?P<op>>=|<=|>|<) '(?P<b>[^']+)' is inconclusive")
 
 
+def is_while_loop_vjp_refusal(error: BaseException) -> bool:
+  """Whether `error` is JAX refusing to differentiate a while_loop in reverse
+  mode (what a loop whose trip count is a symbolic size becomes)."""
+  return "Reverse-mode differentiation does not work for lax.while_loop" in str(error)
+
+
 def inconclusive_comparison(error: Exception) -> tuple[str, str, str] | None:
   """(a, op, b) of the comparison an InconclusiveDimensionOperation names."""
   match = _INCONCLUSIVE.search(str(error))
   return None if match is None else (match.group("a"), match.group("op"), match.group("b"))
+
+
+# --- JAX spellings replaced while polyjit traces (issue 10) -------------------------
+#
+# `jnp.searchsorted`, `jnp.interp`, `jnp.linspace`, `jnp.diff` and
+# `lax.fori_loop` cannot be traced (or, for fori_loop, reverse-differentiated)
+# by JAX when a size they depend on is symbolic. `_spellings.py` has exact
+# replacements; `trace_spellings()` puts them in place of JAX's functions for
+# the duration of polyjit's symbolic trace (`_mask.trace_flat`). The targets
+# are module attributes: the public names, plus the module globals through
+# which JAX's own functions reach them (`Array.searchsorted`, `jnp.digitize`
+# call `lax_numpy.searchsorted`). A JAX that moves or renames one fails loudly
+# here (`getattr` raises) and in tests/test_spellings.py, never silently.
+#
+# Patching a module is global to the process, so each installed wrapper checks
+# a thread-local depth: in a thread that is not inside `trace_spellings()` it
+# calls JAX's original at once. The first block to enter (over all threads)
+# installs, the last to leave restores what it found; nesting is counted.
+
+SPELLING_TARGETS: tuple[tuple[str, str, str], ...] = (
+    # (module, attribute, replacement in polyjit._spellings)
+    ("jax.numpy", "searchsorted", "searchsorted"),
+    ("jax._src.numpy.lax_numpy", "searchsorted", "searchsorted"),
+    ("jax.numpy", "interp", "interp"),
+    ("jax.numpy", "linspace", "linspace"),
+    ("jax.numpy", "diff", "diff"),
+    ("jax.lax", "fori_loop", "fori_loop"),
+)
+
+_spelling_replacements: dict[str, Callable] = {}   # filled by `_spellings` at import
+_spelling_lock = threading.Lock()
+_spelling_local = threading.local()
+_spelling_users = 0                      # open trace_spellings() blocks, all threads
+_spelling_saved: list[tuple[Any, str, Any]] = []
+
+
+def spellings_active() -> bool:
+  """Whether this thread is inside `trace_spellings()`."""
+  return getattr(_spelling_local, "depth", 0) > 0
+
+
+def _spelling_wrapper(original: Callable, replacement: Callable) -> Callable:
+  @functools.wraps(original)
+  def wrapper(*args, **kwargs):
+    if getattr(_spelling_local, "depth", 0) > 0:
+      return replacement(original, *args, **kwargs)
+    return original(*args, **kwargs)
+  wrapper._polyjit_spelling = original
+  return wrapper
+
+
+def register_spellings(replacements: dict[str, Callable]) -> None:
+  """Gives the replacements (name -> `fn(original, *args, **kwargs)`); called
+  by `_spellings` when it is imported, so that this module imports nothing of
+  polyjit's."""
+  _spelling_replacements.update(replacements)
+
+
+def _install_spellings() -> None:
+  # Resolve every target before patching any: a missing one raises with
+  # nothing half-installed.
+  plan = []
+  for module_name, attr, name in SPELLING_TARGETS:
+    module = importlib.import_module(module_name)
+    current = getattr(module, attr)          # AttributeError: JAX renamed it
+    original = getattr(current, "_polyjit_spelling", current)
+    replacement = _spelling_replacements[name]  # KeyError: `_spellings` not imported
+    plan.append((module, attr, current, _spelling_wrapper(original, replacement)))
+  _spelling_saved[:] = [(module, attr, current) for module, attr, current, _ in plan]
+  for module, attr, _, wrapper in plan:
+    setattr(module, attr, wrapper)
+
+
+def _restore_spellings() -> None:
+  for module, attr, value in reversed(_spelling_saved):
+    setattr(module, attr, value)
+  _spelling_saved.clear()
+
+
+@contextlib.contextmanager
+def trace_spellings():
+  """Within the block, this thread's calls of the `SPELLING_TARGETS` go to
+  polyjit's exact replacements where a size they need is symbolic."""
+  global _spelling_users
+  with _spelling_lock:
+    if _spelling_users == 0:
+      _install_spellings()
+    _spelling_users += 1
+  depth = getattr(_spelling_local, "depth", 0)
+  _spelling_local.depth = depth + 1
+  try:
+    yield
+  finally:
+    _spelling_local.depth = depth
+    with _spelling_lock:
+      _spelling_users -= 1
+      if _spelling_users == 0:
+        _restore_spellings()
+
+
+def promote_dtypes_inexact(*args):
+  """JAX's numpy promotion to an inexact dtype, weak types included (the
+  replacement of `jnp.interp` must promote exactly as JAX's does)."""
+  return _np_util.promote_dtypes_inexact(*args)

@@ -33,21 +33,26 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import _dims
 from . import _jax_compat as jc
 from . import _rules  # noqa: F401  (registers the masking rules)
+from . import _spellings  # noqa: F401  (registers the replacements used while tracing)
 from . import _spec, _symbolic_ad, _variants
 from ._refusals import jax_refusal
 from ._core import MaskEnv, eval_jaxpr_masked
 from ._errors import MaskingError, ShapeError, trace_error
 
 
-_symbolic_ad.install()
+# Every change polyjit makes to JAX's tables and classes, once, here.
+jc.install_patches(_symbolic_ad.install, _rules.windows.install_transpose,
+                   _rules.fft.install_transpose)
 
 
 @dataclasses.dataclass(eq=False)
@@ -90,7 +95,8 @@ def _inexact(aval) -> bool:
 def trace_flat(flat_fun: Callable, avals: Sequence[Any], dim_names,
                out_tree=None) -> Traced:
   """Traces `flat_fun(*leaves) -> list` at symbolic `avals`."""
-  closed = jc.make_closed_jaxpr(flat_fun, list(avals))
+  with jc.trace_spellings():
+    closed = jc.make_closed_jaxpr(flat_fun, list(avals))
   consts = list(closed.consts)
   const_avals = [jc.typeof(c) for c in consts]
   return Traced(
@@ -128,7 +134,7 @@ def _trace_vjp(traced: Traced) -> VJP:
   except MaskingError:
     raise
   except Exception as e:
-    if "Reverse-mode differentiation does not work for lax.while_loop" in str(e):
+    if jc.is_while_loop_vjp_refusal(e):
       raise MaskingError(
           "the masked function has a loop whose trip count depends on a dynamic "
           "size (a lax.fori_loop or lax.while_loop up to x.shape[0]); with "
@@ -209,6 +215,7 @@ class Masked:
     self._variants: dict[Any, list[_variants.Variant]] = {}
     self._explored: dict[Any, list[_variants.Variant]] = {}
     self._bindings: dict[Any, _spec.Binding] = {}
+    self._lock = threading.RLock()
     functools.update_wrapper(self, fun, updated=())
 
   def __repr__(self):
@@ -265,19 +272,22 @@ class Masked:
     """
     binding = binding or self.bind(args)
     key = self._structure(args, binding)
-    known = self._variants.setdefault(key, [])
-    for v in known:
-      if v.holds(sizes):
-        variant = v
-        break
-    else:
-      variant = _variants.for_sizes(self._tracer(args, binding), self.constraints,
-                                    sizes, known)
-      if variant.traced is None or variant.traced.cacheable:
-        known.append(variant)
+    variant = self._known_variant(key, sizes)
+    if variant is None:
+      with self._lock:  # one thread traces a side; the others then find it
+        variant = self._known_variant(key, sizes)
+        if variant is None:
+          known = self._variants.setdefault(key, [])
+          variant = _variants.for_sizes(self._tracer(args, binding), self.constraints,
+                                        sizes, known)
+          if variant.traced is None or variant.traced.cacheable:
+            self._variants[key] = [*known, variant]
     if variant.error is not None:
       raise self._trace_error(variant.error, variant)
     return variant
+
+  def _known_variant(self, key, sizes):
+    return next((v for v in self._variants.get(key, ()) if v.holds(sizes)), None)
 
   def variants(self, args: Sequence[Any],
                binding: _spec.Binding | None = None) -> list[_variants.Variant]:
@@ -299,7 +309,8 @@ class Masked:
       if all(v.traced.cacheable for v in found):
         self._explored[key] = found
         if len(found) == 1 and self._is_universal(found[0]):
-          self._variants.setdefault(structure, []).append(found[0])
+          with self._lock:
+            self._variants[structure] = [*self._variants.get(structure, []), found[0]]
     return found
 
   def _is_universal(self, variant) -> bool:
@@ -351,7 +362,7 @@ class Masked:
     _spec.logical_values(logical_env, binding)  # validates the sizes
     sizes = {k: int(v) for k, v in logical_env.items()}
     traced = self.variant_for(args, sizes, binding).traced
-    shapes = [tuple(jc.evaluate_dim(d, sizes) for d in a.shape) for a in traced.out_avals]
+    shapes = [tuple(_dims.evaluate_dim(d, sizes) for d in a.shape) for a in traced.out_avals]
     return jax.tree.unflatten(traced.out_tree, shapes)
 
   def unpad(self, padded_outs: Any, args: Sequence[Any], logical_env) -> Any:

@@ -113,6 +113,7 @@ import numpy as np
 from jax import lax
 
 from . import _buckets
+from . import _dims
 from . import _jax_compat as jc
 from ._errors import MaskingError, ShapeError
 from ._mask import Masked
@@ -916,7 +917,7 @@ def _out_lengths(aval, env, where: str) -> list:
         "depends on the example's length but follows a fixed axis. pj.vmap returns "
         "such outputs as a pj.Ragged, whose varying axes come first: move them to "
         f"the front inside the function (e.g. jnp.moveaxis(y, {later[0]}, 0)).")
-  return [jc.evaluate_dim(d, env) for d in shape[:lead]]
+  return [_dims.evaluate_dim(d, env) for d in shape[:lead]]
 
 
 def vmap(fun: Callable, in_axes=0, out_axes=0) -> RaggedVmapped:

@@ -1,9 +1,9 @@
 """Why polyjit refuses: the reasons a primitive has no rule, and JAX's own
 refusals to trace at a symbolic size, turned into errors that say what to do.
 
-The coverage table (`_coverage.py`, docs/coverage.md) renders these tables;
-the runtime reads them here (`_core` for primitives without a rule, `_mask`
-when tracing fails), so it never imports the generator.
+The coverage table (docs/coverage.md, rendered by tools/coverage.py) lists
+these tables; the runtime reads them here (`_core` for primitives without a
+rule, `_mask` when tracing fails).
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from . import _dims
 from . import _jax_compat as jc
 from ._errors import ShapeError
 
@@ -144,11 +145,11 @@ def _solve(leaves: Sequence[LeafSpec]) -> dict[str, int]:
   while progress:
     progress = False
     for d, size, where in eqns:
-      unknown = jc.dim_vars(d) - solved.keys()
+      unknown = _dims.dim_vars(d) - solved.keys()
       if len(unknown) != 1:
         continue
       var, = unknown
-      form = jc.linear_form(d)
+      form = _dims.linear_form(d)
       if form is None:
         continue
       coeffs, const = form
@@ -162,7 +163,7 @@ def _solve(leaves: Sequence[LeafSpec]) -> dict[str, int]:
       solved[var] = value
       origin[var] = f"{where} (size {size})"
       progress = True
-  all_vars = set().union(*(jc.dim_vars(d) for d, _, _ in eqns)) if eqns else set()
+  all_vars = set().union(*(_dims.dim_vars(d) for d, _, _ in eqns)) if eqns else set()
   missing = all_vars - solved.keys()
   if missing:
     raise ShapeError(
@@ -170,10 +171,10 @@ def _solve(leaves: Sequence[LeafSpec]) -> dict[str, int]:
         "shapes: give each dimension variable an axis of its own, alone or as "
         "a linear term such as '2*n' or 'n+1'.")
   for d, size, where in eqns:
-    got = jc.evaluate_dim(d, solved)
+    got = _dims.evaluate_dim(d, solved)
     if got != size:
       src = ", ".join(f"{v}={solved[v]} from {origin[v]}"
-                      for v in sorted(jc.dim_vars(d)))
+                      for v in sorted(_dims.dim_vars(d)))
       raise ShapeError(
           f"inconsistent padded sizes: {where} has size {size}, but its spec "
           f"'{d}' gives {got} with {src}. Pad every occurrence of a dimension "
@@ -237,7 +238,7 @@ def _check_concrete(sizes: dict[str, int], binding: Binding) -> None:
   for leaf in binding.leaves:
     for axis, (d, size) in enumerate(zip(leaf.symbolic_shape, leaf.padded_shape)):
       if jc.is_symbolic_dim(d):
-        logical = jc.evaluate_dim(d, sizes)
+        logical = _dims.evaluate_dim(d, sizes)
         if not 0 <= logical <= size:
           raise ShapeError(
               f"{leaf.where} axis {axis}: spec '{d}' with {sizes} gives logical "
@@ -248,7 +249,7 @@ def _check_concrete(sizes: dict[str, int], binding: Binding) -> None:
 def violated_constraint(sizes: dict[str, int], scope) -> str | None:
   """The first of the scope's constraints that concrete sizes violate."""
   for text, kind, diff in jc.scope_constraints(scope):
-    value = jc.evaluate_dim(diff, sizes)
+    value = _dims.evaluate_dim(diff, sizes)
     if (kind == "eq" and value != 0) or (kind == "geq" and value < 0):
       return text
   return None

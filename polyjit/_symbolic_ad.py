@@ -38,6 +38,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from . import _jax_compat as jc
+from ._rules._util import identity_value
 
 _COMBINE = {
     "cumsum": lax.add, "cumprod": lax.mul, "cummax": lax.max, "cummin": lax.min,
@@ -48,7 +49,6 @@ _IDENTITY = {"cumprod": "mul", "cummax": "max", "cummin": "min",
 
 
 def _sequential_cumulative(name: str, x, *, axis: int, reverse: bool):
-  from ._core import identity_value  # the identities live with the rules
   combine = _COMBINE[name]
   xs = jnp.moveaxis(x, axis, 0)
   init = jnp.full(xs.shape[1:], identity_value(_IDENTITY[name], x.dtype), x.dtype)
@@ -135,7 +135,8 @@ def _det_jvp(original, primals, tangents):
 
 
 def install() -> None:
-  """Wraps JAX's JVP rules for the primitives above (once; idempotent)."""
+  """Wraps JAX's JVP rules for the primitives above (given to
+  `_jax_compat.install_patches` at import; idempotent)."""
   for name in _IDENTITY:
     jc.wrap_jvp_rule(name, functools.partial(_cumulative_jvp, name))
   jc.wrap_jvp_rule("reduce_prod", _reduce_prod_jvp)

@@ -35,6 +35,7 @@ from typing import Any, Callable, Sequence
 
 import jax.numpy as jnp
 
+from . import _dims
 from . import _jax_compat as jc
 from . import _spec
 from ._errors import MaskingError, ShapeError
@@ -42,6 +43,13 @@ from ._errors import MaskingError, ShapeError
 MAX_VARIANTS = 16        # sides traced for one function before giving up
 MAX_GUARDS = 8           # guards settled for one variant before giving up
 _MAX_DOMAIN_POINTS = 50_000
+
+
+def decision_holds(decision: jc.SizeDecision, sizes: dict[str, Any]):
+  """Whether a size comparison holds at these sizes: a bool for ints, a
+  traced bool else."""
+  value = _dims.evaluate_dim(decision.expr, sizes)
+  return value == 0 if decision.kind == "eq" else value >= 0
 
 
 @dataclasses.dataclass(eq=False)
@@ -67,18 +75,20 @@ class Variant:
     return _spec.make_scope(self.constraints)
 
   def holds(self, sizes: dict[str, int]) -> bool:
-    """Whether concrete sizes select this variant."""
-    return (all(bool(d.holds(sizes)) == a for d, a in self.decisions)
+    """Whether concrete sizes select this variant (on every `pj.jit` call)."""
+    if not self.decisions and not self.constraints:
+      return True
+    return (all(bool(decision_holds(d, sizes)) == a for d, a in self.decisions)
             and _spec.violated_constraint(sizes, self.scope) is None)
 
   def holds_traced(self, env: dict[str, Any]):
     """Whether (traced) sizes select this variant, as a traced bool."""
     out = jnp.bool_(True)
     for d, answer in self.decisions:
-      h = d.holds(env)
+      h = decision_holds(d, env)
       out = out & (h if answer else ~h)
     for _, kind, diff in jc.scope_constraints(self.scope):
-      value = jc.evaluate_dim(diff, env)
+      value = _dims.evaluate_dim(diff, env)
       out = out & ((value == 0) if kind == "eq" else (value >= 0))
     return out
 
@@ -127,7 +137,7 @@ class _Oracle:
     if key in self.forced:
       answer = self.forced[key]
     elif self.sizes is not None:
-      answer = bool(decision.holds(self.sizes))
+      answer = bool(decision_holds(decision, self.sizes))
       if answer and equality is not None:
         raise _Settle(equality)
     elif equality is not None:
@@ -174,7 +184,7 @@ class Domain:
       return True
     scope = _spec.make_scope(tuple(constraints)) if constraints else None
     for p in self.points:
-      if all(bool(d.holds(p)) == a for d, a in decisions) and (
+      if all(bool(decision_holds(d, p)) == a for d, a in decisions) and (
           scope is None or _spec.violated_constraint(p, scope) is None):
         return True
     return False
@@ -307,7 +317,7 @@ def guard_for(error: Exception, sizes: dict[str, int], scope) -> str | None:
     return None
   a, op, b = cmp
   try:
-    lhs, rhs = (jc.evaluate_dim(jc.symbolic_shape(t, scope=scope)[0], sizes) for t in (a, b))
+    lhs, rhs = (_dims.evaluate_dim(jc.symbolic_shape(t, scope=scope)[0], sizes) for t in (a, b))
   except Exception:
     return None
   settled = lhs > rhs if op in (">", "<=") else lhs >= rhs

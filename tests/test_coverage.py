@@ -1,39 +1,72 @@
-"""docs/coverage.md is in step with the code, and every rule has a test row.
+"""docs/coverage.md is in step with the code, every rule has a test row, and
+the rule table refuses names that match no primitive.
 
-The coverage table (polyjit/_coverage.py) is generated from the masking rules
-and the test tables of tests/test_rules*.py. Whoever adds a rule, a reason or
-a test row regenerates it:
+The coverage table is rendered by tools/coverage.py from the masking rules
+and the test tables of tests/test_rules*.py, which this module reads. Whoever
+adds a rule, a reason or a test row regenerates it:
 
-    .venv/bin/python -m polyjit._coverage --write
+    .venv/bin/python tools/coverage.py --write
+
+which runs test_the_coverage_doc_is_up_to_date with POLYJIT_COVERAGE_OUT set:
+the test then writes the document to that file instead of comparing.
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib
+import os
+from pathlib import Path
 
 import jax.extend.core as jex_core
 import numpy as np
 import pytest
+from harness import Case
 from jax import lax
 
 import polyjit as pj
-from polyjit import _coverage as coverage
-from polyjit._core import registered_names
+from polyjit._core import masking_rules, register, registered_names
+from polyjit._refusals import NOT_APPLICABLE, REASONS, SUPPORTED, UNSUPPORTED
+from tools import coverage
 
-TESTS_DIR, DOC = coverage.repo_paths()
-REGENERATE = ".venv/bin/python -m polyjit._coverage --write"
+REGENERATE = f".venv/bin/{coverage.REGENERATE}"
+
+
+def case_tables() -> dict[str, list[Case]]:
+  """The `Case`s of each tests/test_rules*.py module, in table order."""
+  tables = {}
+  for path in sorted(Path(__file__).parent.glob("test_rules*.py")):
+    module = importlib.import_module(path.stem)
+    cases, seen = [], set()
+    for value in vars(module).values():
+      if isinstance(value, dict):
+        value = list(value.values())
+      if not isinstance(value, (list, tuple)):
+        continue
+      for case in value:
+        if isinstance(case, Case) and id(case) not in seen:
+          seen.add(id(case))
+          cases.append(case)
+    tables[path.name] = cases
+  return tables
 
 
 @pytest.fixture(scope="module")
 def tables():
   """Per test module: (case name, the primitives it runs through rules)."""
   return {module: [(case.name, coverage.exercised(case)) for case in cases]
-          for module, cases in coverage.case_tables(TESTS_DIR).items()}
+          for module, cases in case_tables().items()}
 
 
 def test_the_coverage_doc_is_up_to_date(tables):
   expected = coverage.render(coverage.rows(), tables)
-  actual = DOC.read_text() if DOC.exists() else ""
+  out = os.environ.get(coverage.OUT_VARIABLE)
+  if out:  # python tools/coverage.py asks for the document
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(expected)
+    return
+  doc = coverage.DOC
+  actual = doc.read_text() if doc.exists() else ""
   diff = "".join(difflib.unified_diff(actual.splitlines(True), expected.splitlines(True),
                                       "docs/coverage.md", "generated", n=0))
   assert actual == expected, f"docs/coverage.md is out of step; run {REGENERATE}\n{diff[:3000]}"
@@ -52,14 +85,13 @@ def test_the_table_covers_every_public_primitive_once():
   public = {p.name for p in vars(jex_core.primitives).values()
             if isinstance(p, jex_core.Primitive)}
   assert public | registered_names() == set(names)
-  assert {r.status for r in coverage.rows()} <= {
-      coverage.SUPPORTED, coverage.UNSUPPORTED, coverage.NOT_APPLICABLE}
+  assert {r.status for r in coverage.rows()} <= {SUPPORTED, UNSUPPORTED, NOT_APPLICABLE}
 
 
 def test_reasons_are_only_for_primitives_without_rules():
   names = {r.name for r in coverage.rows()}
-  assert not set(coverage.REASONS) - names, "reasons for primitives the table does not list"
-  with_rules = sorted(set(coverage.REASONS) & registered_names())
+  assert not set(REASONS) - names, "reasons for primitives the table does not list"
+  with_rules = sorted(set(REASONS) & registered_names())
   assert not with_rules, f"these have rules now; delete their REASONS entries: {with_rules}"
 
 
@@ -67,3 +99,15 @@ def test_the_reason_reaches_the_user():
   f = lambda x: lax.rng_bit_generator(np.zeros(4, np.uint32), x.shape)[1]
   with pytest.raises(pj.MaskingError, match="Why it has none: XLA's RngBitGenerator"):
     pj.mask(f, ["n"])([np.zeros(8, np.float32)], {"n": 3})
+
+
+def test_the_rule_table_refuses_a_name_that_matches_no_primitive():
+  rule = lambda ctx, x: [x]
+  with pytest.raises(ValueError, match=r"'cumsun'.*no JAX .* primitive has that name "
+                     r"\(did you mean 'cumsum'.*optional=True"):
+    register("cumsun")(rule)
+  with pytest.raises(ValueError, match="'no_such_primitive'"):
+    register("rng_uniform", "no_such_primitive")(rule)
+  assert "rng_uniform" not in registered_names()  # nothing registered before raising
+  assert register("no_such_primitive", optional=True)(rule) is rule
+  assert rule not in masking_rules.values()

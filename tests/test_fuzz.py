@@ -36,6 +36,7 @@ from hypothesis import strategies as st
 from jax import export, lax
 
 from harness import MODES, Case, check
+from polyjit import _dims
 from polyjit import _jax_compat as jc
 
 LONG = "POLYJIT_FUZZ_EXAMPLES" in os.environ
@@ -50,7 +51,7 @@ K = 3                     # the fixed width of x1, W and v
 
 def low(d) -> int:
   """The size of `d` at the smallest logical size."""
-  return jc.evaluate_dim(d, {"n": N_MIN})
+  return _dims.evaluate_dim(d, {"n": N_MIN})
 
 
 def same(a, b) -> bool:

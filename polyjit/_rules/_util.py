@@ -1,4 +1,5 @@
-"""Helpers shared by rule families: moving data along a padded axis.
+"""Helpers shared by rule families: moving data along a padded axis, and the
+identities that reductions fill padding with.
 
 Rules that change where data starts (reverse, concatenate at a logical offset,
 slice from a logical start) re-anchor it with `place`, which moves data by a
@@ -8,9 +9,13 @@ sides first, so `dynamic_slice` never has to clamp its start.
 
 from __future__ import annotations
 
+from typing import Any
+
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .. import _dims
 from .. import _jax_compat as jc
 
 
@@ -56,7 +61,7 @@ def needs_room(op_dim, window_dim) -> bool:
   """
   if not (jc.is_symbolic_dim(op_dim) or jc.is_symbolic_dim(window_dim)):
     return False
-  return not all(map(jc.is_monotone_dim, (op_dim, window_dim, op_dim - window_dim)))
+  return not all(map(_dims.is_monotone_dim, (op_dim, window_dim, op_dim - window_dim)))
 
 
 def clamp_index(index, upper):
@@ -64,3 +69,33 @@ def clamp_index(index, upper):
   upper = lax.convert_element_type(upper, index.dtype)
   lower = np.zeros((), index.dtype)
   return lax.max(lower, lax.min(index, upper))
+
+
+def identity_value(kind: str, dtype) -> Any:
+  """The identity of a reduction `kind` ('add', 'mul', 'max', 'min', 'and',
+  'or', 'xor', 'logaddexp') for `dtype`, as a NumPy scalar."""
+  dtype = np.dtype(dtype)
+  if kind in ("add", "or", "xor"):
+    return np.zeros((), dtype)[()]
+  if kind == "mul":
+    return np.ones((), dtype)[()]
+  if kind == "and":  # all bits set
+    return (np.ones((), dtype) if dtype == np.bool_ else ~np.zeros((), dtype))[()]
+  if kind in ("max", "logaddexp"):
+    return _extreme(dtype, low=True)
+  if kind == "min":
+    return _extreme(dtype, low=False)
+  raise ValueError(kind)
+
+
+def _extreme(dtype, low: bool):
+  if dtype == np.bool_:
+    return np.bool_(not low)
+  if jnp.issubdtype(dtype, jnp.integer):
+    info = jnp.iinfo(dtype)
+    return np.asarray(info.min if low else info.max, dtype)[()]
+  info = jnp.finfo(dtype)
+  inf = np.asarray(np.inf, dtype)
+  if np.isinf(inf):
+    return (-inf if low else inf)[()]
+  return np.asarray(info.min if low else info.max, dtype)[()]

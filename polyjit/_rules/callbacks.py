@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _dims
 from .. import _jax_compat as jc
 from .._core import register
 
@@ -61,7 +62,7 @@ class _Unpadded:
 
 
 def _logical(shape, sizes) -> tuple[int, ...]:
-  return tuple(jc.evaluate_dim(d, sizes) for d in shape)
+  return tuple(_dims.evaluate_dim(d, sizes) for d in shape)
 
 
 def _unpad(x, shape, sizes):

@@ -25,7 +25,7 @@ from .. import _jax_compat as jc
 from .._core import eval_jaxpr_masked, register
 
 
-@register("jit", "pjit")
+@register("jit")
 def _jit(ctx, *args, jaxpr, name=None, **_):
   with jax.named_scope(name or "jit"):  # so that errors can say where
     return ctx.eval_jaxpr(jaxpr, *args)
@@ -36,12 +36,12 @@ def _call(ctx, *args, call_jaxpr, **_):
   return ctx.eval_jaxpr(call_jaxpr, *args)
 
 
-@register("core_call", "call")
+@register("call")
 def _open_call(ctx, *args, call_jaxpr, **_):
   return eval_jaxpr_masked(call_jaxpr, (), args, ctx.env)
 
 
-@register("remat2", "checkpoint")
+@register("remat2")
 def _remat(ctx, *args, jaxpr, **params):
   masked = ctx.mask_jaxpr(jc.ClosedJaxpr(jaxpr, ()))
   open_jaxpr = jc.convert_constvars_jaxpr(masked.jaxpr)

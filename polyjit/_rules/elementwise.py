@@ -23,9 +23,8 @@ UNARY = (
 BINARY = (
     "add", "add_any", "and", "atan2", "complex", "div", "eq", "eq_to", "ge", "gt",
     "igamma", "igamma_grad_a", "igammac", "le", "le_to", "lt", "lt_to", "max", "min", "mul",
-    "mulhi", "ne", "nextafter", "or", "polygamma", "pow", "random_gamma_grad",
-    "rem", "shift_left", "shift_right_arithmetic", "shift_right_logical",
-    "sub", "xor", "zeta",
+    "mulhi", "ne", "nextafter", "or", "polygamma", "pow", "rem", "shift_left",
+    "shift_right_arithmetic", "shift_right_logical", "sub", "xor", "zeta",
 )
 
 NARY = ("select_n", "clamp", "regularized_incomplete_beta")

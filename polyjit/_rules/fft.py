@@ -203,4 +203,7 @@ def _fft_transpose_rule(_, original):
   return rule
 
 
-jc.wrap_transpose_rules("fft", _fft_transpose_rule)
+def install_transpose() -> None:
+  """Wraps JAX's transpose of fft (given to `_jax_compat.install_patches` at
+  import; idempotent)."""
+  jc.wrap_transpose_rules("fft", _fft_transpose_rule)

@@ -35,8 +35,8 @@ from jax import lax
 import jax.numpy as jnp
 
 from .. import _jax_compat as jc
-from .._core import identity_value, register
-from ._util import clamp_index, needs_room, pad_high
+from .._core import register
+from ._util import clamp_index, identity_value, needs_room, pad_high
 
 _Mode = lax.GatherScatterMode
 

@@ -42,7 +42,8 @@ from __future__ import annotations
 import numpy as np
 import jax.numpy as jnp
 
-from .._core import identity_value, register
+from .._core import register
+from ._util import identity_value
 
 
 def _sorts_last(dtype):

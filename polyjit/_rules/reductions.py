@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from jax import lax
 
-from .._core import identity_value, register
+from .._core import register
+from ._util import identity_value
 
 _REDUCERS = {
     "reduce_sum": "add", "reduce_prod": "mul", "reduce_max": "max",

@@ -21,12 +21,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .. import _dims
 from .. import _jax_compat as jc
 from .._core import register
 
 
-@register("broadcast_in_dim", "iota", "squeeze", "transpose", "expand_dims",
-          "stack", "unstack")
+@register("broadcast_in_dim", "iota", "squeeze", "transpose", "stack",
+          "unstack")
 def _position_preserving(ctx, *args, **params):
   return ctx.bind(*args, **params)
 
@@ -46,7 +47,7 @@ _PRIMES = ((1_000_003, 1_000_033, 1_000_037, 1_000_039, 1_000_081, 1_000_099),
 def _at_primes(shape, names, primes) -> list[int]:
   env = {v: primes[i % len(primes)] + 7 * (i // len(primes))
          for i, v in enumerate(names)}
-  return [jc.evaluate_dim(d, env) for d in shape]
+  return [_dims.evaluate_dim(d, env) for d in shape]
 
 
 def _int_groups(a: list[int], b: list[int]):
@@ -71,7 +72,7 @@ def _int_groups(a: list[int], b: list[int]):
 
 def reshape_groups(in_shape, out_shape):
   """Axis groups of a reshape between symbolic shapes, or None if unclear."""
-  names = sorted(set().union(*(jc.dim_vars(d) for d in (*in_shape, *out_shape))))
+  names = sorted(set().union(*(_dims.dim_vars(d) for d in (*in_shape, *out_shape))))
   found = None
   for primes in _PRIMES:
     groups = _int_groups(_at_primes(in_shape, names, primes),

@@ -63,8 +63,8 @@ import numpy as np
 from jax import lax
 
 from .. import _jax_compat as jc
-from .._core import identity_value, register
-from ._util import place
+from .._core import register
+from ._util import identity_value, place
 
 _is_dyn = jc.is_symbolic_dim
 
@@ -455,4 +455,7 @@ def _conv_transpose_rule(i, original):
   return rule
 
 
-jc.wrap_transpose_rules("conv_general_dilated", _conv_transpose_rule)
+def install_transpose() -> None:
+  """Wraps JAX's transpose of conv_general_dilated (given to
+  `_jax_compat.install_patches` at import; idempotent)."""
+  jc.wrap_transpose_rules("conv_general_dilated", _conv_transpose_rule)

@@ -1,17 +1,19 @@
 """`pj.stats` and `pj.explain`: what a `pj.jit` function compiled, and why.
 
-Every program a `pj.jit` function builds is recorded with its cause (the first
-call, an axis that changed and became dynamic, a new bucket, a fallback to
-exact shapes, equal sizes a size-branching trace cannot serve) and with the
-compile events `jax.monitoring` reported for it, so the counts here are
-measured. `explain` turns that record into text and ends with advice on
+Every program a `pj.jit` function builds is recorded (`_jit_stats.py`) with
+its cause (the first call, an axis that changed and became dynamic, a new
+bucket, a fallback to exact shapes, an empty dynamic axis, a precompile) and
+with the compile events `jax.monitoring` reported for it, so the counts here
+are measured. `explain` turns that record into text and ends with advice on
 bucket policies for the sizes each dynamic axis actually took.
 """
 
 from __future__ import annotations
 
 import dataclasses
+
 from .._jit import JitFunction
+from .._jit_stats import Cause
 from ._advice import advise
 
 
@@ -61,7 +63,7 @@ def explain(f) -> str:
     lines[0] += f", {s.cache_loads} program(s) loaded from the persistent cache"
   lines.append("compiles:")
   for i, event in enumerate(s.compile_events, 1):
-    lines.append(f"  {i}. {_describe(event['cause'])} ({event['seconds']:.2f} s)")
+    lines.append(f"  {i}. {_describe(event.cause)} ({event.seconds:.2f} s)")
   advice = _advice(f)
   if advice:
     lines.append("advice:")
@@ -73,22 +75,22 @@ def _axis(name: str, axis: int) -> str:
   return f"argument `{name}` axis {axis}"
 
 
-def _changes(cause) -> str:
-  return "; ".join(f"{_axis(n, a)} changed {old} -> {new}" for n, a, old, new in cause["changed"])
+def _changes(cause: Cause) -> str:
+  return "; ".join(f"{_axis(n, a)} changed {old} -> {new}" for n, a, old, new in cause.changed)
 
 
-def _bucket(cause) -> str:
-  return ", ".join(f"{d}={p}" for d, p in sorted(cause["bucket"].items()))
+def _bucket(cause: Cause) -> str:
+  return ", ".join(f"{d}={p}" for d, p in sorted(cause.bucket.items()))
 
 
-def _describe(cause: dict) -> str:
-  kind = cause.get("kind")
+def _describe(cause: Cause) -> str:
+  kind = cause.kind
   if kind == "first call":
     return "first call, compiled for its exact shapes"
   if kind == "precompile":
     return f"precompiled bucket {_bucket(cause)}"
   if kind == "fallback":
-    error = (cause.get("error") or "").strip().splitlines()
+    error = (cause.error or "").strip().splitlines()
     return (f"{_changes(cause) or 'new shapes'}; exact shapes because the function "
             f"cannot run with dynamic sizes ({error[0] if error else 'unknown reason'})")
   if kind == "zero size":
@@ -96,11 +98,11 @@ def _describe(cause: dict) -> str:
             "empty (jax.jit's own program for empty arrays)")
   if kind == "exact":
     return f"{_changes(cause)}; exact shapes"
-  sizes = ", ".join(f"{d}={n}" for d, n in sorted(cause.get("sizes", {}).items()))
+  sizes = ", ".join(f"{d}={n}" for d, n in sorted((cause.sizes or {}).items()))
   became = ""
-  if cause.get("became_dynamic"):
-    became = "; now dynamic: " + ", ".join(cause["became_dynamic"])
-  variant = f"; the side where {cause['variant']}" if cause.get("variant") else ""
+  if cause.became_dynamic:
+    became = "; now dynamic: " + ", ".join(cause.became_dynamic)
+  variant = f"; the side where {cause.variant}" if cause.variant else ""
   return (f"{_changes(cause) or 'new sizes'}{became}; bucket {_bucket(cause)} for "
           f"{sizes}{variant}")
 
@@ -108,11 +110,10 @@ def _describe(cause: dict) -> str:
 def _advice(f: JitFunction) -> list[str]:
   out = []
   for dim, entry in sorted(f.stats.dims.items()):
-    sizes = entry["sizes"]
-    if len(sizes) < 3:
+    if len(entry.sizes) < 3:
       continue
-    where = _axis(*entry["where"]) if entry["where"] else f"dimension `{dim}`"
-    out.append(advise(where, sizes, f._policy(dim)))
+    where = _axis(*entry.where) if entry.where else f"dimension `{dim}`"
+    out.append(advise(where, entry.sizes, f.bucket_policy(dim)))
   if f.stats.fallback_calls:
     out.append("calls ran at exact shapes after a fallback: give polymorphic_shapes (and "
                "constraints for size comparisons) so that they can be masked.")

@@ -18,8 +18,8 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from .._compiles import count_compiles
 from .._errors import CompileLimitError
-from ._compiles import count_compiles
 from ._watch import watch
 
 

@@ -14,19 +14,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import re
 from typing import Iterator
 
 from .. import _buckets as B
 from .. import _jax_compat as jc
+from .._compiles import count_compiles
 from ._advice import advise
-from ._compiles import count_compiles
-
-_MISS_HEAD = "TRACING CACHE MISS"
-_NEVER_SEEN = re.compile(r"never seen function:\s*\n\s*(?P<name>\S+) id=\S+ defined at (?P<where>\S+)")
-_SEEN = re.compile(r"\n\s*for (?P<name>\S+) defined at (?P<where>\S+)")
-_CHANGE = re.compile(r"\* at (?P<path>.+?), now (?P<now>\S+) and before (?P<before>\S+)")
-_AVAL = re.compile(r"^(?P<dtype>[a-z]+[0-9]*)\[(?P<dims>[0-9,]*)\]")
 
 
 @dataclasses.dataclass
@@ -113,17 +106,15 @@ class WatchReport:
     return self.functions[name]
 
   def _add_miss(self, message: str) -> None:
-    head = _NEVER_SEEN.search(message) or _SEEN.search(message)
-    if head is None:
+    miss = jc.parse_cache_miss(message)
+    if miss is None:
       return
-    f = self._function(head.group("name"))
-    f.defined_at = head.group("where")
+    f = self._function(miss.function)
+    f.defined_at = miss.defined_at
     f.misses += 1
-    f.new_objects += head.re is _NEVER_SEEN
+    f.new_objects += miss.never_seen
     signature = dict(f.signatures[-1]) if f.signatures else {}
-    for change in _CHANGE.finditer(message):
-      path = change.group("path")
-      now, before = _dims(change.group("now")), _dims(change.group("before"))
+    for path, now, before in miss.changes:
       if now is None or before is None or len(now) != len(before):
         continue
       for axis, (n, b) in enumerate(zip(now, before)):
@@ -136,17 +127,9 @@ class WatchReport:
 
   def _add_compiles(self, events) -> None:
     for e in events:
-      name = e.fun_name[4:-1] if e.fun_name.startswith("jit(") else e.fun_name
-      f = self._function(name)
+      f = self._function(jc.function_of_program(e.fun_name))
       f.compiles += 1
       f.compile_seconds += e.seconds
-
-
-def _dims(aval: str):
-  match = _AVAL.match(aval)
-  if match is None:
-    return None
-  return [int(d) for d in match.group("dims").split(",") if d]
 
 
 class _Capture(logging.Filter):
@@ -158,7 +141,7 @@ class _Capture(logging.Filter):
 
   def filter(self, record: logging.LogRecord) -> bool:
     message = record.getMessage()
-    if message.startswith(_MISS_HEAD):
+    if jc.is_cache_miss_explanation(message):
       self.report._add_miss(message)
       return False  # captured: not printed
     return True

@@ -1,11 +1,14 @@
-"""The coverage table: what `pj.mask` supports, primitive by primitive.
+"""The coverage table, docs/coverage.md: what `pj.mask` supports, primitive by primitive.
+
+    python tools/coverage.py --write    # regenerates docs/coverage.md
+    python tools/coverage.py            # prints it
 
 Rows: every primitive JAX exposes in `jax.extend.core.primitives`, plus every
 primitive polyjit has a masking rule for. A row's status comes from the code:
 
 * supported: the primitive has a rule in `_core.masking_rules`; its family is
   the rule's module in `polyjit/_rules/`. Adding a rule is all it takes: this
-  module lists no supported primitive by name.
+  script lists no supported primitive by name.
 * not applicable: it cannot carry padded data in a program `pj.mask` traces
   (tokens, collectives over device axes); the reason is in `REASONS`.
 * unsupported: no rule. `REASONS` says why when there is more to say than
@@ -14,38 +17,44 @@ primitive polyjit has a masking rule for. A row's status comes from the code:
 
 Some functions never reach a primitive: JAX itself refuses to trace them at a
 symbolic size. `TRACE_REFUSALS` turns those refusals into `MaskingError`s
-that say what to do (`jax_refusal`, called by `pj.mask` when tracing); both
-tables live in `_refusals.py`, next to the errors, so the runtime never
-imports this generator.
+that say what to do. Both tables live in `polyjit/_refusals.py`, next to the
+errors; the package never imports this script.
 
-The table also lists what the tests check: every `Case` in the tables of
+The document also lists what the tests check: every `Case` in the tables of
 `tests/test_rules*.py`, traced with symbolic shapes (and its VJP when the case
 checks gradients), with the primitives it runs through rules (`exercised`).
-
-    python -m polyjit._coverage --write    # regenerates docs/coverage.md
-
-tests/test_coverage.py fails when docs/coverage.md is out of step with the
-code, and when a rule is exercised by no test table.
+Those tables belong to the test suite, and so does reading them:
+tests/test_coverage.py renders the document with `render` and fails when
+docs/coverage.md differs, or when a rule is exercised by no test table. To
+regenerate, this script runs that test with `POLYJIT_COVERAGE_OUT` naming the
+file to write instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
+import os
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import jax
 import jax.extend.core as jex_core
 import numpy as np
 
-from . import _jax_compat as jc
-from . import _rules  # noqa: F401  (registers the masking rules)
-from ._core import eqn_is_symbolic, masking_rules
-from ._mask import mask
+import polyjit as pj
+from polyjit import _jax_compat as jc
+from polyjit._core import eqn_is_symbolic, masking_rules
+from polyjit._refusals import NOT_APPLICABLE, REASONS, SUPPORTED, TRACE_REFUSALS, UNSUPPORTED
 
-from ._refusals import NOT_APPLICABLE, REASONS, SUPPORTED, TRACE_REFUSALS, UNSUPPORTED  # noqa: F401
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "coverage.md"
+REGENERATE = "python tools/coverage.py --write"
+#: Set by `main`: tests/test_coverage.py writes the document to this file.
+OUT_VARIABLE = "POLYJIT_COVERAGE_OUT"
+_TEST = "tests/test_coverage.py::test_the_coverage_doc_is_up_to_date"
 
 
 # --- the rows ----------------------------------------------------------------
@@ -84,7 +93,7 @@ def exercised(case) -> set[str]:
   case checks gradients: every equation with a symbolic size, in sub-jaxprs
   too.
   """
-  masked = mask(case.fun, case.in_shapes, constraints=case.constraints)
+  masked = pj.mask(case.fun, case.in_shapes, constraints=case.constraints)
   traced = masked.trace(case.args(np.random.default_rng(0), case.padded))
   names = _symbolic_primitives(traced.jaxpr)
   if "grad" in case.modes:
@@ -102,28 +111,6 @@ def _symbolic_primitives(jaxpr: jc.Jaxpr) -> set[str]:
   return names
 
 
-def case_tables(tests_dir: Path) -> dict[str, list]:
-  """The `Case`s of each tests/test_rules*.py module, in table order."""
-  if str(tests_dir) not in sys.path:
-    sys.path.insert(0, str(tests_dir))
-  harness = importlib.import_module("harness")
-  tables = {}
-  for path in sorted(tests_dir.glob("test_rules*.py")):
-    module = importlib.import_module(path.stem)
-    cases, seen = [], set()
-    for value in vars(module).values():
-      if isinstance(value, dict):
-        value = list(value.values())
-      if not isinstance(value, (list, tuple)):
-        continue
-      for case in value:
-        if isinstance(case, harness.Case) and id(case) not in seen:
-          seen.add(id(case))
-          cases.append(case)
-    tables[path.name] = cases
-  return tables
-
-
 # --- the document ------------------------------------------------------------
 
 def render(table_rows: list[Row], tables: dict[str, list[tuple[str, set[str]]]]) -> str:
@@ -133,7 +120,7 @@ def render(table_rows: list[Row], tables: dict[str, list[tuple[str, set[str]]]])
   lines = [
       "# What `pj.mask` supports",
       "",
-      "Generated by `python -m polyjit._coverage --write` from the masking rules "
+      f"Generated by `{REGENERATE}` from the masking rules "
       "(`polyjit/_rules/`) and the test tables (`tests/test_rules*.py`), for JAX "
       f"{jax.__version__}; `tests/test_coverage.py` fails when it is out of step.",
       "",
@@ -189,32 +176,27 @@ def render(table_rows: list[Row], tables: dict[str, list[tuple[str, set[str]]]])
   return "\n".join(lines) + "\n"
 
 
-def repo_paths() -> tuple[Path, Path]:
-  """(tests directory, docs/coverage.md) of the source checkout."""
-  root = Path(__file__).resolve().parent.parent
-  return root / "tests", root / "docs" / "coverage.md"
-
-
-def document(tests_dir: Path) -> str:
-  tables = {module: [(case.name, exercised(case)) for case in cases]
-            for module, cases in case_tables(tests_dir).items()}
-  return render(rows(), tables)
-
+# --- the command -------------------------------------------------------------
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m polyjit._coverage",
+  parser = argparse.ArgumentParser(prog="python tools/coverage.py",
                                    description=__doc__.splitlines()[0])
   parser.add_argument("--write", action="store_true",
                       help="write docs/coverage.md (default: print it)")
   args = parser.parse_args(argv)
-  tests_dir, doc = repo_paths()
-  text = document(tests_dir)
-  if args.write:
-    doc.parent.mkdir(exist_ok=True)
-    doc.write_text(text)
-    print(f"wrote {doc}")
-  else:
-    sys.stdout.write(text)
+  with tempfile.TemporaryDirectory() as tmp:
+    out = DOC if args.write else Path(tmp) / "coverage.md"
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", _TEST],
+        cwd=ROOT, env={**os.environ, OUT_VARIABLE: str(out)},
+        capture_output=True, text=True)
+    if run.returncode:
+      sys.stderr.write(run.stdout + run.stderr)
+      return run.returncode
+    if args.write:
+      print(f"wrote {DOC}")
+    else:
+      sys.stdout.write(out.read_text())
   return 0
 
 

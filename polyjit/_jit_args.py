@@ -1,0 +1,194 @@
+"""How `pj.jit` sees a call's arguments: static or dynamic, leaves, names, specs, donation.
+
+`pj.jit` takes the arguments `jax.jit` takes. Static arguments (by position or
+by name) are split off first: their values are part of the structure's key and
+are filled back in when `fun` is traced (`bind_static`). The dynamic ones are
+flattened into leaves, a `pj.Padded` being one leaf with its logical shape, and
+each leaf is keyed by its (dtype, weak type) as `jax.jit` would see it.
+
+Everything else here is per structure, computed once: each leaf's name for
+messages and automatic dimension names (`x`, `batch['ids']`, `arg3` past the
+signature), the per-leaf specs of explicit mode (`polymorphic_shapes` has one
+spec per positional argument, broadcast over its pytree; keyword arguments are
+fixed), and the leaves of the donated positions.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Callable
+
+import jax
+import numpy as np
+
+from . import _jax_compat as jc
+from . import _spec
+from ._errors import ShapeError
+from ._padding import Padded, is_padded
+
+NO_STATIC = ((), ())  # the static key of a call without static arguments
+
+
+class ArgLayout:
+  """The argument options of one `pj.jit` function, applied to its calls."""
+
+  def __init__(self, fun: Callable, label: str, *, polymorphic_shapes=None,
+               static_argnums=None, static_argnames=None, donate_argnums=None):
+    self.fun = fun
+    self.label = label                  # `pj.jit(name)`, for messages
+    self.polymorphic_shapes = (None if polymorphic_shapes is None
+                               else _as_tuple(polymorphic_shapes))
+    self.static_argnums = _normalize_argnums(static_argnums)
+    self.static_argnames = tuple(_as_tuple(static_argnames or ()))
+    self.donate_argnums = _normalize_argnums(donate_argnums)
+    self._params = _positional_params(fun)
+
+  # --- every call ------------------------------------------------------------
+
+  def flatten(self, args, kwargs):
+    """(static key, leaves, treedef) of a call; the static key is hashable."""
+    static_key, dyn_args, dyn_kwargs = self._split(args, kwargs)
+    leaves, treedef = jax.tree.flatten((dyn_args, dyn_kwargs), is_leaf=is_padded)
+    return static_key, leaves, treedef
+
+  def _split(self, args, kwargs):
+    if not self.static_argnums and not self.static_argnames:
+      return NO_STATIC, args, kwargs
+    nums = {a % len(args) if a < 0 else a for a in self.static_argnums if -len(args) <= a < len(args)}
+    static = [(i, args[i]) for i in sorted(nums)]
+    static_kw = [(k, kwargs[k]) for k in sorted(kwargs) if k in self.static_argnames]
+    dyn_args = tuple(a for i, a in enumerate(args) if i not in nums)
+    dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self.static_argnames}
+    static_key = (tuple(static), tuple(static_kw))
+    try:
+      hash(static_key)
+    except TypeError:
+      raise TypeError(
+          f"static arguments of {self.label} must be hashable, got {static_key!r}; "
+          "pass arrays as ordinary (non-static) arguments.") from None
+    return static_key, dyn_args, dyn_kwargs
+
+  # --- once per structure ----------------------------------------------------
+
+  def bind_static(self, static_key) -> Callable:
+    """`fun` with the static arguments filled in, taking the dynamic ones."""
+    static_args, static_kwargs = dict(static_key[0]), dict(static_key[1])
+
+    def bound(*dyn_args, **dyn_kwargs):
+      it = iter(dyn_args)
+      n = len(dyn_args) + len(static_args)
+      args = [static_args[i] if i in static_args else next(it) for i in range(n)]
+      return self.fun(*args, **static_kwargs, **dyn_kwargs)
+    return bound
+
+  def leaf_names(self, treedef, static_key) -> list[str]:
+    """Each leaf's name: its parameter (or keyword) and its path inside it."""
+    dummy = treedef.unflatten(list(range(treedef.num_leaves)))
+    paths = jax.tree_util.tree_flatten_with_path(dummy)[0]
+    positions = _dynamic_positions(treedef, static_key)
+    names = []
+    for path, _ in paths:
+      group, key, rest = path[0].idx, path[1], path[2:]
+      if group == 0:
+        pos = positions[key.idx]
+        base = self._params[pos] if pos < len(self._params) else f"arg{pos}"
+      else:
+        base = str(key.key)
+      names.append(base + jax.tree_util.keystr(rest))
+    return names
+
+  def explicit_specs(self, treedef, static_key) -> tuple:
+    """Per-leaf specs from `polymorphic_shapes` (keyword arguments: fixed)."""
+    specs = self.polymorphic_shapes
+    positions = _dynamic_positions(treedef, static_key)
+    n_positional = len(positions) + len(static_key[0])
+    if len(specs) != n_positional:
+      raise ShapeError(
+          f"polymorphic_shapes has {len(specs)} spec(s) but {self.label} was called with "
+          f"{n_positional} positional argument(s); give one spec per positional "
+          "argument (None for an argument with a fixed shape).")
+    args_tree, kwargs_tree = treedef.children()
+    leaf_specs = []
+    for pos, sub in zip(positions, args_tree.children()):
+      dummy = sub.unflatten([0] * sub.num_leaves)
+      leaf_specs.extend(sub.flatten_up_to(
+          jax.tree.broadcast(specs[pos], dummy, is_leaf=_spec.is_spec_leaf)))
+    return tuple(leaf_specs) + (None,) * kwargs_tree.num_leaves
+
+  def donated_leaves(self, treedef, static_key) -> tuple[int, ...]:
+    """The indices of the leaves of the donated positional arguments."""
+    if not self.donate_argnums:
+      return ()
+    static_nums = {i for i, _ in static_key[0]}
+    positions = _dynamic_positions(treedef, static_key)
+    out, start = [], 0
+    for child, pos in zip(treedef.children()[0].children(), positions):
+      if pos in self.donate_argnums and pos not in static_nums:
+        out.extend(range(start, start + child.num_leaves))
+      start += child.num_leaves
+    return tuple(out)
+
+
+def _dynamic_positions(treedef, static_key) -> list[int]:
+  """The original positions of the dynamic positional arguments."""
+  static_nums = {i for i, _ in static_key[0]}
+  n_dynamic = len(treedef.children()[0].children())
+  total = n_dynamic + len(static_nums)
+  return [i for i in range(total) if i not in static_nums]
+
+
+def _as_tuple(x):
+  return tuple(x) if isinstance(x, (list, tuple)) else (x,)
+
+
+def _normalize_argnums(nums) -> tuple[int, ...]:
+  if nums is None:
+    return ()
+  return tuple(int(n) for n in _as_tuple(nums))
+
+
+def _positional_params(fun) -> list[str]:
+  try:
+    params = inspect.signature(fun).parameters.values()
+  except (TypeError, ValueError):
+    return []
+  return [p.name for p in params
+          if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+# --- leaves --------------------------------------------------------------------
+
+_canonical_dtypes: dict = {}
+
+
+def _canonical(dtype) -> np.dtype:
+  """JAX's dtype for a NumPy dtype (float64 -> float32 without x64), cached."""
+  out = _canonical_dtypes.get(dtype)
+  if out is None:
+    out = _canonical_dtypes[dtype] = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
+  return out
+
+
+def aval_key(x):
+  """(dtype, weak_type) of an argument as jax.jit sees it; None for a tracer.
+
+  The hot path of every call: the common types are handled without building
+  an abstract value.
+  """
+  if isinstance(x, np.ndarray) or isinstance(x, np.generic):
+    return (_canonical(x.dtype), False)
+  if isinstance(x, jc.Tracer):
+    return None
+  if isinstance(x, jax.Array):
+    return (x.dtype, x.weak_type)
+  if isinstance(x, Padded):
+    return (np.dtype(x.dtype), False)
+  aval = jax.typeof(x)
+  return (np.dtype(aval.dtype), bool(aval.weak_type))
+
+
+def strip_padded(tree):
+  """`tree` with each `pj.Padded` replaced by its logical slice."""
+  return jax.tree.map(
+      lambda x: x.data[tuple(slice(0, s) for s in x.shape)] if is_padded(x) else x,
+      tree, is_leaf=is_padded)

@@ -1,0 +1,347 @@
+"""`pj.jit`'s bookkeeping from a call's shapes to the program that runs it.
+
+A *structure* is everything a call fixes besides its sizes: static values,
+pytree, dtypes and ranks. Within it, a *plan* serves one tuple of argument
+shapes: the program, the padded shape of every argument, the logical sizes
+passed to the program at run time and each output's logical shape, so a
+repeated shape costs a dict lookup. A *template* is a bucket's plan kept for
+the sizes that bucket has not seen yet: when every dynamic axis is a bare
+dimension, the sizes are read off the shapes and only the logical sizes and
+output shapes are new (no binding, tracing or constraint solving).
+
+Programs are keyed by `ProgramKey` in the executable cache (`_cache.py`): a
+masked program by structure, specs, variant and padded shapes; `jax.jit`'s own
+program at exact shapes (the first call in automatic mode, a fallback, an
+empty dynamic axis) by structure and shapes. A program's body takes the padded
+leaves and a tuple of int32 logical sizes, one per dimension in binding order.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Callable, Hashable, NamedTuple
+
+import jax
+import numpy as np
+
+from . import _dims
+from . import _jax_compat as jc
+from ._auto import DimTracker
+from ._mask import Masked
+from ._padding import pad
+
+PLANS_PER_STRUCTURE = 4096
+EXACT = "exact"   # `ProgramKey.specs` of jax.jit's own program at exact shapes
+
+
+class ProgramKey(NamedTuple):
+  """A program's key in the executable cache."""
+  structure: Hashable     # `Structure.key`
+  specs: Any              # the structure's per-leaf specs, or EXACT
+  variant: Hashable       # the variant's key (None at exact shapes)
+  padded_shapes: tuple    # per leaf, the shape the program takes
+  bucket: tuple           # `bucket_key` of the padded sizes (() at exact shapes)
+
+  @classmethod
+  def exact_shapes(cls, struct: Structure, shapes) -> ProgramKey:
+    return cls(struct.key, EXACT, None, shapes, ())
+
+  @classmethod
+  def masked(cls, struct: Structure, variant, padded_shapes, env) -> ProgramKey:
+    return cls(struct.key, struct.specs, variant.key, padded_shapes, bucket_key(env))
+
+  @property
+  def exact(self) -> bool:
+    return self.specs == EXACT
+
+
+class Plan:
+  """How a call with given shapes runs: pad, run the program, and unpad."""
+  __slots__ = ("key", "program", "dtypes", "logical", "out_shapes", "waste",
+               "provisional", "fallback")
+
+  def __init__(self, key: ProgramKey, program, dtypes, logical, out_shapes, waste,
+               provisional=None, fallback=False):
+    self.key = key
+    self.program = program
+    self.dtypes = dtypes
+    self.logical = logical              # tuple of int32 scalars for the program
+    self.out_shapes = out_shapes        # per output leaf logical shape, or None
+    self.waste = waste                  # fraction of input elements that are padding
+    self.provisional = provisional      # future of the tighter bucket, if borrowing
+    self.fallback = fallback            # exact shapes because masking failed
+
+  @property
+  def padded_shapes(self) -> tuple:
+    return self.key.padded_shapes
+
+  @property
+  def bucket(self) -> tuple | None:
+    """The bucket (`bucket_key`) this plan runs in; None at exact shapes."""
+    return None if self.key.exact else self.key.bucket
+
+  @property
+  def superseded(self) -> bool:
+    """Borrowing a larger bucket's program, and the tight one is now compiled."""
+    return self.provisional is not None and self.provisional.done()
+
+  def run(self, leaves):
+    """The padded outputs: pads the leaves on the host and runs the program."""
+    ins = [pad(x, s, d) for x, s, d in zip(leaves, self.padded_shapes, self.dtypes)]
+    return self.program(*ins, self.logical)
+
+  def map_outputs(self, outs, convert):
+    """Applies `convert(output, logical shape)` to outputs that have dynamic dims."""
+    if self.out_shapes is None:
+      return outs
+    leaves, tree = jax.tree.flatten(outs)
+    return tree.unflatten([convert(o, s) for o, s in zip(leaves, self.out_shapes)])
+
+
+class Template:
+  """A bucket's plan, kept so that a new size in that bucket needs no binding,
+  tracing or constraint solving: only its logical sizes change."""
+  __slots__ = ("plan", "binding", "variant", "out_dims", "places", "fixed")
+
+  def __init__(self, plan, binding, variant, out_dims, places, fixed):
+    self.plan = plan
+    self.binding = binding
+    self.variant = variant              # the sizes it serves must select it
+    self.out_dims = out_dims            # per output leaf, its symbolic shape
+    self.places = places                # dim -> [(leaf, axis)] where it is the axis size
+    self.fixed = fixed                  # [((leaf, axis), size)] of the fixed axes
+
+  @classmethod
+  def of(cls, plan: Plan, binding, variant, out_dims) -> Template | None:
+    """The template of `plan`, or None when an axis is an expression (`2*n`,
+    `n + 1`) whose sizes only binding can solve."""
+    places: dict[str, list] = {}
+    fixed = []
+    for i, leaf in enumerate(binding.leaves):
+      for axis, d in enumerate(leaf.symbolic_shape):
+        if not jc.is_symbolic_dim(d):
+          fixed.append(((i, axis), int(d)))
+          continue
+        form = _dims.linear_form(d)
+        if form is None or form[1] != 0 or len(form[0]) != 1 or set(form[0].values()) != {1}:
+          return None
+        places.setdefault(next(iter(form[0])), []).append((i, axis))
+    if set(places) != set(binding.dim_names):
+      return None
+    return cls(plan, binding, variant, out_dims, places, tuple(fixed))
+
+  def sizes(self, shapes) -> dict[str, int] | None:
+    """Each dimension's size read off `shapes`; None when two places disagree
+    or a size is 0 (empty: jax.jit's exact program serves it)."""
+    logical: dict[str, int] = {}
+    for dim, places in self.places.items():
+      for leaf, axis in places:
+        if logical.setdefault(dim, shapes[leaf][axis]) != shapes[leaf][axis]:
+          return None
+      if logical[dim] == 0:
+        return None
+    return logical
+
+  def fits(self, shapes) -> bool:
+    return all(shapes[i][a] == n for (i, a), n in self.fixed)
+
+  def plan_at(self, shapes, logical: dict[str, int]) -> Plan:
+    plan = self.plan
+    return Plan(plan.key, plan.program, plan.dtypes, logical_values(self.binding, logical),
+                out_shapes(self.out_dims, logical), waste(shapes, plan.padded_shapes))
+
+
+class Structure:
+  """Everything known about one call structure (static values, tree, dtypes)."""
+
+  def __init__(self, key, treedef, avals, leaf_names):
+    self.key = key
+    self.treedef = treedef
+    self.avals = avals                  # per leaf: (dtype, weak_type)
+    self.leaf_names = leaf_names
+    self.tracker: DimTracker | None = None
+    self.specs: tuple | None = None     # per-leaf specs in use (None: exact)
+    self.masked: Masked | None = None   # `fun` masked with the specs in use
+    self.last_shapes = None             # shapes of the latest new plan
+    self.exact_only = False
+    self.fallback_reason: str | None = None   # why exact_only, for messages
+    self.plans: collections.OrderedDict = collections.OrderedDict()
+    self.templates: dict = {}           # bucket key -> Template
+
+  @property
+  def static_key(self):
+    return self.key[0]
+
+  @property
+  def dtypes(self) -> tuple:
+    return tuple(a[0] for a in self.avals)
+
+  def abstract_args(self, shapes) -> list:
+    """The (args, kwargs) pair of abstract arguments at `shapes`."""
+    return list(self.treedef.unflatten(abstract_leaves(shapes, self.avals)))
+
+  def spec_tree(self):
+    return list(self.treedef.unflatten(list(self.specs)))
+
+  # --- plans ---------------------------------------------------------------------
+
+  def plan(self, shapes) -> Plan | None:
+    """The plan for `shapes`, unless there is none or it is superseded."""
+    plan = self.plans.get(shapes)
+    if plan is None or plan.superseded:
+      return None
+    self.plans.move_to_end(shapes)
+    return plan
+
+  def remember(self, shapes, plan: Plan) -> None:
+    if not plan.superseded:
+      self.plans[shapes] = plan
+      if len(self.plans) > PLANS_PER_STRUCTURE:
+        self.plans.popitem(last=False)
+
+  def forget(self, key: ProgramKey) -> None:
+    """Drops the plans and templates that run the program `key`."""
+    for shapes in [s for s, p in self.plans.items() if p.key == key]:
+      self.plans.pop(shapes, None)
+    for bucket in [b for b, t in self.templates.items() if t.plan.key == key]:
+      del self.templates[bucket]
+
+  def template(self, shapes, bucket_of: Callable[[str, int], int]):
+    """(template, sizes) for `shapes` when the bucket they fall in has a
+    template whose fixed axes agree; else None."""
+    first = next(iter(self.templates.values()), None)
+    if first is None:
+      return None
+    logical = first.sizes(shapes)
+    if logical is None:
+      return None
+    template = self.templates.get(bucket_key({v: bucket_of(v, n) for v, n in logical.items()}))
+    if template is None or not template.fits(shapes):
+      return None
+    return template, logical
+
+  # --- what the calls teach ----------------------------------------------------------
+
+  def observe(self, shapes) -> tuple[tuple, tuple]:
+    """Notes a new plan at `shapes`: (the axes that changed since the last new
+    plan, the dimensions that became dynamic). In automatic mode the tracker
+    learns from the shapes, and new specs reset the structure."""
+    changed = self._changed_axes(shapes)
+    self.last_shapes = shapes
+    tracker = self.tracker
+    if tracker is None or self.exact_only:
+      return changed, ()
+    if tracker.observe(shapes) or (self.specs is None and tracker.any_dynamic):
+      self.reset(tuple(tracker.specs()) if tracker.any_dynamic else None)
+      return changed, tuple(sorted({tracker.symbol(d) for d in tracker.dynamic}))
+    return changed, ()
+
+  def _changed_axes(self, shapes) -> tuple[tuple[str, int, int, int], ...]:
+    """(argument, axis, old size, new size) against the last new plan."""
+    previous = self.last_shapes
+    if previous is None:
+      return ()
+    return tuple((name, axis, old, new)
+                 for name, p, s in zip(self.leaf_names, previous, shapes)
+                 for axis, (old, new) in enumerate(zip(p, s)) if old != new)
+
+  def reset(self, specs) -> None:
+    """New specs: what was traced, planned or templated for the old ones goes."""
+    self.specs = specs
+    self.masked = None
+    self.plans.clear()
+    self.templates.clear()
+
+  def fall_back(self, reason: str) -> None:
+    """From now on every shape compiles exactly, because of `reason`."""
+    self.exact_only = True
+    self.fallback_reason = reason
+    self.reset(self.specs)
+
+
+# --- programs ------------------------------------------------------------------
+
+def masked_body(treedef, masked: Masked, variant, padded_env) -> Callable:
+  """The program of `variant` at the padded sizes `padded_env`."""
+  padded_env = dict(padded_env)
+  names = sorted(padded_env)  # the order of `logical_values`
+
+  def body(*leaves_and_logical):
+    *leaves, logical = leaves_and_logical
+    return masked.call_variant(variant, treedef.unflatten(leaves), padded_env,
+                               dict(zip(names, logical)))
+  return body
+
+
+def exact_body(treedef, fun: Callable) -> Callable:
+  """The program of `fun` itself (taking the dynamic arguments), as jax.jit runs it."""
+
+  def body(*leaves_and_logical):
+    *leaves, _ = leaves_and_logical
+    dyn_args, dyn_kwargs = treedef.unflatten(leaves)
+    return fun(*dyn_args, **dyn_kwargs)
+  return body
+
+
+def lower_and_compile(body: Callable, name: str, padded_shapes, avals, n_dims: int,
+                      donate: tuple[int, ...]):
+  """`jax.jit(body)` compiled for the leaves at `padded_shapes` and `n_dims`
+  logical sizes; `name` names it for JAX (and the persistent cache's key)."""
+  body.__name__ = name
+  logical_avals = tuple(jax.ShapeDtypeStruct((), jc.dim_value_dtype()) for _ in range(n_dims))
+  return jax.jit(body, donate_argnums=donate).lower(
+      *abstract_leaves(padded_shapes, avals), logical_avals).compile()
+
+
+def borrow(done, key: ProgramKey, shapes):
+  """(key, program) among `done` (compiled programs) of the same structure,
+  specs and variant as `key` whose padded shapes hold `shapes`: the smallest."""
+  best = None
+  for other, program in done:
+    if other[:3] != key[:3]:  # structure, specs, variant
+      continue
+    padded = other.padded_shapes
+    if all(all(a >= b for a, b in zip(p, s)) for p, s in zip(padded, shapes)):
+      size = sum(int(np.prod(p)) for p in padded)
+      if best is None or size < best[0]:
+        best = (size, other, program)
+  return None if best is None else best[1:]
+
+
+# --- sizes ---------------------------------------------------------------------
+
+def abstract_leaves(shapes, avals) -> list[jax.ShapeDtypeStruct]:
+  """Abstract arguments: `avals` ((dtype, weak_type) per leaf) at `shapes`."""
+  return [jax.ShapeDtypeStruct(s, a[0], weak_type=a[1]) for s, a in zip(shapes, avals)]
+
+
+def bucket_key(bucket: dict) -> tuple:
+  """A bucket ({dimension: padded size}) as a hashable, ordered key."""
+  return tuple(sorted(bucket.items()))
+
+
+def zero_sized(specs, shapes) -> bool:
+  """Whether an argument with dynamic axes has an empty axis in this call."""
+  return any(spec is not None and 0 in shape for spec, shape in zip(specs, shapes))
+
+
+def padded_shapes(binding, env) -> tuple:
+  return tuple(tuple(_dims.evaluate_dim(d, env) for d in leaf.symbolic_shape)
+               for leaf in binding.leaves)
+
+
+def logical_values(binding, logical) -> tuple:
+  """The program's size arguments: one int scalar per dim, in binding order."""
+  dtype = jc.dim_value_dtype()
+  return tuple(np.asarray(logical[v], dtype) for v in binding.dim_names)
+
+
+def out_shapes(out_dims, logical) -> tuple:
+  """Each output's logical shape: its symbolic shape at these sizes."""
+  return tuple(tuple(_dims.evaluate_dim(d, logical) for d in dims) for dims in out_dims)
+
+
+def waste(shapes, padded_shapes) -> float:
+  logical = sum(int(np.prod(s)) for s in shapes)
+  padded = sum(int(np.prod(p)) for p in padded_shapes)
+  return 1.0 - logical / padded if padded else 0.0
