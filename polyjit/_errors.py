@@ -50,7 +50,7 @@ def no_rule_message(prim_name: str, source: str, padded: list[str]) -> str:
       "what is supported.")
 
 
-def trace_error(error: BaseException, fun_name: str, constraints=()) -> PolyjitError:
+def trace_error(error: BaseException, fun_name: str) -> PolyjitError:
   """JAX's error from tracing `fun` with symbolic sizes, as a polyjit error
   that names the user's line (and the JAX function that failed, if one did)
   and says what to do."""

@@ -31,6 +31,7 @@ it on a custom_vjp. Calling `jax.jvp` *inside* `fun` is fine.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import threading
@@ -339,19 +340,20 @@ class Masked:
   def _trace_error(self, error: BaseException, variant=None, traced_sizes=False):
     """`error` from tracing `fun`, as a polyjit error that explains itself."""
     if isinstance(error, (MaskingError, ShapeError)):
-      out = error
-    elif isinstance(error, NotImplementedError) and jax_refusal(error) is not None:
+      # A copy: the variant keeps its error and raises it on every call, and
+      # each raise gets notes of its own.
+      out = copy.copy(error)
+    elif isinstance(error, NotImplementedError):  # JAX's own refusals at symbolic sizes
       out = jax_refusal(error)
     else:
-      out = trace_error(error, self._name, self.constraints)
+      out = trace_error(error, self._name)
     if variant is not None and traced_sizes and (variant.decisions or variant.other_side):
       declare = (f"constraints=['{variant.other_side}']" if variant.other_side
                  else "constraints=[...]")
       out.add_note(f"(it fails for the sizes where {variant.describe()}. With traced sizes "
                    "(jax.jit of a masked function, pj.vmap) every size up to the padded "
                    f"one must work; if sizes never go there, declare it: {declare}.)")
-    if out is not error:
-      out.__cause__ = error
+    out.__cause__ = error
     return out
 
   # --- calls ------------------------------------------------------------------

@@ -258,7 +258,7 @@ def explore(trace: TraceFn, constraints: tuple, domain: Domain) -> list[Variant]
     except jc.InconclusiveDimensionOperation as e:
       _push_flips(stack, cons, forced, oracle, domain)
       settled = {**forced, **{d.key: a for d, a in oracle.decisions()}}
-      sides = guard_sides(e, _spec.make_scope(cons))
+      sides = guard_sides(e)
       if sides is None or len(cons) - len(constraints) >= MAX_GUARDS:
         variants.append(Variant(cons, oracle.decisions(), error=e, other_side=other_side))
         continue
@@ -295,7 +295,7 @@ def _push_flips(stack, cons, forced, oracle: _Oracle, domain: Domain) -> None:
 
 # --- guards: comparisons in JAX's own code ---------------------------------------
 
-def guard_sides(error: Exception, scope) -> tuple[str, str] | None:
+def guard_sides(error: Exception) -> tuple[str, str] | None:
   """The two constraints that settle an inconclusive comparison either way,
   e.g. ('n >= 3', 'n <= 2') for `3 <= n`."""
   cmp = jc.inconclusive_comparison(error)
@@ -312,7 +312,7 @@ def guard_for(error: Exception, sizes: dict[str, int], scope) -> str | None:
   constraint ('x_0 >= 11' for `x.shape[0] > 10` at x_0 = 20); None when the
   error is not such a comparison."""
   cmp = jc.inconclusive_comparison(error)
-  sides = guard_sides(error, scope)
+  sides = guard_sides(error)
   if cmp is None or sides is None:
     return None
   a, op, b = cmp
