@@ -72,6 +72,12 @@ def parse_shape(spec: str | None, like: tuple[int, ...], scope, where: str):
   """Parses one spec against a padded shape; raises ShapeError on mismatch."""
   if spec is None:
     return tuple(like)
+  rank = spec_rank(spec)
+  if rank is not None and rank != len(like):
+    raise ShapeError(
+        f"{where}: the spec {spec!r} has {rank} dim{'s' * (rank != 1)} but the argument "
+        f"has shape {tuple(like)} ({len(like)} dim{'s' * (len(like) != 1)}): a spec names "
+        "every axis of its argument (`_` for a fixed one).")
   try:
     shape = tuple(jc.symbolic_shape(spec, scope=scope, like=tuple(like)))
   except Exception as e:
@@ -83,6 +89,33 @@ def parse_shape(spec: str | None, like: tuple[int, ...], scope, where: str):
         f"{where}: the spec {spec!r} has {len(shape)} dims but the argument has "
         f"shape {tuple(like)} ({len(like)} dims).")
   return shape
+
+
+def spec_rank(spec: str) -> int | None:
+  """How many dims a spec string names, or None when it has `...` (any rank)
+  or is not well formed (JAX's parser then says why). Counted here so that a
+  rank mismatch is reported as one, not as JAX's "syntax error"."""
+  text = spec.strip()
+  if "..." in text:
+    return None
+  if text.startswith("(") and text.endswith(")"):
+    text = text[1:-1]
+  dims, depth, current = [], 0, ""
+  for ch in text:
+    depth += (ch == "(") - (ch == ")")
+    if depth < 0:
+      return None
+    if ch == "," and depth == 0:
+      dims.append(current)
+      current = ""
+    else:
+      current += ch
+  dims.append(current)
+  if dims[-1].strip() == "":  # "(n,)" and "()"
+    dims.pop()
+  if depth != 0 or any(d.strip() == "" for d in dims):
+    return None
+  return len(dims)
 
 
 def _leaf_paths(tree) -> list[str]:

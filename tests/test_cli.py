@@ -1,5 +1,9 @@
 """`python -m polyjit`: with no subcommand or --help it lists the subcommands."""
 
+import numpy as np
+import pytest
+
+from polyjit import _demo
 from polyjit.__main__ import COMMANDS, main
 
 
@@ -13,3 +17,17 @@ def test_no_subcommand_prints_help_instead_of_running_the_demo(capsys):
 def test_an_unknown_subcommand_fails_with_the_usage(capsys):
   assert main(["nope"]) == 2
   assert "unknown command 'nope'" in capsys.readouterr().err
+
+
+def test_the_demo_plot_starts_its_axes_at_zero_and_writes_the_speedup():
+  plt = pytest.importorskip("matplotlib.pyplot")
+  results = {name: {"jax.jit": (np.array([2.0, 4.0, 6.0]), [0] * 3),
+                    "polyjit": (np.array([1.5, 1.8, 2.0]), [0]), "polyjit_name": "pj.jit"}
+             for name in ("seed log-likelihood", "ragged RNN gradients")}
+  fig = _demo.figure(results, plt)
+  try:
+    for ax in fig.axes:
+      assert ax.get_ylim()[0] == 0 and ax.get_xlim()[0] == 0
+      assert [t.get_text() for t in ax.texts] == ["pj.jit: 3.0x faster than jax.jit"]
+  finally:
+    plt.close(fig)

@@ -6,6 +6,7 @@ import logging
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -47,9 +48,29 @@ def test_explain_names_argument_axis_sizes_and_buckets():
   first, second = lengths[:2]
   assert f"argument `x` axis 0 changed {first} -> {second}; now dynamic: x_0" in text
   assert f"bucket x_0={pj.buckets.PowersOfTwo()(second)} for x_0={second}" in text
-  assert (f"argument `x` axis 0 took {len(set(lengths[1:]))} distinct sizes in "
-          f"[{min(lengths[1:]):,}, {max(lengths[1:]):,}]: the default buckets") in text
+  # every size the axis took, the first call's included, written as numbers
+  assert (f"argument `x` axis 0 took {len(set(lengths))} distinct sizes in "
+          f"[{min(lengths)}, {max(lengths)}]: the default buckets") in text
   assert "would need" in text
+  assert "fallback" not in text.splitlines()[0]  # nothing to explain without one
+
+
+def test_watch_and_explain_count_the_same_sizes_the_same_way(monkeypatch):
+  monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+  lengths = some_lengths(12, seed=3)
+  plain, bucketed = jax.jit(loglik), pj.jit(loglik)
+  with pj.watch() as report:
+    for n in lengths:
+      plain(np.ones(n, np.float32), 0.5)
+  for n in lengths:
+    bucketed(np.ones(n, np.float32), 0.5)
+  watched, explained = str(report), pj.explain(bucketed)
+  advice = [line.strip() for line in watched.splitlines() if " distinct sizes in " in line]
+  assert len(advice) == 1 and f"took {len(set(lengths))} distinct sizes" in advice[0]
+  assert advice[0] in explained  # the same sizes, the same figures
+  assert report["loglik"].pj_jit_compiles() == pj.stats(bucketed).compiles
+  assert f"{pj.stats(bucketed).compiles} (the first call's shapes + " in watched
+  assert "defined at tests/test_diagnostics.py:" in watched  # no absolute path
 
 
 def test_explain_reports_a_fallback():
@@ -61,6 +82,8 @@ def test_explain_reports_a_fallback():
     f(np.ones(n, np.float32))
   text = pj.explain(f)
   assert "cannot run with dynamic sizes" in text and "give polymorphic_shapes" in text
+  assert (f"{pj.stats(f).fallback_calls} calls ran at exact shapes because the function "
+          "could not be masked") in text.splitlines()[0]
 
 
 def test_watch_sees_recompiles_of_plain_jax_jit(caplog):
@@ -96,6 +119,24 @@ def test_assert_max_compiles_names_the_argument():
   with pytest.raises(pj.CompileLimitError,
                      match=r"argument `x` had the new shape \(5,\) \(before: \(3,\), \(4,\)\)"):
     step(np.ones(5), 2.0)
+
+
+def test_the_budget_advice_fits_what_the_function_is():
+  @pj.assert_max_compiles(2)
+  @pj.jit
+  def total(x):
+    return jnp.sum(x)
+
+  total(np.ones(5, np.float32))
+  total(np.ones(9, np.float32))
+  with pytest.raises(pj.CompileLimitError, match="already a pj.jit function") as e:
+    total(np.ones(40, np.float32))
+  assert "wrap" not in str(e.value) and "pj.explain" in str(e.value)
+
+  plain = pj.assert_max_compiles(1)(jax.jit(jnp.sum))
+  plain(np.ones(3))
+  with pytest.raises(pj.CompileLimitError, match="use pj.jit in place of jax.jit"):
+    plain(np.ones(4))
 
 
 def test_no_compile_after_warm_up():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -51,6 +53,13 @@ def test_rank_and_prefix_mismatches():
     padded_of(["(n, m)"], np.zeros(3))
   with pytest.raises(pj.ShapeError, match="one spec per positional argument"):
     padded_of(["n"], np.zeros(3), np.zeros(3))
+  for spec, x, rank in [("(n, _)", np.zeros(4), "2 dims"), ("n", np.zeros((4, 2)), "1 dim"),
+                        ("(n,)", np.zeros((4, 2)), "1 dim"), ("(n, _, 3)", np.zeros((4, 3)),
+                                                              "3 dims")]:
+    with pytest.raises(pj.ShapeError, match=rf"the spec '{re.escape(spec)}' has {rank} but "
+                       r"the argument has shape") as e:
+      padded_of([spec], x)
+    assert "syntax error" not in str(e.value)
   with pytest.raises(pj.ShapeError, match="not a pytree prefix"):
     padded_of([("n", "n")], np.zeros(3))
 

@@ -41,7 +41,7 @@ def advise(where: str, sizes: Iterable[int], current: B.BucketPolicy | None = No
   sizes = sorted(set(int(s) for s in sizes))
   current = current or B.default()
   now = cost(current, sizes, _label(current), "")
-  head = (f"{where} took {len(sizes)} distinct sizes in [{sizes[0]:,}, {sizes[-1]:,}]: "
+  head = (f"{where} took {len(sizes)} distinct sizes in [{sizes[0]}, {sizes[-1]}]: "
           f"{now.label} need {now.programs} program{'s' * (now.programs != 1)} with "
           f"{now.padding:.0%} mean padding")
   options = [cost(p, sizes, label, code) for label, code, p in _CANDIDATES if p != current]

@@ -55,12 +55,18 @@ def explain(f) -> str:
   f = _check(f)
   s = f.stats
   name = getattr(f.fun, "__name__", "fun")
-  lines = [f"pj.jit({name}): {s.calls} call{'s' * (s.calls != 1)}, {s.compiles} "
-           f"compile{'s' * (s.compiles != 1)} ({s.compile_seconds:.2f} s compiling), "
-           f"mean padding {s.padding_waste:.0%}, {s.fallback_calls} call"
-           f"{'s' * (s.fallback_calls != 1)} at exact shapes after a fallback"]
+  exact = sum(1 for e in s.compile_events if e.exact)
+  buckets = len(s.compile_events) - exact
+  split = f" ({exact} exact-shape program{'s' * (exact != 1)}, {buckets} bucket{'s' * (buckets != 1)})" if exact else ""
+  head = (f"pj.jit({name}): {_count(s.calls, 'call')}, {_count(s.compiles, 'compile')}{split}, "
+          f"{s.compile_seconds:.2f} s compiling; padding {s.padding_waste:.0%} of the "
+          "argument elements of a bucketed call, on average")
+  if s.fallback_calls:
+    head += (f"; {_count(s.fallback_calls, 'call')} ran at exact shapes because the function "
+             "could not be masked for them (see the fallback compiles below)")
+  lines = [head]
   if s.cache_loads:
-    lines[0] += f", {s.cache_loads} program(s) loaded from the persistent cache"
+    lines[0] += f"; {s.cache_loads} program(s) loaded from the persistent cache"
   lines.append("compiles:")
   for i, event in enumerate(s.compile_events, 1):
     lines.append(f"  {i}. {_describe(event.cause)} ({event.seconds:.2f} s)")
@@ -69,6 +75,25 @@ def explain(f) -> str:
     lines.append("advice:")
     lines.extend(f"  {a}" for a in advice)
   return "\n".join(lines)
+
+
+def _count(n: int, noun: str) -> str:
+  return f"{n} {noun}{'s' * (n != 1)}"
+
+
+def axis_sizes(f: JitFunction) -> dict[tuple[str, int], set[int]]:
+  """Every size each argument axis took. A dimension's record has the sizes of
+  its bucketed calls; the sizes of calls made at exact shapes before the axis
+  became dynamic (the first call's) are known from the compile causes. With
+  both, `explain` counts the sizes `pj.watch` counts for the same calls."""
+  out: dict[tuple[str, int], set[int]] = {}
+  for event in f.stats.compile_events:
+    for name, axis, old, new in event.cause.changed:
+      out.setdefault((name, axis), set()).update((old, new))
+  for entry in f.stats.dims.values():
+    if entry.where:
+      out.setdefault(entry.where, set()).update(entry.sizes)
+  return out
 
 
 def _axis(name: str, axis: int) -> str:
@@ -109,11 +134,13 @@ def _describe(cause: Cause) -> str:
 
 def _advice(f: JitFunction) -> list[str]:
   out = []
+  seen = axis_sizes(f)
   for dim, entry in sorted(f.stats.dims.items()):
-    if len(entry.sizes) < 3:
+    sizes = seen[entry.where] if entry.where else entry.sizes
+    if len(sizes) < 3:
       continue
     where = _axis(*entry.where) if entry.where else f"dimension `{dim}`"
-    out.append(advise(where, entry.sizes, f.bucket_policy(dim)))
+    out.append(advise(where, sizes, f.bucket_policy(dim)))
   if f.stats.fallback_calls:
     out.append("calls ran at exact shapes after a fallback: give polymorphic_shapes (and "
                "constraints for size comparisons) so that they can be masked.")

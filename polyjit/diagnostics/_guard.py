@@ -20,6 +20,7 @@ import numpy as np
 
 from .._compiles import count_compiles
 from .._errors import CompileLimitError
+from .._jit import JitFunction
 from ._watch import watch
 
 
@@ -49,7 +50,7 @@ class assert_max_compiles:
       new = {k: v for k, v in shapes.items() if v not in seen.get(k, [])}
       self.compiles += len(compiles)
       if self.compiles > self.n:
-        raise CompileLimitError(_message(name, self.compiles, self.n, new, seen))
+        raise CompileLimitError(_message(name, self.compiles, self.n, new, seen, fun))
       for k, v in shapes.items():
         if v not in seen.setdefault(k, []):
           seen[k].append(v)
@@ -96,7 +97,21 @@ def _argument_shapes(names, args, kwargs) -> dict[str, Any]:
   return {k: jax.tree.map(lambda x: tuple(np.shape(x)), v) for k, v in named.items()}
 
 
-def _message(name, compiles, budget, new, seen) -> str:
+def _advice(fun: Callable) -> str:
+  """What to do, for what `fun` already is."""
+  if isinstance(fun, JitFunction):
+    return ("it is already a pj.jit function, so each new bucket (or a call it could not "
+            "mask) compiles once: see pj.explain on it for each compile's cause; precompile "
+            "the buckets before the budgeted calls (f.precompile(..., sizes=...)), choose "
+            "coarser buckets (buckets=...), or raise the budget to the buckets your sizes need")
+  if hasattr(fun, "lower") and hasattr(fun, "trace"):  # a jax.jit function
+    return ("if that argument's size varies, use pj.jit in place of jax.jit (new sizes "
+            "then reuse a bucket's program), or pad it yourself")
+  return ("if that argument's size varies, decorate the function (or the jax.jit functions "
+          "it calls) with pj.jit (new sizes then reuse a bucket's program), or pad it yourself")
+
+
+def _message(name, compiles, budget, new, seen, fun) -> str:
   parts = []
   for arg, shape in new.items():
     before = seen.get(arg)
@@ -104,5 +119,4 @@ def _message(name, compiles, budget, new, seen) -> str:
                  (f" (before: {', '.join(map(str, before[-5:]))})" if before else ""))
   culprit = "; ".join(parts) if parts else "no argument had a new shape"
   return (f"{name} compiled {compiles} time(s), over its budget of {budget}: {culprit}.\n"
-          "What to do: if that argument's size varies, wrap the function with pj.jit "
-          "(new sizes then reuse a bucket's program), or pad it yourself.")
+          f"What to do: {_advice(fun)}.")

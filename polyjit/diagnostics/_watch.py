@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 from typing import Iterator
 
 from .. import _buckets as B
@@ -80,13 +81,13 @@ class WatchReport:
     if not self.functions:
       return "pj.watch: no jax.jit function compiled in the block."
     rows = [("function", "compiles", "compile s", "varying axes (distinct sizes)",
-             "with pj.jit")]
+             "compiles with pj.jit")]
     for f in sorted(self.functions.values(), key=lambda f: -f.compile_seconds):
       varying = "; ".join(f"{p} axis {a} ({len(s)})" for (p, a), s in sorted(f.varying.items()))
       if f.new_objects > 1:
         varying = f"re-created {f.new_objects} times"
       rows.append((f.name, str(f.compiles), f"{f.compile_seconds:.2f}", varying or "-",
-                   f"{f.pj_jit_compiles()} compiles" if f.varying else "-"))
+                   _pj_jit_column(f) if f.varying else "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -110,7 +111,7 @@ class WatchReport:
     if miss is None:
       return
     f = self._function(miss.function)
-    f.defined_at = miss.defined_at
+    f.defined_at = _relative(miss.defined_at)
     f.misses += 1
     f.new_objects += miss.never_seen
     signature = dict(f.signatures[-1]) if f.signatures else {}
@@ -130,6 +131,18 @@ class WatchReport:
       f = self._function(jc.function_of_program(e.fun_name))
       f.compiles += 1
       f.compile_seconds += e.seconds
+
+
+def _pj_jit_column(f: FunctionReport) -> str:
+  n = f.pj_jit_compiles()
+  return f"{n} (the first call's shapes + {n - 1} bucket{'s' * (n != 2)})"
+
+
+def _relative(where: str) -> str:
+  """A source location below the working directory, relative to it (reports
+  and examples' outputs then hold no machine's absolute paths)."""
+  here = os.getcwd() + os.sep
+  return where[len(here):] if where.startswith(here) else where
 
 
 class _Capture(logging.Filter):
