@@ -86,7 +86,7 @@ class DimTracker:
 
   def specs(self) -> list[str | None]:
     """One spec per leaf, in `pj.mask` syntax ("_" for fixed axes)."""
-    out = []
+    out: list[str | None] = []
     for leaf, shape in enumerate(self.first):
       symbols = [self.symbol((leaf, axis)) for axis in range(len(shape))]
       if not any(symbols):

@@ -54,7 +54,7 @@ class BucketPolicy:
       size = b + 1
     return out
 
-  def _check(self):
+  def _check(self) -> None:
     if self.overflow not in _OVERFLOW:
       raise ValueError(f"overflow must be one of {_OVERFLOW}, got {self.overflow!r}")
     if self.minimum < 1:
@@ -70,7 +70,7 @@ class PowersOfTwo(BucketPolicy):
   maximum: int | None = None
   overflow: str = "exact"
 
-  def __post_init__(self):
+  def __post_init__(self) -> None:
     self._check()
 
   def _bucket(self, size: int) -> int:
@@ -86,7 +86,7 @@ class Geometric(BucketPolicy):
   overflow: str = "exact"
   align: int = 8
 
-  def __post_init__(self):
+  def __post_init__(self) -> None:
     self._check()
     if not self.ratio > 1:
       raise ValueError(f"ratio must be > 1, got {self.ratio}")
@@ -108,7 +108,7 @@ class Multiples(BucketPolicy):
   maximum: int | None = None
   overflow: str = "exact"
 
-  def __post_init__(self):
+  def __post_init__(self) -> None:
     self._check()
     if self.k < 1:
       raise ValueError(f"k must be >= 1, got {self.k}")
@@ -123,7 +123,7 @@ class Explicit(BucketPolicy):
   buckets: tuple[int, ...] = ()
   overflow: str = "exact"
 
-  def __post_init__(self):
+  def __post_init__(self) -> None:
     object.__setattr__(self, "buckets", tuple(sorted({int(b) for b in self.buckets})))
     if not self.buckets or self.buckets[0] < 1:
       raise ValueError(f"explicit buckets must be positive sizes, got {self.buckets}")
@@ -157,7 +157,7 @@ def default() -> BucketPolicy:
   return PowersOfTwo()
 
 
-def as_policy(spec) -> BucketPolicy:
+def as_policy(spec: object) -> BucketPolicy:
   """A policy from what users pass as `buckets=`.
 
   None: the default (powers of two from 16); a policy; a sequence of sizes

@@ -93,7 +93,7 @@ class ExecutableCache:
       fut.set_exception(e)
 
   def _evict(self) -> list:
-    evicted = []
+    evicted: list[Any] = []
     excess = len(self._entries) - self.maxsize
     for key in list(self._entries):
       if len(evicted) >= excess:

@@ -20,7 +20,7 @@ import contextlib
 import dataclasses
 import threading
 import time
-from typing import Iterator
+from typing import Any, Iterator
 
 import jax.monitoring
 
@@ -54,10 +54,10 @@ def _on_event(event: str, **kwargs) -> None:
     _hits.pending = True
 
 
-def _on_duration(event: str, seconds: float, **kwargs) -> None:
+def _on_duration(event: str, duration_secs: float, **kwargs: Any) -> None:
   if event != jc.BACKEND_COMPILE_EVENT:
     return
-  record = CompileEvent(jc.compile_event_function(kwargs), float(seconds), time.time())
+  record = CompileEvent(jc.compile_event_function(kwargs), float(duration_secs), time.time())
   loaded = getattr(_hits, "pending", False)
   _hits.pending = False
   thread = threading.get_ident()

@@ -62,6 +62,7 @@ def _factor_int(f, env) -> int:
   if var is not None:
     return env[var]
   a, b = (_evaluate_int(o, env) for o in operands)
+  assert operation is not None  # a factor is a variable or an operation
   return {"floordiv": lambda: a // b, "mod": lambda: a % b,
           "max": lambda: max(a, b), "min": lambda: min(a, b)}[operation]()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from types import FrameType
 
 from . import _jax_compat as jc
 
@@ -30,7 +31,7 @@ class MaskingError(PolyjitError, NotImplementedError):
   """
 
   def __init__(self, message: str, *, primitive: str | None = None,
-               source: str | None = None):
+               source: str | None = None) -> None:
     super().__init__(message)
     self.primitive = primitive
     self.source = source
@@ -106,6 +107,7 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 def warn_user(message: str, category: type[Warning]) -> None:
   """`warnings.warn`, attributed to the user's line that called into polyjit."""
+  frame: FrameType | None
   level, frame = 2, sys._getframe(1)
   while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
     frame, level = frame.f_back, level + 1

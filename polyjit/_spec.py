@@ -149,7 +149,7 @@ def bind(in_shapes, args: Sequence[Any], scope,
           f"argument: {e}") from None
     # Up to the argument's structure: a None in the argument (an optional
     # bias) is an empty subtree, not a spec.
-    spec_leaves = jax.tree.structure(arg).flatten_up_to(specs)
+    spec_leaves = jax.tree.structure(arg).flatten_up_to(specs)  # type: ignore[attr-defined]
     arg_leaves = jax.tree.leaves(arg)
     paths = _leaf_paths(arg)
     for spec, leaf, path in zip(spec_leaves, arg_leaves, paths):

@@ -92,8 +92,8 @@ def _extreme(dtype, low: bool):
   if dtype == np.bool_:
     return np.bool_(not low)
   if jnp.issubdtype(dtype, jnp.integer):
-    info = jnp.iinfo(dtype)
-    return np.asarray(info.min if low else info.max, dtype)[()]
+    ints = jnp.iinfo(dtype)
+    return np.asarray(ints.min if low else ints.max, dtype)[()]
   info = jnp.finfo(dtype)
   inf = np.asarray(np.inf, dtype)
   if np.isinf(inf):

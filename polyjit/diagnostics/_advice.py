@@ -29,7 +29,7 @@ class Cost:
   padding: float  # mean fraction of computed elements that are padding
 
 
-def cost(policy: B.BucketPolicy, sizes: Iterable[int], label="", code="") -> Cost:
+def cost(policy: B.BucketPolicy, sizes: Iterable[int], label: str = "", code: str = "") -> Cost:
   sizes = list(sizes)
   buckets = [policy.bucket(s) for s in sizes]
   padding = sum(1 - s / b for s, b in zip(sizes, buckets)) / len(sizes) if sizes else 0.0

@@ -29,20 +29,20 @@ class JitStats:
   calls: int
   compiles: int
   compile_seconds: float
-  buckets: dict[tuple, int]
+  buckets: dict[tuple[tuple[str, int], ...], int]
   padding_waste: float
   fallback_calls: int
   cache_loads: int
 
 
-def _check(f) -> JitFunction:
+def _check(f: object) -> JitFunction:
   if not isinstance(f, JitFunction):
     raise TypeError(f"expected a function made by pj.jit, got {type(f).__name__}; for "
                     "plain jax.jit functions use `with pj.watch() as report:`.")
   return f
 
 
-def stats(f) -> JitStats:
+def stats(f: JitFunction) -> JitStats:
   """The activity of a `pj.jit` function so far."""
   s = _check(f).stats
   return JitStats(calls=s.calls, compiles=s.compiles, compile_seconds=s.compile_seconds,
@@ -50,7 +50,7 @@ def stats(f) -> JitStats:
                   fallback_calls=s.fallback_calls, cache_loads=s.cache_loads)
 
 
-def explain(f) -> str:
+def explain(f: JitFunction) -> str:
   """Each compile of a `pj.jit` function and its cause, then advice."""
   f = _check(f)
   s = f.stats
@@ -105,7 +105,7 @@ def _changes(cause: Cause) -> str:
 
 
 def _bucket(cause: Cause) -> str:
-  return ", ".join(f"{d}={p}" for d, p in sorted(cause.bucket.items()))
+  return ", ".join(f"{d}={p}" for d, p in sorted((cause.bucket or {}).items()))
 
 
 def _describe(cause: Cause) -> str:

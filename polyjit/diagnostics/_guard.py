@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable
+from types import TracebackType
+from typing import Any, Callable, ContextManager, Literal
 
 import jax
 import numpy as np
@@ -21,29 +22,29 @@ import numpy as np
 from .._compiles import count_compiles
 from .._errors import CompileLimitError
 from .._jit import JitFunction
-from ._watch import watch
+from ._watch import WatchReport, watch
 
 
 class assert_max_compiles:
   """Raise `pj.CompileLimitError` when more than `n` compiles happen."""
 
-  def __init__(self, n: int):
+  def __init__(self, n: int) -> None:
     if n < 0:
       raise ValueError(f"the compile budget must be >= 0, got {n}")
     self.n = n
     self.compiles = 0
-    self._watch = None
-    self._report = None
+    self._watch: ContextManager[WatchReport] | None = None
+    self._report: WatchReport | None = None
 
   # --- decorator -------------------------------------------------------------
 
-  def __call__(self, fun: Callable) -> Callable:
-    seen: dict[str, list] = {}
+  def __call__(self, fun: Callable[..., Any]) -> Callable[..., Any]:
+    seen: dict[str, list[Any]] = {}
     names = _parameter_names(fun)
     name = getattr(fun, "__name__", "function")
 
     @functools.wraps(fun)
-    def guarded(*args, **kwargs):
+    def guarded(*args: Any, **kwargs: Any) -> Any:
       with count_compiles(this_thread_only=True) as compiles:
         out = fun(*args, **kwargs)
       shapes = _argument_shapes(names, args, kwargs)
@@ -56,19 +57,21 @@ class assert_max_compiles:
           seen[k].append(v)
       return out
 
-    guarded.compile_budget = self
+    guarded.compile_budget = self  # type: ignore[attr-defined]  # read by tests and users
     return guarded
 
   # --- context manager -------------------------------------------------------
 
-  def __enter__(self):
+  def __enter__(self) -> WatchReport:
     self._watch = watch()
     self._report = self._watch.__enter__()
     return self._report
 
-  def __exit__(self, *exc):
-    self._watch.__exit__(*exc)
-    if exc[0] is not None:
+  def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+               traceback: TracebackType | None) -> Literal[False]:
+    assert self._watch is not None and self._report is not None, "__exit__ before __enter__"
+    self._watch.__exit__(kind, error, traceback)
+    if kind is not None:
       return False
     total = sum(f.compiles for f in self._report.functions.values())
     if total > self.n:
@@ -84,20 +87,21 @@ class assert_max_compiles:
     return False
 
 
-def _parameter_names(fun) -> list[str]:
+def _parameter_names(fun: Callable[..., Any]) -> list[str]:
   try:
     return list(inspect.signature(fun).parameters)
   except (TypeError, ValueError):
     return []
 
 
-def _argument_shapes(names, args, kwargs) -> dict[str, Any]:
+def _argument_shapes(names: list[str], args: tuple[Any, ...],
+                     kwargs: dict[str, Any]) -> dict[str, Any]:
   named = {(names[i] if i < len(names) else f"arg{i}"): a for i, a in enumerate(args)}
   named.update(kwargs)
   return {k: jax.tree.map(lambda x: tuple(np.shape(x)), v) for k, v in named.items()}
 
 
-def _advice(fun: Callable) -> str:
+def _advice(fun: Callable[..., Any]) -> str:
   """What to do, for what `fun` already is."""
   if isinstance(fun, JitFunction):
     return ("it is already a pj.jit function, so each new bucket (or a call it could not "
@@ -111,7 +115,8 @@ def _advice(fun: Callable) -> str:
           "it calls) with pj.jit (new sizes then reuse a bucket's program), or pad it yourself")
 
 
-def _message(name, compiles, budget, new, seen, fun) -> str:
+def _message(name: str, compiles: int, budget: int, new: dict[str, Any],
+             seen: dict[str, list[Any]], fun: Callable[..., Any]) -> str:
   parts = []
   for arg, shape in new.items():
     before = seen.get(arg)

@@ -9,7 +9,7 @@ every dim (there is no argument to take a "_" from); a leaf is a spec string
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -19,23 +19,26 @@ from .. import _spec
 from .._errors import ShapeError
 from .._mask import check_out_shape, trace_flat
 
+F = TypeVar("F", bound=Callable[..., Any])
 
-def _is_leaf(x) -> bool:
+
+def _is_leaf(x: object) -> bool:
   return (x is None or isinstance(x, str)
           or (isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str)))
 
 
-def shapecheck(in_shapes: Sequence[Any], out_shape, *, constraints: Sequence[str] = ()):
+def shapecheck(in_shapes: Sequence[Any], out_shape: Any, *,
+               constraints: Sequence[str] = ()) -> Callable[[F], F]:
   """A decorator that checks `fun`'s output shapes symbolically, then returns it."""
   scope = _spec.make_scope(constraints)
 
-  def decorate(fun: Callable) -> Callable:
+  def decorate(fun: F) -> F:
     args = [jax.tree.map(lambda leaf: _abstract(leaf, scope), spec, is_leaf=_is_leaf)
             for spec in in_shapes]
     leaves, in_tree = jax.tree.flatten(args)
-    box = []
+    box: list[Any] = []
 
-    def flat_fun(*flat):
+    def flat_fun(*flat: Any) -> list[Any]:
       out, out_tree = jax.tree.flatten(fun(*jax.tree.unflatten(in_tree, flat)))
       box.append(out_tree)
       return out
@@ -52,7 +55,7 @@ def shapecheck(in_shapes: Sequence[Any], out_shape, *, constraints: Sequence[str
   return decorate
 
 
-def _abstract(leaf, scope):
+def _abstract(leaf: Any, scope: Any) -> jax.ShapeDtypeStruct:
   spec, dtype = (leaf, jnp.float32) if isinstance(leaf, str) else leaf
   try:
     shape = jc.symbolic_shape(spec, scope=scope)

@@ -15,11 +15,11 @@ import contextlib
 import dataclasses
 import logging
 import os
-from typing import Iterator
+from typing import Any, Iterable, Iterator
 
 from .. import _buckets as B
 from .. import _jax_compat as jc
-from .._compiles import count_compiles
+from .._compiles import CompileEvent, count_compiles
 from ._advice import advise
 
 
@@ -33,8 +33,8 @@ class FunctionReport:
   misses: int = 0
   new_objects: int = 0  # "never seen function" misses: the function object is new
   # (argument path, axis) -> distinct sizes seen
-  varying: dict = dataclasses.field(default_factory=dict)
-  signatures: list = dataclasses.field(default_factory=list)
+  varying: dict[tuple[str, int], set[int]] = dataclasses.field(default_factory=dict)
+  signatures: list[dict[tuple[str, int], int]] = dataclasses.field(default_factory=list)
 
   def pj_jit_compiles(self) -> int:
     """Programs `pj.jit` with the default buckets would build for the same calls:
@@ -65,13 +65,13 @@ class FunctionReport:
 class WatchReport:
   """Per-function recompilation report; `str(report)` is a readable table."""
 
-  def __init__(self):
+  def __init__(self) -> None:
     self.functions: dict[str, FunctionReport] = {}
 
   def __getitem__(self, name: str) -> FunctionReport:
     return self.functions[name]
 
-  def as_dict(self) -> dict:
+  def as_dict(self) -> dict[str, dict[str, Any]]:
     return {name: dict(dataclasses.asdict(f), varying={f"{p} axis {a}": sorted(s)
                                                         for (p, a), s in f.varying.items()},
                        pj_jit_compiles=f.pj_jit_compiles(), suggestion=f.suggestion())
@@ -126,7 +126,7 @@ class WatchReport:
           signature[(path, axis)] = n
     f.signatures.append(signature)
 
-  def _add_compiles(self, events) -> None:
+  def _add_compiles(self, events: Iterable[CompileEvent]) -> None:
     for e in events:
       f = self._function(jc.function_of_program(e.fun_name))
       f.compiles += 1
@@ -148,7 +148,7 @@ def _relative(where: str) -> str:
 class _Capture(logging.Filter):
   """A logger filter that takes JAX's cache-miss explanations for the report."""
 
-  def __init__(self, report: WatchReport):
+  def __init__(self, report: WatchReport) -> None:
     super().__init__()
     self.report = report
 
