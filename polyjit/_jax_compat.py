@@ -10,7 +10,8 @@ algebra on dimension expressions is in `_dims.py`, on the accessors below.
 Every patch to JAX's tables and classes is installed by `install_patches()`.
 This module imports nothing of polyjit's.
 
-Tested against JAX 0.10.2 (see pyproject.toml for the supported range).
+Tested against JAX 0.10.2, and 0.9.2 in part (see the version section below and
+pyproject.toml for the supported range).
 """
 
 from __future__ import annotations
@@ -38,6 +39,20 @@ from jax._src.numpy import util as _np_util
 from jax._src.interpreters import ad as _ad
 from jax._src.interpreters import partial_eval as _pe
 
+# --- JAX versions: every difference between the supported lines is here ------
+# Supported: JAX 0.10.x (the whole test suite, on 0.10.2) and 0.9.2 (a fast subset,
+# tests/test_old_jax.py). What 0.9 lacks, detected by feature where possible:
+# - InconclusiveDimensionOperation and jaxprs_in_params in jax.extend.core (0.10 made
+#   them public; 0.9 has them in jax._src.core);
+# - the primitives `mulhi`, `stack` and `unstack`: their rules are skipped there
+#   (`_core.register`), so they are simply unsupported on 0.9.
+JAX_VERSION = tuple(int(re.match(r"\d+", p).group()) for p in jax.__version__.split(".")[:3])
+PRIMITIVES_NEWER_THAN_THIS_JAX = (frozenset({"mulhi", "stack", "unstack"})
+                                  if JAX_VERSION < (0, 10) else frozenset())
+_InconclusiveDimensionOperation = getattr(jex_core, "InconclusiveDimensionOperation",
+                                          None) or _core.InconclusiveDimensionOperation
+_jaxprs_in_params = getattr(jex_core, "jaxprs_in_params", None) or _core.jaxprs_in_params
+
 # --- jaxpr data structures (public through jax.extend.core) -----------------
 
 ClosedJaxpr = jex_core.ClosedJaxpr
@@ -46,7 +61,7 @@ JaxprEqn = jex_core.JaxprEqn
 Literal = jex_core.Literal
 Primitive = jex_core.Primitive
 Tracer = jax.core.Tracer
-InconclusiveDimensionOperation = jex_core.InconclusiveDimensionOperation
+InconclusiveDimensionOperation = _InconclusiveDimensionOperation
 
 # --- symbolic dimensions (jax.export) ---------------------------------------
 
@@ -564,7 +579,7 @@ def convert_constvars_jaxpr(jaxpr: Jaxpr) -> Jaxpr:
 
 def subjaxprs_in_params(params: dict[str, Any]) -> Iterable[Jaxpr]:
   """Every jaxpr (open or closed) in an equation's params."""
-  for j in jex_core.jaxprs_in_params(params):
+  for j in _jaxprs_in_params(params):
     yield j.jaxpr if isinstance(j, ClosedJaxpr) else j
 
 
@@ -612,7 +627,7 @@ def is_while_loop_vjp_refusal(error: BaseException) -> bool:
   return "Reverse-mode differentiation does not work for lax.while_loop" in str(error)
 
 
-def inconclusive_comparison(error: Exception) -> tuple[str, str, str] | None:
+def inconclusive_comparison(error: BaseException) -> tuple[str, str, str] | None:
   """(a, op, b) of the comparison an InconclusiveDimensionOperation names."""
   match = _INCONCLUSIVE.search(str(error))
   return None if match is None else (match.group("a"), match.group("op"), match.group("b"))
