@@ -59,8 +59,10 @@ def explain(f: JitFunction) -> str:
   buckets = len(s.compile_events) - exact
   split = f" ({exact} exact-shape program{'s' * (exact != 1)}, {buckets} bucket{'s' * (buckets != 1)})" if exact else ""
   head = (f"pj.jit({name}): {_count(s.calls, 'call')}, {_count(s.compiles, 'compile')}{split}, "
-          f"{s.compile_seconds:.2f} s compiling; padding {s.padding_waste:.0%} of the "
-          "argument elements of a bucketed call, on average")
+          f"{s.compile_seconds:.2f} s compiling")
+  if sum(s.bucket_hits.values()):
+    head += (f"; padding {s.padding_waste:.0%} of the argument elements of a bucketed "
+             "call, on average")
   if s.fallback_calls:
     head += (f"; {_count(s.fallback_calls, 'call')} ran at exact shapes because the function "
              "could not be masked for them (see the fallback compiles below)")
