@@ -26,6 +26,10 @@ import optax
 import polyjit as pj
 
 
+# The padded lengths a batch may take: one training-step program per bucket used.
+BUCKETS = pj.buckets.Explicit([32, 64, 128, 256, 512])
+
+
 class GRURegressor(eqx.Module):
   cell: eqx.nn.GRUCell
   head: eqx.nn.Linear
@@ -80,7 +84,8 @@ def main(argv: list[str] | None = None) -> None:
   for step in range(steps):
     xs, ys = batch(rng, size, max_len)
     with pj.diagnostics.count_compiles() as step_compiles:
-      new_model, state, value = train_step(model, state, pj.Ragged.from_list(xs), ys)
+      new_model, state, value = train_step(model, state,
+                                           pj.Ragged.from_list(xs, buckets=BUCKETS), ys)
     compiles += len(step_compiles)
     if step == 0:
       per_sequence = eqx.filter_jit(sequence_loss)
