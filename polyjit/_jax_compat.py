@@ -46,7 +46,7 @@ from jax._src.interpreters import partial_eval as _pe
 #   them public; 0.9 has them in jax._src.core);
 # - the primitives `mulhi`, `stack` and `unstack`: their rules are skipped there
 #   (`_core.register`), so they are simply unsupported on 0.9.
-JAX_VERSION = tuple(int(re.match(r"\d+", p).group()) for p in jax.__version__.split(".")[:3])
+JAX_VERSION = tuple(int(re.sub(r"\D.*", "", p) or 0) for p in jax.__version__.split(".")[:3])
 PRIMITIVES_NEWER_THAN_THIS_JAX = (frozenset({"mulhi", "stack", "unstack"})
                                   if JAX_VERSION < (0, 10) else frozenset())
 _InconclusiveDimensionOperation = getattr(jex_core, "InconclusiveDimensionOperation",
