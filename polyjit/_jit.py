@@ -50,6 +50,7 @@ import jax
 import numpy as np
 
 from . import _jax_compat as jc
+from . import _jit_aot
 from ._auto import DimTracker, fit_to_constraints, sanitize
 from ._buckets import BucketPolicy, as_policy
 from ._cache import ExecutableCache, wait
@@ -315,6 +316,22 @@ class JitFunction:
     return program
 
   # --- ahead of time ---------------------------------------------------------
+
+  def trace(self, *args, **kwargs) -> _jit_aot.Traced:
+    """The program a call with these arguments runs, traced (as `jax.jit`'s `trace`)."""
+    return _jit_aot.trace(self, args, kwargs)
+
+  def lower(self, *args, **kwargs) -> _jit_aot.Lowered:
+    """The program a call with these arguments runs, lowered (as `jax.jit`'s `lower`)."""
+    return _jit_aot.lower(self, args, kwargs)
+
+  def eval_shape(self, *args, **kwargs) -> Any:
+    """`jax.jit(fun).eval_shape(*args, **kwargs)`: output shapes, nothing run."""
+    return _jit_aot.eval_shape(self, args, kwargs)
+
+  def clear_cache(self) -> None:
+    """Drops every compiled program, plan and trace of this function."""
+    _jit_aot.clear_cache(self)
 
   def precompile(self, *args, sizes: dict[str, Sequence[int]] | None = None,
                  progress: bool = True, **kwargs) -> list[dict[str, int]]:
