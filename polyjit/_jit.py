@@ -49,8 +49,8 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
+from . import _annotations, _jit_aot
 from . import _jax_compat as jc
-from . import _jit_aot
 from ._auto import DimTracker, fit_to_constraints, sanitize
 from ._buckets import BucketPolicy, as_policy
 from ._cache import ExecutableCache, wait
@@ -85,9 +85,15 @@ class JitFunction:
     self.background_compile = background_compile
     self.fallback = fallback
     self.stats = Stats()
+    # jaxtyping annotations name the dynamic dims unless specs are given; being
+    # inferred, like automatic mode's, they fall back to exact shapes if need be.
+    annotated = _annotations.annotated_specs(fun) if polymorphic_shapes is None else None
+    self._specs_may_fall_back = annotated is not None
+    polymorphic_shapes = annotated if annotated is not None else polymorphic_shapes
     self._args = ArgLayout(fun, repr(self), polymorphic_shapes=polymorphic_shapes,
                            static_argnums=static_argnums, static_argnames=static_argnames,
                            donate_argnums=donate_argnums)
+    self._args.specs_per_parameter = annotated is not None
     self._cache = ExecutableCache(cache_size, on_evict=self._forget_program)
     self._structures: dict[Any, Structure] = {}
     self._warned: set[str] = set()
@@ -196,7 +202,7 @@ class JitFunction:
     try:
       return self._masked_plan(struct, shapes, why("bucket"))
     except Exception as e:
-      if struct.tracker is None:  # explicit mode: the user asked for masking
+      if struct.tracker is None and not self._specs_may_fall_back:  # the user asked
         raise
       self._fall_back(struct, e)
       return self._exact_plan(struct, shapes, why("fallback", error=struct.fallback_reason))

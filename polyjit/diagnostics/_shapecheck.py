@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from .. import _jax_compat as jc
 from .. import _spec
+from .._annotations import check_annotated
 from .._errors import ShapeError
 from .._mask import check_out_shape, trace_flat
 
@@ -25,8 +26,25 @@ def _is_leaf(x) -> bool:
           or (isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str)))
 
 
-def shapecheck(in_shapes: Sequence[Any], out_shape, *, constraints: Sequence[str] = ()):
-  """A decorator that checks `fun`'s output shapes symbolically, then returns it."""
+_FROM_ANNOTATIONS: Any = object()
+
+
+def shapecheck(in_shapes: Sequence[Any] | Callable | None = None, out_shape: Any = _FROM_ANNOTATIONS,
+               *, constraints: Sequence[str] = ()) -> Callable:
+  """A decorator that checks `fun`'s output shapes symbolically, then returns it.
+
+  `@pj.shapecheck(in_shapes, out_shape)` checks against the given specs;
+  `@pj.shapecheck` (or `pj.shapecheck(f)`) against `f`'s jaxtyping
+  annotations: argument shapes from the parameters', the result against the
+  return annotation.
+  """
+  if out_shape is _FROM_ANNOTATIONS:
+    if callable(in_shapes):
+      return check_annotated(in_shapes, constraints)
+    if in_shapes is None:
+      return lambda fun: check_annotated(fun, constraints)
+    raise TypeError("pj.shapecheck(in_shapes, out_shape): out_shape is missing (use "
+                    "@pj.shapecheck alone to check jaxtyping annotations).")
   scope = _spec.make_scope(constraints)
 
   def decorate(fun: Callable) -> Callable:
