@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import dis
 import functools
 import importlib
 import os
@@ -151,14 +152,23 @@ class SizeDecision:
     return f"{self.text} at {self.where}"
 
 
-def _user_frame() -> str | None:
+# A size equality user code asks is a comparison (`==`, `!=`, `in`) executing in
+# its frame. C code also calls `__eq__` with the user's frame on top: JAX's C++
+# caches compare keys whose short hashes collide, and answering those as sizes
+# would hit another shape's cached trace.
+_COMPARISONS = {dis.opmap[name] for name in ("COMPARE_OP", "CONTAINS_OP") if name in dis.opmap}
+
+
+def _user_frame(comparison: bool = False) -> str | None:
   """'file:line' of the code that asked a comparison, or None when it was JAX
-  or polyjit itself."""
+  or polyjit itself (or, with `comparison`, not a comparison operator)."""
   frame = sys._getframe(2)
   while frame is not None and os.path.abspath(frame.f_code.co_filename) in (
       _SHAPE_POLY_FILE, _THIS_FILE):
     frame = frame.f_back  # `!=` calls `==`, `>` calls `_geq_decision`
   if frame is None:
+    return None
+  if comparison and frame.f_code.co_code[frame.f_lasti] not in _COMPARISONS:
     return None
   path = os.path.abspath(frame.f_code.co_filename)
   if path.startswith(_JAX_DIR) or path.startswith(_POLYJIT_DIR):
@@ -185,7 +195,7 @@ def _install_decision_hooks() -> None:
     if oracle is None or result is not False or not (
         is_symbolic_dim(other) or isinstance(other, (int, np.integer))):
       return result
-    where = _user_frame()
+    where = _user_frame(comparison=True)
     if where is None:
       return result
     try:
