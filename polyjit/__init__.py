@@ -20,5 +20,6 @@ __version__ = "0.1.0"
 
 __all__ = ["CompileLimitError", "FallbackWarning", "JitFunction", "MaskingError", "Masked", "Padded",
            "PolyjitError", "PolyjitWarning", "Ragged", "ShapeError", "assert_max_compiles", "buckets",
-           "diagnostics", "enable_persistent_cache", "explain", "FilterJitFunction", "filter_jit", "jit", "mask", "shapecheck",
+           "diagnostics", "enable_persistent_cache", "explain", "jit", "mask", "shapecheck",
            "stats", "vmap", "watch"]
+__all__ += ["FilterJitFunction", "filter_jit"]

@@ -34,7 +34,7 @@ import inspect
 import itertools
 import re
 import typing
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import numpy as np
@@ -47,7 +47,7 @@ from ._mask import check_out_shape, trace_flat
 try:
   import jaxtyping
 except ImportError:  # optional
-  jaxtyping = None
+  jaxtyping = None  # type: ignore[assignment]
 
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*$")
 _EXPR = re.compile(r"[A-Za-z0-9_+\-* ()]+$")
@@ -60,7 +60,7 @@ def is_array_annotation(annotation: Any) -> bool:
           and issubclass(annotation, jaxtyping.AbstractArray))
 
 
-def _tokens(annotation) -> list[str]:
+def _tokens(annotation: Any) -> list[str]:
   return str(getattr(annotation, "dim_str", "")).split()
 
 
@@ -98,7 +98,7 @@ def annotation_spec(annotation: Any) -> str | None:
   return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
 
 
-def _signature(fun: Callable) -> inspect.Signature | None:
+def _signature(fun: Callable[..., Any]) -> inspect.Signature | None:
   for eval_str in (True, False):  # string annotations (PEP 563) resolved if possible
     try:
       return inspect.signature(fun, eval_str=eval_str)
@@ -112,7 +112,7 @@ def _positional(sig: inspect.Signature) -> list[inspect.Parameter]:
           if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
-def annotated_specs(fun: Callable) -> tuple[str | None, ...] | None:
+def annotated_specs(fun: Callable[..., Any]) -> tuple[str | None, ...] | None:
   """One spec per positional parameter of `fun` from its jaxtyping annotations,
   or None when no annotation names a dimension."""
   if jaxtyping is None:
@@ -126,7 +126,7 @@ def annotated_specs(fun: Callable) -> tuple[str | None, ...] | None:
 
 # --- pj.shapecheck(f) --------------------------------------------------------------
 
-def _dtype(annotation) -> np.dtype:
+def _dtype(annotation: Any) -> np.dtype[Any]:
   """A dtype the annotation accepts, for tracing (float32 where it may)."""
   allowed = getattr(annotation, "dtypes", None)
   if not isinstance(allowed, (tuple, list)):
@@ -142,7 +142,7 @@ def _dtype(annotation) -> np.dtype:
   return np.dtype(np.float32)
 
 
-def _shape_text(annotation, what: str, fresh) -> str:
+def _shape_text(annotation: Any, what: str, fresh: Iterator[str]) -> str:
   """A spec naming every dim (anonymous ones get fresh names) for shapecheck."""
   parts = []
   for token in _tokens(annotation):
@@ -157,7 +157,7 @@ def _shape_text(annotation, what: str, fresh) -> str:
   return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
 
 
-def _out_spec(annotation, aval) -> str | None:
+def _out_spec(annotation: Any, aval: Any) -> str | None:
   """The spec to compare an output with: unnamed dims take the traced ones."""
   dims = [_classify(t) for t in _tokens(annotation)]
   n_variadic = sum(kind == "variadic" for kind, _ in dims)
@@ -174,7 +174,7 @@ def _out_spec(annotation, aval) -> str | None:
   return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
 
 
-def _out_annotations(annotation) -> list | None:
+def _out_annotations(annotation: Any) -> list[Any] | None:
   """The array annotations of a return annotation: one, or a tuple of them."""
   if is_array_annotation(annotation):
     return [annotation]
@@ -185,7 +185,7 @@ def _out_annotations(annotation) -> list | None:
   return None
 
 
-def check_annotated(fun: Callable, constraints: Sequence[str] = ()) -> Callable:
+def check_annotated(fun: Callable[..., Any], constraints: Sequence[str] = ()) -> Callable[..., Any]:
   """`pj.shapecheck(f)`: traces `f` from its jaxtyping annotations and checks
   the return annotation. Returns `f`."""
   name = getattr(fun, "__name__", "function")
@@ -221,7 +221,7 @@ def check_annotated(fun: Callable, constraints: Sequence[str] = ()) -> Callable:
                      "pj.shapecheck(in_shapes, out_shape)(f).")
   box = []
 
-  def flat_fun(*args):
+  def flat_fun(*args: Any) -> list[Any]:
     out, tree = jax.tree.flatten(fun(*args))
     box.append(tree)
     return out

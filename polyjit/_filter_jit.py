@@ -51,14 +51,14 @@ def is_array(x: Any) -> bool:
 class FilterJitFunction:
   """A function compiled by `pj.filter_jit`."""
 
-  def __init__(self, fun: Callable, *, donate: Donate = "none", **jit_kwargs: Any):
+  def __init__(self, fun: Callable[..., Any], *, donate: Donate = "none", **jit_kwargs: Any):
     if not callable(fun):
       raise TypeError(f"pj.filter_jit expects a callable, got {type(fun).__name__}")
     if donate not in ("none", "all", "all-except-first"):
       raise ValueError(f"donate must be 'none', 'all' or 'all-except-first', got {donate!r}")
     self.fun = fun
     self.donate = donate
-    self._out_static: dict = {}   # (static key, tree of array outputs) -> rest of outputs
+    self._out_static: dict[Any, Any] = {}   # (static key, tree of array outputs) -> rest of outputs
     self._jit_kwargs = jit_kwargs
     self._inner_named = _named(self._inner, fun)
     self._jit = JitFunction(self._inner_named, static_argnums=0, **jit_kwargs)
@@ -68,7 +68,7 @@ class FilterJitFunction:
   def __repr__(self) -> str:
     return f"pj.filter_jit({getattr(self.fun, '__name__', self.fun)})"
 
-  def __get__(self, obj, objtype=None):  # methods: bind like a function would
+  def __get__(self, obj: Any, objtype: Any = None) -> Any:  # methods: bind like a function would
     return self if obj is None else functools.partial(self, obj)
 
   @property
@@ -98,13 +98,15 @@ class FilterJitFunction:
                               **self._jit_kwargs)
     return self._jit
 
-  def _inner(self, static, fun_dyn, *args_dyn, **kwargs_dyn):
+  def _inner(self, static: Any, fun_dyn: Any, *args_dyn: Any, **kwargs_dyn: Any) -> Any:
     treedef, static_leaves = static
     dyn_leaves = treedef.flatten_up_to((fun_dyn, args_dyn, kwargs_dyn))
-    fun, args, kwargs = treedef.unflatten(
+    fun, args, kwargs = jax.tree.unflatten(treedef,
         [s if d is None else d for d, s in zip(dyn_leaves, static_leaves)])
     out_leaves, out_tree = jax.tree.flatten(fun(*args, **kwargs), is_leaf=is_padded)
-    arrays, rest, sizes = [], [], []
+    arrays: list[Any] = []
+    rest: list[Any] = []
+    sizes: list[int] = []
     for i, x in enumerate(out_leaves):
       if is_array(x):
         arrays.append(x)
@@ -116,20 +118,20 @@ class FilterJitFunction:
       else:
         arrays.append(None)
         rest.append(x)
-    dyn_out = out_tree.unflatten(arrays)
+    dyn_out = jax.tree.unflatten(out_tree, arrays)
     self._out_static[(static, jax.tree.structure(dyn_out))] = (out_tree, rest, tuple(sizes))
     return dyn_out
 
-  def _combine(self, static, out):
+  def _combine(self, static: Any, out: Any) -> Any:
     out_tree, rest, sizes = self._out_static[(static, jax.tree.structure(out))]
     arrays = iter(jax.tree.leaves(out))
     leaves = [next(arrays) if r is None else r for r in rest]
     for i in sizes:
       leaves[i] = int(leaves[i])
-    return out_tree.unflatten(leaves)
+    return jax.tree.unflatten(out_tree, leaves)
 
 
-def filter_jit(fun: Callable | None = None, *, donate: Donate = "none",
+def filter_jit(fun: Callable[..., Any] | None = None, *, donate: Donate = "none",
                **jit_kwargs: Any) -> Any:
   """`eqx.filter_jit`, bucketed: array leaves are traced and padded to size
   buckets, everything else is static.
@@ -154,7 +156,7 @@ def filter_jit(fun: Callable | None = None, *, donate: Donate = "none",
 
 # --- splitting ------------------------------------------------------------------
 
-def _partition(tree) -> tuple[tuple, Any]:
+def _partition(tree: Any) -> tuple[Any, Any]:
   """(static key, tree with only the array leaves, None elsewhere)."""
   leaves, treedef = jax.tree.flatten(tree, is_leaf=is_padded)
   dyn, static = [], []
@@ -167,10 +169,10 @@ def _partition(tree) -> tuple[tuple, Any]:
     hash(key)
   except TypeError:
     raise _unhashable(tree) from None
-  return key, treedef.unflatten(dyn)
+  return key, jax.tree.unflatten(treedef, dyn)
 
 
-def _unhashable(tree) -> StaticArgumentError:
+def _unhashable(tree: Any) -> StaticArgumentError:
   paths = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_padded)[0]
   for path, x in paths:
     if is_array(x):
@@ -188,7 +190,7 @@ def _unhashable(tree) -> StaticArgumentError:
   return StaticArgumentError("pj.filter_jit: the static part of the arguments is not hashable.")
 
 
-def _positional_params(fun) -> list[str]:
+def _positional_params(fun: Any) -> list[str]:
   try:
     params = inspect.signature(fun).parameters.values()
   except (TypeError, ValueError):
@@ -196,12 +198,12 @@ def _positional_params(fun) -> list[str]:
   return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
-def _named(inner: Callable, fun: Callable) -> Callable:
+def _named(inner: Callable[..., Any], fun: Callable[..., Any]) -> Callable[..., Any]:
   """`inner` under `fun`'s name (program names, messages), with `fun`'s
   parameter names (leaf names and automatic dimension names follow them)."""
   name = getattr(fun, "__name__", None) or type(fun).__name__
 
-  def named(*args, **kwargs):
+  def named(*args: Any, **kwargs: Any) -> Any:
     return inner(*args, **kwargs)
   named.__name__ = named.__qualname__ = name
   named.__signature__ = inspect.Signature(  # type: ignore[attr-defined]

@@ -50,21 +50,21 @@ if TYPE_CHECKING:
 class _Program:
   """The program a call with given arguments runs, before it is compiled."""
   struct: Structure
-  shapes: tuple                  # per leaf, the call's (logical) shape
+  shapes: tuple[Any, ...]        # per leaf, the call's (logical) shape
   key: ProgramKey
-  body: Callable
+  body: Callable[..., Any]
   n_dims: int                    # logical sizes the program takes
-  logical: tuple                 # their values for these arguments
-  out_shapes: tuple | None       # per output leaf, logical shape (None: exact)
+  logical: tuple[Any, ...]       # their values for these arguments
+  out_shapes: tuple[Any, ...] | None  # per output leaf, logical shape (None: exact)
   out_tree: Any
-  out_avals: tuple               # per output leaf, (dtype, weak_type)
+  out_avals: tuple[Any, ...]     # per output leaf, (dtype, weak_type)
   cause: Cause
 
   @property
   def bucket(self) -> dict[str, int] | None:
     return None if self.key.exact else dict(self.key.bucket)
 
-  def out_info(self):
+  def out_info(self) -> Any:
     shapes = self.out_shapes or [None] * len(self.out_avals)
     return self.out_tree.unflatten([
         jax.ShapeDtypeStruct(s if s is not None else shape, dtype, weak_type=weak)
@@ -76,7 +76,7 @@ class _Program:
 class Traced:
   """`pj.jit(f).trace(*args)`: the bucket program traced for these arguments."""
 
-  def __init__(self, jf: JitFunction, program: _Program, jax_traced):
+  def __init__(self, jf: JitFunction, program: _Program, jax_traced: Any):
     self._jf, self._program, self.jax_traced = jf, program, jax_traced
 
   jaxpr = property(lambda self: self.jax_traced.jaxpr)
@@ -93,15 +93,15 @@ class Traced:
 class Lowered:
   """`pj.jit(f).lower(*args)`: the bucket program lowered, not yet compiled."""
 
-  def __init__(self, jf: JitFunction, program: _Program, jax_lowered):
+  def __init__(self, jf: JitFunction, program: _Program, jax_lowered: Any):
     self._jf, self._program, self.jax_lowered = jf, program, jax_lowered
 
   out_info = Traced.out_info
   bucket = Traced.bucket
   padded_shapes = Traced.padded_shapes
 
-  def as_text(self, dialect: str | None = None, **kwargs) -> str:
-    return self.jax_lowered.as_text(dialect, **kwargs)
+  def as_text(self, dialect: str | None = None, **kwargs: Any) -> str:
+    return str(self.jax_lowered.as_text(dialect, **kwargs))
 
   def compiler_ir(self, dialect: str | None = None) -> Any:
     return self.jax_lowered.compiler_ir(dialect)
@@ -121,7 +121,7 @@ class Lowered:
 class Compiled:
   """`pj.jit(f).lower(*args).compile()`: call it on the same arguments."""
 
-  def __init__(self, jf: JitFunction, program: _Program, jax_compiled):
+  def __init__(self, jf: JitFunction, program: _Program, jax_compiled: Any):
     self._jf, self._program, self.jax_compiled = jf, program, jax_compiled
 
   out_info = Traced.out_info
@@ -129,7 +129,7 @@ class Compiled:
   padded_shapes = Traced.padded_shapes
 
   def as_text(self) -> str:
-    return self.jax_compiled.as_text()
+    return str(self.jax_compiled.as_text())
 
   def cost_analysis(self) -> Any:
     return self.jax_compiled.cost_analysis()
@@ -137,7 +137,7 @@ class Compiled:
   def memory_analysis(self) -> Any:
     return self.jax_compiled.memory_analysis()
 
-  def __call__(self, *args, **kwargs):
+  def __call__(self, *args: Any, **kwargs: Any) -> Any:
     p = self._program
     prepared = self._jf._prepare(args, kwargs)
     if prepared is None:
@@ -157,7 +157,7 @@ class Compiled:
 
 # --- entry points ---------------------------------------------------------------
 
-def trace(jf: JitFunction, args: tuple, kwargs: dict) -> Traced:
+def trace(jf: JitFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Traced:
   program = _program(jf, args, kwargs)
   body = program.body
   body.__name__ = jf._name
@@ -169,11 +169,11 @@ def trace(jf: JitFunction, args: tuple, kwargs: dict) -> Traced:
   return Traced(jf, program, jax_traced)
 
 
-def lower(jf: JitFunction, args: tuple, kwargs: dict) -> Lowered:
+def lower(jf: JitFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Lowered:
   return trace(jf, args, kwargs).lower()
 
 
-def eval_shape(jf: JitFunction, args: tuple, kwargs: dict) -> Any:
+def eval_shape(jf: JitFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
   """`jax.jit(f).eval_shape(*args, **kwargs)`, learning and compiling nothing."""
   known = set(jf._structures)
   struct, _, shapes = _prepare_abstract(jf, args, kwargs)
@@ -203,7 +203,7 @@ def clear_cache(jf: JitFunction) -> None:
 
 # --- planning without running ---------------------------------------------------
 
-def _abstract(x):
+def _abstract(x: Any) -> Any:
   """A leaf as an abstract value: tracers and arrays become ShapeDtypeStructs."""
   if is_padded(x) or isinstance(x, jax.ShapeDtypeStruct):
     return x
@@ -211,7 +211,7 @@ def _abstract(x):
   return jax.ShapeDtypeStruct(np.shape(x), aval.dtype, weak_type=aval.weak_type)
 
 
-def _prepare_abstract(jf: JitFunction, args: tuple, kwargs: dict):
+def _prepare_abstract(jf: JitFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
   """`jf._prepare` on abstract arguments (tracers allowed; static ones kept)."""
   nums = {a % len(args) for a in jf.static_argnums if -len(args) <= a < len(args)}
   args = tuple(a if i in nums else jax.tree.map(_abstract, a, is_leaf=is_padded)
@@ -221,7 +221,7 @@ def _prepare_abstract(jf: JitFunction, args: tuple, kwargs: dict):
   return jf._prepare(args, kwargs)
 
 
-def _program(jf: JitFunction, args: tuple, kwargs: dict) -> _Program:
+def _program(jf: JitFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Program:
   """The program a call with these arguments would run; plans as that call
   would (so automatic mode learns from these shapes), compiles nothing."""
   struct, _, shapes = _prepare_abstract(jf, args, kwargs)
@@ -232,7 +232,7 @@ def _program(jf: JitFunction, args: tuple, kwargs: dict) -> _Program:
     return _masked(jf, struct, shapes, Cause("precompile", shapes=shapes))
   changed, became = struct.observe(shapes)
 
-  def why(kind, **kw) -> Cause:
+  def why(kind: Any, **kw: Any) -> Cause:
     return Cause(kind, shapes=shapes, changed=changed, became_dynamic=became, **kw)
   if struct.specs is None or struct.exact_only:
     kind = "fallback" if struct.exact_only else ("exact" if changed else "first call")
@@ -248,7 +248,7 @@ def _program(jf: JitFunction, args: tuple, kwargs: dict) -> _Program:
     return _exact(jf, struct, shapes, why("fallback", error=struct.fallback_reason))
 
 
-def _exact(jf: JitFunction, struct: Structure, shapes, cause: Cause) -> _Program:
+def _exact(jf: JitFunction, struct: Structure, shapes: tuple[Any, ...], cause: Cause) -> _Program:
   fun = jf._args.bind_static(struct.static_key)
   out = jax.eval_shape(lambda *leaves: exact_body(struct.treedef, fun)(*leaves, ()),
                        *abstract_leaves(shapes, struct.avals))
@@ -258,7 +258,7 @@ def _exact(jf: JitFunction, struct: Structure, shapes, cause: Cause) -> _Program
                   tuple((o.shape, o.dtype, o.weak_type) for o in leaves), cause)
 
 
-def _masked(jf: JitFunction, struct: Structure, shapes, cause: Cause) -> _Program:
+def _masked(jf: JitFunction, struct: Structure, shapes: tuple[Any, ...], cause: Cause) -> _Program:
   masked, binding, variant = jf._variant(struct, shapes)
   logical = binding.padded  # solved from the unpadded shapes: the logical sizes
   buckets = {v: jf.bucket_policy(v).bucket(n) for v, n in logical.items()}

@@ -68,7 +68,8 @@ def test_shapecheck_reads_the_annotations():
   assert pj.shapecheck(score) is score
 
   @pj.shapecheck
-  def pair(x: Float[Array, "n 3"], i: Int[Array, "k"]) -> tuple[Float[Array, "n"], Float[Array, "3 _"]]:
+  def pair(x: Float[Array, "n 3"],
+           i: Int[Array, "k"]) -> tuple[Float[Array, "n"], Float[Array, "3 _"]]:
     return x.sum(1), x.T
 
   def swapped(x: Float[Array, "n d"]) -> Float[Array, "d n"]:

@@ -29,8 +29,9 @@ def _is_leaf(x) -> bool:
 _FROM_ANNOTATIONS: Any = object()
 
 
-def shapecheck(in_shapes: Sequence[Any] | Callable | None = None, out_shape: Any = _FROM_ANNOTATIONS,
-               *, constraints: Sequence[str] = ()) -> Callable:
+def shapecheck(in_shapes: Sequence[Any] | Callable[..., Any] | None = None,
+               out_shape: Any = _FROM_ANNOTATIONS, *,
+               constraints: Sequence[str] = ()) -> Callable[..., Any]:
   """A decorator that checks `fun`'s output shapes symbolically, then returns it.
 
   `@pj.shapecheck(in_shapes, out_shape)` checks against the given specs;
