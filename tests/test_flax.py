@@ -56,11 +56,13 @@ def test_linen_apply():
 
 class Net(nnx.Module):
   def __init__(self, rngs):
-    self.attn = nnx.MultiHeadAttention(num_heads=2, in_features=D, decode=False, rngs=rngs)
+    self.norm = nnx.LayerNorm(D, rngs=rngs)
+    self.hidden = nnx.Linear(D, D, rngs=rngs)
     self.out = nnx.Linear(D, 2, rngs=rngs)
 
   def __call__(self, x):
-    return self.out(nnx.relu(self.attn(x)))
+    h = nnx.relu(self.hidden(self.norm(x)))
+    return self.out(h * nnx.softmax(h.sum(-1))[:, None])   # mixes tokens
 
 
 def test_nnx_split_merge_forward_and_gradient():
