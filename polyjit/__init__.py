@@ -9,6 +9,7 @@ from . import buckets, diagnostics
 from ._cache import enable_persistent_cache
 from ._errors import (CompileLimitError, FallbackWarning, MaskingError, PolyjitError,
                       PolyjitWarning, ShapeError)
+from ._filter_jit import FilterJitFunction, filter_jit
 from ._jit import JitFunction, jit
 from ._mask import Masked, mask
 from ._padding import Padded
@@ -21,3 +22,4 @@ __all__ = ["CompileLimitError", "FallbackWarning", "JitFunction", "MaskingError"
            "PolyjitError", "PolyjitWarning", "Ragged", "ShapeError", "assert_max_compiles", "buckets",
            "diagnostics", "enable_persistent_cache", "explain", "jit", "mask", "shapecheck",
            "stats", "vmap", "watch"]
+__all__ += ["FilterJitFunction", "filter_jit"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import dis
 import functools
 import importlib
 import os
@@ -166,14 +167,32 @@ class SizeDecision:
     return f"{self.text} at {self.where}"
 
 
+# A generated `__eq__` (a dataclass's) compares its fields for whoever called
+# it. Called from C, from a frame that is not executing a comparison, it is a
+# hash table comparing keys whose short hashes collide: JAX's C++ caches keyed
+# by dataclasses that hold shapes. Answering `x_0 == 17` there as a size
+# decision would hit the cached trace of another shape.
+_COMPARISONS = {dis.opmap[name] for name in ("COMPARE_OP", "CONTAINS_OP") if name in dis.opmap}
+
+
+def _generated_eq(code) -> bool:
+  return code.co_name == "__eq__" and code.co_filename.startswith("<")
+
+
 def _user_frame() -> str | None:
   """'file:line' of the code that asked a comparison, or None when it was JAX
-  or polyjit itself."""
+  or polyjit itself, or a cache comparing its keys."""
   frame = sys._getframe(2)
-  while frame is not None and os.path.abspath(frame.f_code.co_filename) in (
-      _SHAPE_POLY_FILE, _THIS_FILE):
-    frame = frame.f_back  # `!=` calls `==`, `>` calls `_geq_decision`
+  through_generated_eq = False
+  while frame is not None:  # `!=` calls `==`, `>` calls `_geq_decision`
+    if _generated_eq(frame.f_code):
+      through_generated_eq = True
+    elif os.path.abspath(frame.f_code.co_filename) not in (_SHAPE_POLY_FILE, _THIS_FILE):
+      break
+    frame = frame.f_back
   if frame is None:
+    return None
+  if through_generated_eq and frame.f_code.co_code[frame.f_lasti] not in _COMPARISONS:
     return None
   path = os.path.abspath(frame.f_code.co_filename)
   if path.startswith(_JAX_DIR) or path.startswith(_POLYJIT_DIR):

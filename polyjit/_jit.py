@@ -49,6 +49,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
+from . import _annotations, _jit_aot
 from . import _jax_compat as jc
 from ._auto import DimTracker, fit_to_constraints, sanitize
 from ._buckets import BucketPolicy, as_policy
@@ -84,9 +85,15 @@ class JitFunction:
     self.background_compile = background_compile
     self.fallback = fallback
     self.stats = Stats()
+    # jaxtyping annotations name the dynamic dims unless specs are given; being
+    # inferred, like automatic mode's, they fall back to exact shapes if need be.
+    annotated = _annotations.annotated_specs(fun) if polymorphic_shapes is None else None
+    self._specs_may_fall_back = annotated is not None
+    polymorphic_shapes = annotated if annotated is not None else polymorphic_shapes
     self._args = ArgLayout(fun, repr(self), polymorphic_shapes=polymorphic_shapes,
                            static_argnums=static_argnums, static_argnames=static_argnames,
                            donate_argnums=donate_argnums)
+    self._args.specs_per_parameter = annotated is not None
     self._cache = ExecutableCache(cache_size, on_evict=self._forget_program)
     self._structures: dict[Any, Structure] = {}
     self._warned: set[str] = set()
@@ -195,7 +202,7 @@ class JitFunction:
     try:
       return self._masked_plan(struct, shapes, why("bucket"))
     except Exception as e:
-      if struct.tracker is None:  # explicit mode: the user asked for masking
+      if struct.tracker is None and not self._specs_may_fall_back:  # the user asked
         raise
       self._fall_back(struct, e)
       return self._exact_plan(struct, shapes, why("fallback", error=struct.fallback_reason))
@@ -315,6 +322,22 @@ class JitFunction:
     return program
 
   # --- ahead of time ---------------------------------------------------------
+
+  def trace(self, *args, **kwargs) -> _jit_aot.Traced:
+    """The program a call with these arguments runs, traced (as `jax.jit`'s `trace`)."""
+    return _jit_aot.trace(self, args, kwargs)
+
+  def lower(self, *args, **kwargs) -> _jit_aot.Lowered:
+    """The program a call with these arguments runs, lowered (as `jax.jit`'s `lower`)."""
+    return _jit_aot.lower(self, args, kwargs)
+
+  def eval_shape(self, *args, **kwargs) -> Any:
+    """`jax.jit(fun).eval_shape(*args, **kwargs)`: output shapes, nothing run."""
+    return _jit_aot.eval_shape(self, args, kwargs)
+
+  def clear_cache(self) -> None:
+    """Drops every compiled program, plan and trace of this function."""
+    _jit_aot.clear_cache(self)
 
   def precompile(self, *args, sizes: dict[str, Sequence[int]] | None = None,
                  progress: bool = True, **kwargs) -> list[dict[str, int]]:

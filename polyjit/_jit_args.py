@@ -102,6 +102,8 @@ class ArgLayout:
     specs = self.polymorphic_shapes
     positions = _dynamic_positions(treedef, static_key)
     n_positional = len(positions) + len(static_key[0])
+    if getattr(self, "specs_per_parameter", False):  # one per parameter (annotations)
+      specs = (tuple(specs) + (None,) * n_positional)[:n_positional]
     if len(specs) != n_positional:
       raise ShapeError(
           f"polymorphic_shapes has {len(specs)} spec(s) but {self.label} was called with "

@@ -36,6 +36,7 @@ class JitStats:
 
 
 def _check(f: object) -> JitFunction:
+  f = getattr(f, "jit_function", f)  # pj.filter_jit's functions wrap a pj.jit one
   if not isinstance(f, JitFunction):
     raise TypeError(f"expected a function made by pj.jit, got {type(f).__name__}; for "
                     "plain jax.jit functions use `with pj.watch() as report:`.")

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from .. import _jax_compat as jc
 from .. import _spec
+from .._annotations import check_annotated
 from .._errors import ShapeError
 from .._mask import check_out_shape, trace_flat
 
@@ -27,14 +28,35 @@ def _is_leaf(x: object) -> bool:
           or (isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str)))
 
 
-def shapecheck(in_shapes: Sequence[Any], out_shape: Any, *,
-               constraints: Sequence[str] = ()) -> Callable[[F], F]:
-  """A decorator that checks `fun`'s output shapes symbolically, then returns it."""
+_FROM_ANNOTATIONS: Any = object()
+
+
+def shapecheck(in_shapes: Sequence[Any] | Callable[..., Any] | None = None,
+               out_shape: Any = _FROM_ANNOTATIONS, *,
+               constraints: Sequence[str] = ()) -> Callable[..., Any]:
+  """A decorator that checks `fun`'s output shapes symbolically, then returns it.
+
+  `@pj.shapecheck(in_shapes, out_shape)` checks against the given specs;
+  `@pj.shapecheck` (or `pj.shapecheck(f)`) against `f`'s jaxtyping
+  annotations: argument shapes from the parameters', the result against the
+  return annotation.
+  """
+  if out_shape is _FROM_ANNOTATIONS:
+    if callable(in_shapes):
+      return check_annotated(in_shapes, constraints)
+    if in_shapes is None:
+      return lambda fun: check_annotated(fun, constraints)
+    raise TypeError("pj.shapecheck(in_shapes, out_shape): out_shape is missing (use "
+                    "@pj.shapecheck alone to check jaxtyping annotations).")
+  if in_shapes is None or callable(in_shapes):
+    raise TypeError("pj.shapecheck(in_shapes, out_shape): in_shapes must be a sequence of "
+                    "specs, one per argument.")
+  specs: Sequence[Any] = in_shapes
   scope = _spec.make_scope(constraints)
 
   def decorate(fun: F) -> F:
     args = [jax.tree.map(lambda leaf: _abstract(leaf, scope), spec, is_leaf=_is_leaf)
-            for spec in in_shapes]
+            for spec in specs]
     leaves, in_tree = jax.tree.flatten(args)
     box: list[Any] = []
 
@@ -49,7 +71,7 @@ def shapecheck(in_shapes: Sequence[Any], out_shape: Any, *,
       check_out_shape(out_shape, traced, scope)
     except ShapeError as e:
       raise ShapeError(f"{getattr(fun, '__name__', 'function')}: {e} (argument specs: "
-                       f"{list(in_shapes)!r})") from None
+                       f"{list(specs)!r})") from None
     return fun
 
   return decorate

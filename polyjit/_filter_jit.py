@@ -1,0 +1,212 @@
+"""`pj.filter_jit`: `eqx.filter_jit`'s semantics on `pj.jit`, without Equinox.
+
+Equinox models are pytrees that hold arrays beside activation functions,
+ints and flags, which `jax.jit` rejects. `eqx.filter_jit` splits every
+argument (the function itself included, when it is a pytree such as a model)
+into its array leaves, which are traced, and everything else, which is static:
+part of the cache key, compared by hash and equality (functions by identity).
+Here the same split feeds `pj.jit`: the array leaves are its dynamic
+arguments, bucketed like any other, and the static part (the tree structure
+plus the non-array leaves) is one hashable static argument.
+
+Arrays are `jax.Array`, `np.ndarray` and `np.generic` (Equinox's `is_array`),
+plus `pj.Padded`; Python scalars are static, as in Equinox.
+
+Outputs follow Equinox too: array leaves come back from the program, every
+other leaf is returned as the trace produced it. One case needs care under
+masking: a size (`x.shape[0]`) returned as a Python int is a symbolic
+dimension in a masked trace, so it is returned from the program as a value
+and turned back into an int. The static part of the outputs is kept per
+static key and per tree of array outputs, so an exact-shape program and a
+bucket program of the same function each get their own.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable, Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _jax_compat as jc
+from ._errors import PolyjitError
+from ._jit import JitFunction
+from ._padding import is_padded
+
+Donate = Literal["none", "all", "all-except-first"]
+
+
+class StaticArgumentError(PolyjitError, TypeError):
+  """A non-array leaf of a `pj.filter_jit` argument cannot be hashed."""
+
+
+def is_array(x: Any) -> bool:
+  """What `pj.filter_jit` traces: JAX and NumPy arrays and scalars, `pj.Padded`."""
+  return isinstance(x, (jax.Array, np.ndarray, np.generic)) or is_padded(x)
+
+
+class FilterJitFunction:
+  """A function compiled by `pj.filter_jit`."""
+
+  def __init__(self, fun: Callable[..., Any], *, donate: Donate = "none", **jit_kwargs: Any):
+    if not callable(fun):
+      raise TypeError(f"pj.filter_jit expects a callable, got {type(fun).__name__}")
+    if donate not in ("none", "all", "all-except-first"):
+      raise ValueError(f"donate must be 'none', 'all' or 'all-except-first', got {donate!r}")
+    self.fun = fun
+    self.donate = donate
+    self._out_static: dict[Any, Any] = {}   # (static key, tree of array outputs) -> rest of outputs
+    self._jit_kwargs = jit_kwargs
+    self._inner_named = _named(self._inner, fun)
+    self._jit = JitFunction(self._inner_named, static_argnums=0, **jit_kwargs)
+    self._donate_from = {"none": None, "all": 1, "all-except-first": 2}[donate]
+    functools.update_wrapper(self, fun, updated=())
+
+  def __repr__(self) -> str:
+    return f"pj.filter_jit({getattr(self.fun, '__name__', self.fun)})"
+
+  def __get__(self, obj: Any, objtype: Any = None) -> Any:  # methods: bind like a function would
+    return self if obj is None else functools.partial(self, obj)
+
+  @property
+  def jit_function(self) -> JitFunction:
+    """The `pj.jit` function that runs the calls (`pj.stats`, `pj.explain` read it)."""
+    return self._jit
+
+  def clear_cache(self) -> None:
+    """Drops every compiled program, plan and trace."""
+    self._jit.clear_cache()
+    self._out_static.clear()
+
+  def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    static, dynamic = _partition((self.fun, args, kwargs))
+    fun_dyn, args_dyn, kwargs_dyn = dynamic
+    jit = self._jit_for(len(args))
+    out = jit(static, fun_dyn, *args_dyn, **kwargs_dyn)
+    return self._combine(static, out)
+
+  def _jit_for(self, n_args: int) -> JitFunction:
+    """The `pj.jit` function; with donation, one per number of positional args."""
+    if self._donate_from is None:
+      return self._jit
+    donated = tuple(range(self._donate_from, n_args + 2))
+    if self._jit.donate_argnums != donated:
+      self._jit = JitFunction(self._inner_named, static_argnums=0, donate_argnums=donated,
+                              **self._jit_kwargs)
+    return self._jit
+
+  def _inner(self, static: Any, fun_dyn: Any, *args_dyn: Any, **kwargs_dyn: Any) -> Any:
+    treedef, static_leaves = static
+    dyn_leaves = treedef.flatten_up_to((fun_dyn, args_dyn, kwargs_dyn))
+    fun, args, kwargs = jax.tree.unflatten(treedef,
+        [s if d is None else d for d, s in zip(dyn_leaves, static_leaves)])
+    out_leaves, out_tree = jax.tree.flatten(fun(*args, **kwargs), is_leaf=is_padded)
+    arrays: list[Any] = []
+    rest: list[Any] = []
+    sizes: list[int] = []
+    for i, x in enumerate(out_leaves):
+      if is_array(x):
+        arrays.append(x)
+        rest.append(None)
+      elif jc.is_symbolic_dim(x):   # a size, symbolic in a masked trace
+        arrays.append(jnp.asarray(x))
+        rest.append(None)
+        sizes.append(i)
+      else:
+        arrays.append(None)
+        rest.append(x)
+    dyn_out = jax.tree.unflatten(out_tree, arrays)
+    self._out_static[(static, jax.tree.structure(dyn_out))] = (out_tree, rest, tuple(sizes))
+    return dyn_out
+
+  def _combine(self, static: Any, out: Any) -> Any:
+    out_tree, rest, sizes = self._out_static[(static, jax.tree.structure(out))]
+    arrays = iter(jax.tree.leaves(out))
+    leaves = [next(arrays) if r is None else r for r in rest]
+    for i in sizes:
+      leaves[i] = int(leaves[i])
+    return jax.tree.unflatten(out_tree, leaves)
+
+
+def filter_jit(fun: Callable[..., Any] | None = None, *, donate: Donate = "none",
+               **jit_kwargs: Any) -> Any:
+  """`eqx.filter_jit`, bucketed: array leaves are traced and padded to size
+  buckets, everything else is static.
+
+  Usable as `pj.filter_jit(f)`, `@pj.filter_jit` or `@pj.filter_jit(donate=...)`.
+  Every argument (and `fun` itself, when it is a pytree such as an Equinox
+  model) is split into array leaves (`jax.Array`, `np.ndarray`, `np.generic`,
+  `pj.Padded`), which are dynamic and bucketed as in `pj.jit`, and the rest,
+  which is static: hashed and compared by value (functions by identity), a new
+  value compiling a new program. Non-array outputs are returned as they are.
+
+  Args:
+    donate: "none", "all" (donate the array arguments' buffers) or
+      "all-except-first", as in Equinox (keyword arguments are not donated).
+    **jit_kwargs: `pj.jit`'s options (`buckets`, `constraints`, `fallback`,
+      `cache_size`, `background_compile`); shapes are learned automatically.
+  """
+  if fun is None:
+    return functools.partial(filter_jit, donate=donate, **jit_kwargs)
+  return FilterJitFunction(fun, donate=donate, **jit_kwargs)
+
+
+# --- splitting ------------------------------------------------------------------
+
+def _partition(tree: Any) -> tuple[Any, Any]:
+  """(static key, tree with only the array leaves, None elsewhere)."""
+  leaves, treedef = jax.tree.flatten(tree, is_leaf=is_padded)
+  dyn, static = [], []
+  for x in leaves:
+    array = is_array(x)
+    dyn.append(x if array else None)
+    static.append(None if array else x)
+  key = (treedef, tuple(static))
+  try:
+    hash(key)
+  except TypeError:
+    raise _unhashable(tree) from None
+  return key, jax.tree.unflatten(treedef, dyn)
+
+
+def _unhashable(tree: Any) -> StaticArgumentError:
+  paths = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_padded)[0]
+  for path, x in paths:
+    if is_array(x):
+      continue
+    try:
+      hash(x)
+    except TypeError:
+      where = jax.tree_util.keystr(path[1:]) if len(path) > 1 else "the function"
+      kind = {0: "the function", 1: "argument", 2: "keyword argument"}[path[0].idx]
+      return StaticArgumentError(
+          f"pj.filter_jit: {kind} leaf {where} is a {type(x).__name__}, which is neither "
+          "an array (traced) nor hashable (static values are part of the cache key). "
+          "What to do: pass it as a jax or NumPy array, make it hashable, or register "
+          "its type as a pytree so that its arrays are leaves.")
+  return StaticArgumentError("pj.filter_jit: the static part of the arguments is not hashable.")
+
+
+def _positional_params(fun: Any) -> list[str]:
+  try:
+    params = inspect.signature(fun).parameters.values()
+  except (TypeError, ValueError):
+    return []
+  return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def _named(inner: Callable[..., Any], fun: Callable[..., Any]) -> Callable[..., Any]:
+  """`inner` under `fun`'s name (program names, messages), with `fun`'s
+  parameter names (leaf names and automatic dimension names follow them)."""
+  name = getattr(fun, "__name__", None) or type(fun).__name__
+
+  def named(*args: Any, **kwargs: Any) -> Any:
+    return inner(*args, **kwargs)
+  named.__name__ = named.__qualname__ = name
+  named.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+      [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+       for n in ["static", "fun", *_positional_params(fun)]])
+  return named
