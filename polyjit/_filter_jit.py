@@ -51,7 +51,7 @@ def is_array(x: Any) -> bool:
 class FilterJitFunction:
   """A function compiled by `pj.filter_jit`."""
 
-  def __init__(self, fun: Callable[..., Any], *, donate: Donate = "none", **jit_kwargs: Any):
+  def __init__(self, fun: Callable[..., Any], *, donate: Donate = "none", **jit_kwargs: Any) -> None:
     if not callable(fun):
       raise TypeError(f"pj.filter_jit expects a callable, got {type(fun).__name__}")
     if donate not in ("none", "all", "all-except-first"):

@@ -323,15 +323,15 @@ class JitFunction:
 
   # --- ahead of time ---------------------------------------------------------
 
-  def trace(self, *args, **kwargs) -> _jit_aot.Traced:
+  def trace(self, *args: Any, **kwargs: Any) -> _jit_aot.Traced:
     """The program a call with these arguments runs, traced (as `jax.jit`'s `trace`)."""
     return _jit_aot.trace(self, args, kwargs)
 
-  def lower(self, *args, **kwargs) -> _jit_aot.Lowered:
+  def lower(self, *args: Any, **kwargs: Any) -> _jit_aot.Lowered:
     """The program a call with these arguments runs, lowered (as `jax.jit`'s `lower`)."""
     return _jit_aot.lower(self, args, kwargs)
 
-  def eval_shape(self, *args, **kwargs) -> Any:
+  def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
     """`jax.jit(fun).eval_shape(*args, **kwargs)`: output shapes, nothing run."""
     return _jit_aot.eval_shape(self, args, kwargs)
 
