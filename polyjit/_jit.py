@@ -55,13 +55,15 @@ from ._buckets import BucketPolicy, as_policy
 from ._cache import ExecutableCache, wait
 from ._compiles import count_compiles
 from ._errors import FallbackWarning, MaskingError, PolyjitError, ShapeError, warn_user
-from ._jit_args import ArgLayout, aval_key, strip_padded
+from ._jit_args import ArgLayout, aval_key, call_signature, strip_padded
 from ._jit_plans import (Plan, ProgramKey, Structure, Template, borrow, exact_body,
                          logical_values, lower_and_compile, masked_body, out_shapes,
                          padded_shapes, waste, zero_sized)
 from ._jit_stats import Cause, Stats
 from ._mask import Masked
-from ._padding import Padded, logical_shape, unpad
+from ._padding import Padded, logical_shape
+
+HOT_PLANS = 4096  # call signatures kept for the hot path (then it starts over)
 
 logger = logging.getLogger("polyjit")
 logger.addHandler(logging.NullHandler())  # a library prints nothing unless asked
@@ -89,6 +91,7 @@ class JitFunction:
                            donate_argnums=donate_argnums)
     self._cache = ExecutableCache(cache_size, on_evict=self._forget_program)
     self._structures: dict[Any, Structure] = {}
+    self._hot: dict[tuple, Plan] = {}   # call_signature -> plan (the hot path)
     self._warned: set[str] = set()
     # Deterministic across processes: the name is part of the persistent
     # compilation cache's key.
@@ -118,11 +121,17 @@ class JitFunction:
   # --- calls -----------------------------------------------------------------
 
   def __call__(self, *args, **kwargs):
-    done = self._execute(args, kwargs)
+    # The hot path: positional arrays and scalars whose signature was seen.
+    key = None if kwargs or self._args.has_static else call_signature(args)
+    plan = self._hot.get(key)
+    if plan is not None and plan.current:
+      self.stats.record_call(plan.bucket, plan.waste, plan.fallback)
+      return plan.unpad_outputs(plan.run_plain(args))
+    done = self._execute(args, kwargs, key)
     if done is None:  # under a transformation: inline
       return self._inline(*strip_padded(args), **strip_padded(kwargs))
     plan, outs = done
-    return plan.map_outputs(outs, unpad)
+    return plan.unpad_outputs(outs)
 
   def call_padded(self, *args, **kwargs):
     """Like calling the function, but outputs with dynamic dims come back as
@@ -135,14 +144,20 @@ class JitFunction:
     plan, outs = done
     return plan.map_outputs(outs, lambda o, s: o if tuple(o.shape) == s else Padded(o, s))
 
-  def _execute(self, args, kwargs):
-    """(plan, padded outputs) for a call, or None under a transformation."""
+  def _execute(self, args, kwargs, hot_key=None):
+    """(plan, padded outputs) for a call, or None under a transformation.
+    With `hot_key` (the call's `call_signature`), the plan is kept for the
+    hot path of the next call with that signature."""
     prepared = self._prepare(args, kwargs)
     if prepared is None:
       return None
     struct, leaves, shapes = prepared
     plan = self._plan_for(struct, shapes)
-    self.stats.record_call(bucket=plan.bucket, waste=plan.waste, fallback=plan.fallback)
+    if hot_key is not None and plan.current:
+      if len(self._hot) >= HOT_PLANS:
+        self._hot.clear()
+      self._hot[hot_key] = plan
+    self.stats.record_call(plan.bucket, plan.waste, plan.fallback)
     return plan, plan.run(leaves)
 
   def _prepare(self, args, kwargs):
@@ -226,7 +241,8 @@ class JitFunction:
     program = self._cache.get(key, lambda: self._compile(
         key, exact_body(struct.treedef, self._args.bind_static(struct.static_key)),
         struct, why))
-    return Plan(key, program, struct.dtypes, (), None, 0.0, fallback=struct.exact_only)
+    return Plan(key, program, struct.dtypes, (), None, 0.0, fallback=struct.exact_only,
+                shapes=shapes)
 
   def _fast_plan(self, struct: Structure, shapes) -> Plan | None:
     """The plan for new sizes in a bucket that already has one, or None.
@@ -264,7 +280,8 @@ class JitFunction:
     key, program, provisional = self._program(key, build, shapes)
     out_dims = tuple(aval.shape for aval in variant.traced.out_avals)
     plan = Plan(key, program, struct.dtypes, logical_values(binding, logical),
-                out_shapes(out_dims, logical), waste(shapes, key.padded_shapes), provisional)
+                out_shapes(out_dims, logical), waste(shapes, key.padded_shapes), provisional,
+                shapes=shapes)
     if provisional is None and not variant.constraints and dict(padded_env) == buckets:
       template = Template.of(plan, binding, variant, out_dims)
       if template is not None:

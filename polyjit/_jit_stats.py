@@ -94,7 +94,7 @@ class Stats:
     """The mean fraction of a bucketed call's argument elements that were padding."""
     return self._waste_sum / self._waste_calls if self._waste_calls else 0.0
 
-  def record_call(self, *, bucket: tuple | None, waste: float, fallback: bool) -> None:
+  def record_call(self, bucket: tuple | None, waste: float, fallback: bool) -> None:
     """A call ran in `bucket` (None: at exact shapes) with `waste` of padding."""
     self.calls += 1
     if fallback:
