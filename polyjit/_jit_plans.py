@@ -19,6 +19,7 @@ leaves and a tuple of int32 logical sizes, one per dimension in binding order.
 from __future__ import annotations
 
 import collections
+import math
 from typing import Any, Callable, Hashable, NamedTuple
 
 import jax
@@ -64,16 +65,17 @@ class Plan:
   the outputs are returned as the program made them: nothing blocks).
   """
   __slots__ = ("key", "program", "dtypes", "logical", "out_shapes", "waste",
-               "provisional", "fallback", "bucket", "pads", "dynamic_outputs", "live")
+               "provisional", "fallback", "bucket", "pads", "dynamic_outputs", "live",
+               "borrow", "padded_out")
 
   def __init__(self, key: ProgramKey, program, dtypes, logical, out_shapes, waste,
-               provisional=None, fallback=False, shapes=None):
+               provisional=None, fallback=False, shapes=None, padded_out=None):
     self.key = key
     self.program = program
     self.dtypes = dtypes
     # The program's size arguments, put on the device once: a committed
     # array costs JAX's dispatch less than a NumPy scalar does, every call.
-    self.logical = jax.device_put(logical) if logical else ()
+    self.logical = tuple(jc.host_to_device(v, jc.default_sharding()) for v in logical)
     self.out_shapes = out_shapes        # per output leaf logical shape, or None
     self.waste = waste                  # fraction of input elements that are padding
     self.provisional = provisional      # future of the tighter bucket, if borrowing
@@ -83,9 +85,11 @@ class Plan:
     self.pads = tuple((i, p, d, tuple(slice(0, n) for n in s))
                       for i, (s, p, d) in enumerate(zip(shapes, key.padded_shapes, dtypes))
                       if tuple(s) != tuple(p))
+    self.padded_out = program_out_shapes(program) if padded_out is None else padded_out
     self.dynamic_outputs = out_shapes is not None and any(
-        tuple(o) != tuple(p) for o, p in zip(out_shapes, program_out_shapes(program)))
+        tuple(o) != tuple(p) for o, p in zip(out_shapes, self.padded_out))
     self.live = True                    # False once its structure dropped it
+    self.borrow = None                  # a cost-aware policy's `Borrow`: pays per call
 
   @property
   def padded_shapes(self) -> tuple:
@@ -183,10 +187,11 @@ class Template:
     return all(shapes[i][a] == n for (i, a), n in self.fixed)
 
   def plan_at(self, shapes, logical: dict[str, int]) -> Plan:
+    """The plan of this template's program for `shapes` with sizes `logical`."""
     plan = self.plan
     return Plan(plan.key, plan.program, plan.dtypes, logical_values(self.binding, logical),
                 out_shapes(self.out_dims, logical), waste(shapes, plan.padded_shapes),
-                shapes=shapes)
+                shapes=shapes, padded_out=plan.padded_out)
 
 
 class Structure:
@@ -205,6 +210,7 @@ class Structure:
     self.fallback_reason: str | None = None   # why exact_only, for messages
     self.plans: collections.OrderedDict = collections.OrderedDict()
     self.templates: dict = {}           # bucket key -> Template
+    self.rental = None                  # `_policy.Rental` under a cost-aware policy
 
   @property
   def static_key(self):
@@ -244,19 +250,15 @@ class Structure:
     for bucket in [b for b, t in self.templates.items() if t.plan.key == key]:
       del self.templates[bucket]
 
-  def template(self, shapes, bucket_of: Callable[[str, int], int]):
-    """(template, sizes) for `shapes` when the bucket they fall in has a
-    template whose fixed axes agree; else None."""
+  def template_sizes(self, shapes) -> dict[str, int] | None:
+    """Each dimension's size read off `shapes` by a template; None without one."""
     first = next(iter(self.templates.values()), None)
-    if first is None:
-      return None
-    logical = first.sizes(shapes)
-    if logical is None:
-      return None
-    template = self.templates.get(bucket_key({v: bucket_of(v, n) for v, n in logical.items()}))
-    if template is None or not template.fits(shapes):
-      return None
-    return template, logical
+    return None if first is None else first.sizes(shapes)
+
+  def template(self, shapes, bucket: tuple) -> Template | None:
+    """The template of `bucket` when its fixed axes agree with `shapes`."""
+    template = self.templates.get(bucket)
+    return template if template is not None and template.fits(shapes) else None
 
   # --- what the calls teach ----------------------------------------------------------
 
@@ -287,6 +289,7 @@ class Structure:
     """New specs: what was traced, planned or templated for the old ones goes."""
     self.specs = specs
     self.masked = None
+    self.rental = None
     for plan in self.plans.values():
       plan.live = False
     self.plans.clear()
@@ -382,6 +385,6 @@ def out_shapes(out_dims, logical) -> tuple:
 
 
 def waste(shapes, padded_shapes) -> float:
-  logical = sum(int(np.prod(s)) for s in shapes)
-  padded = sum(int(np.prod(p)) for p in padded_shapes)
+  logical = sum(math.prod(s) for s in shapes)
+  padded = sum(math.prod(p) for p in padded_shapes)
   return 1.0 - logical / padded if padded else 0.0

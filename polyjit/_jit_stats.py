@@ -41,6 +41,7 @@ class Cause:
   sizes: dict[str, int] | None = None    # dimension -> the call's logical size
   variant: str | None = None             # the side of `fun`'s size comparisons compiled
   error: str | None = None               # why `fun` cannot be masked ("fallback")
+  reason: str | None = None              # why this bucket (a cost-aware policy's decision)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from ._buckets import (BucketPolicy, Exact, Explicit, Geometric, Multiples, PowersOfTwo,
                        as_policy, default)
+from ._policy import CostAware
 
-__all__ = ["BucketPolicy", "Exact", "Explicit", "Geometric", "Multiples", "PowersOfTwo",
+__all__ = ["BucketPolicy", "CostAware", "Exact", "Explicit", "Geometric", "Multiples", "PowersOfTwo",
            "as_policy", "default"]
