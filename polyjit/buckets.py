@@ -2,7 +2,8 @@
 
 from ._buckets import (BucketPolicy, Exact, Explicit, Geometric, Multiples, PowersOfTwo,
                        as_policy, default)
+from ._fit import fit
 from ._policy import CostAware
 
 __all__ = ["BucketPolicy", "CostAware", "Exact", "Explicit", "Geometric", "Multiples", "PowersOfTwo",
-           "as_policy", "default"]
+           "as_policy", "default", "fit"]

@@ -3,6 +3,8 @@ compiles measured with jax.monitoring, decisions driven by the recorded costs.""
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -128,3 +130,37 @@ def test_cost_aware_estimates_interpolate_and_keep_the_fixed_cost():
   assert rental.estimate({"n": 10}) == pytest.approx(1.1e-5)   # the line, not 0
   (account, seconds), = rental.charges((("n", 1000),), [rental.account({"n": 550}, None)])
   assert seconds == pytest.approx(1.1e-4 - 6.5e-5)
+
+
+def padded_cost(buckets, sample, power):
+  return sum(min(b for b in buckets if b >= s) ** power for s in sample)
+
+
+def test_fit_finds_the_cheapest_buckets_of_a_sample():
+  rng = np.random.default_rng(0)
+  for _ in range(60):
+    sample = rng.integers(1, 40, rng.integers(1, 10)).tolist()
+    k, power = int(rng.integers(1, 5)), float(rng.choice([1, 2]))
+    got = pj.buckets.fit(sample, max_programs=k, power=power)
+    values = sorted(set(sample))
+    best = min(padded_cost(c + (values[-1],), sample, power)
+               for r in range(min(k, len(values)))
+               for c in itertools.combinations(values[:-1], r))
+    assert len(got.buckets) <= k and max(sample) in got.buckets
+    assert padded_cost(got.buckets, sample, power) == pytest.approx(best)
+  with pytest.raises(ValueError, match="max_programs"):
+    pj.buckets.fit([3], max_programs=0)
+
+
+def test_precompile_a_fitted_policy_then_compile_nothing():
+  sample = [30, 31, 90, 95, 200, 40]
+  f = pj.jit(loglik, polymorphic_shapes=["n", None],
+             buckets=pj.buckets.fit(sample, max_programs=2))
+  assert len(f.bucket_policy("n").buckets) == 2  # which two: the test above
+  n_pre, _ = count(lambda: f.precompile(jax.ShapeDtypeStruct((8,), jnp.float32), 0.5,
+                                        sizes={"n": sample}, progress=False))
+  data = [np.linspace(0, 1, n, dtype=np.float32) for n in (33, 200, 7, 150)]
+  n_calls, got = count(f, *[(x, 0.5) for x in data])
+  assert n_pre == 2 and n_calls == 0
+  for g, x in zip(got, data):
+    assert_same(g, jax.jit(loglik)(x, 0.5))
