@@ -157,10 +157,12 @@ def test_precompile_a_fitted_policy_then_compile_nothing():
   f = pj.jit(loglik, polymorphic_shapes=["n", None],
              buckets=pj.buckets.fit(sample, max_programs=2))
   assert len(f.bucket_policy("n").buckets) == 2  # which two: the test above
-  n_pre, _ = count(lambda: f.precompile(jax.ShapeDtypeStruct((8,), jnp.float32), 0.5,
-                                        sizes={"n": sample}, progress=False))
+  mu = np.float32(0.5)
+  with pj.diagnostics.count_compiles() as precompiled:
+    f.precompile(jax.ShapeDtypeStruct((8,), jnp.float32), mu, sizes={"n": sample},
+                 progress=False)
   data = [np.linspace(0, 1, n, dtype=np.float32) for n in (33, 200, 7, 150)]
-  n_calls, got = count(f, *[(x, 0.5) for x in data])
-  assert n_pre == 2 and n_calls == 0
+  n_calls, got = count(f, *[(x, mu) for x in data])
+  assert len(precompiled) == 2 and n_calls == 0
   for g, x in zip(got, data):
-    assert_same(g, jax.jit(loglik)(x, 0.5))
+    assert_same(g, jax.jit(loglik)(x, mu))
