@@ -11,6 +11,12 @@ A call goes through these steps, all on the host:
    program with the logical sizes as runtime values, slice outputs with
    dynamic dims back to their logical shapes.
 
+A repeated call skips steps 1-2: positional arrays and scalars are keyed by
+`call_signature` (dtype, weak type, shape each) straight to their plan, which
+pads only the leaves that need it, passes logical sizes already on the device,
+and returns outputs without dynamic dims as the program made them (nothing
+blocks the host). Only outputs with dynamic dims are sliced, on the host.
+
 On a plan miss, the logical size of every dimension variable is solved from the
 argument shapes, rounded up by the bucket policy, and the program for those
 padded sizes comes from the executable cache (`_cache.py`), compiled there
@@ -26,6 +32,10 @@ without a masking rule), the structure falls back to exact shapes, like
 `jax.jit`, and says so: a `pj.FallbackWarning` once per function and cause
 (`fallback="warn"`, the default), an error (`fallback="error"`), or only
 `pj.explain` and the "polyjit" logger (`fallback="silent"`).
+
+Under `pj.buckets.CostAware` (`_policy.py`) the bucket of a call is the
+smallest compiled one that holds it; a tighter one compiles in the background
+once the run time its absence wastes has paid for a compile.
 
 Called under another transformation (`jax.jit`, `jax.grad`, `jax.vmap`), a
 `pj.jit` function is inlined: the outer trace has fixed shapes anyway.
