@@ -348,9 +348,10 @@ class JitFunction:
     """The structure's ski-rental state when every dimension's policy is cost-aware."""
     if struct.rental is None:
       policies = {v: self.bucket_policy(v) for v in logical}
-      if not policies or not all(isinstance(p, CostAware) for p in policies.values()):
+      cost_aware = {v: p for v, p in policies.items() if isinstance(p, CostAware)}
+      if not policies or len(cost_aware) != len(policies):
         return None
-      struct.rental = Rental(policies)
+      struct.rental = Rental(cost_aware)
       if struct.tracker is not None and struct.masked is not None:
         # Automatic mode compiled the first call exactly: its sizes count
         # for the headroom too.

@@ -176,7 +176,7 @@ def call_signature(args: tuple) -> tuple | None:
   one entry per argument, or None (containers, `pj.Padded`, tracers, other
   types): the general path then. Equal keys mean equal shapes and equally
   typed leaves, so they mean the same structure and the same plan."""
-  key = []
+  key: list = []
   for x in args:
     t = type(x)
     if t is np.ndarray:

@@ -42,6 +42,7 @@ serves a call can differ between runs; results do not.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
 import threading
@@ -111,7 +112,7 @@ class Account:
     self.rental = rental
     self.env = env
     self.waste = 0.0
-    self.future = None
+    self.future: concurrent.futures.Future | None = None
     self.start = start          # start(waste, compile_estimate) -> Future
 
   def add(self, seconds: float) -> None:
@@ -122,8 +123,9 @@ class Account:
       with rental.lock:
         if self.future is None and not rental.busy:
           rental.busy = True  # one at a time: the next is chosen knowing this one
-          self.future = self.start(self.waste, rental.compile_estimate)
-          self.future.add_done_callback(rental.finished)
+          future = self.start(self.waste, rental.compile_estimate)
+          future.add_done_callback(rental.finished)
+          self.future = future
 
 
 class Borrow:
@@ -243,8 +245,9 @@ class Rental:
 
   def estimate(self, env: dict[str, int]) -> float | None:
     """Estimated seconds per call in a bucket `env`, from the measured ones."""
-    points = sorted((volume(self.envs[b]), self.run_time(b)) for b in list(self.times)
-                    if b in self.envs)
+    points: list[tuple[int, float]] = sorted(
+        (volume(self.envs[b]), min(t)) for b, t in list(self.times.items())
+        if b in self.envs and t)
     if not points:
       return None
     v = volume(env)
