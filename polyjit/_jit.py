@@ -320,13 +320,15 @@ class JitFunction:
     why = dataclasses.replace(why, bucket=dict(padded_env), sizes=dict(logical),
                               variant=variant.describe() if variant.decisions else None)
     key, build = self._masked_program(struct, masked, binding, variant, padded_env, why)
+    compiles = len(self.stats.compile_events)
     key, program, provisional = self._program(key, build, shapes)
     plan = self._plan_in(struct, key, program, binding, variant, logical, shapes, provisional)
     if provisional is None and not variant.constraints and dict(padded_env) == buckets:
       self._keep_template(struct, plan, binding, variant)
     if rental is not None:
       rental.observe(logical)
-      rental.bump()  # a new program: plans borrowing a larger one look again
+      if len(self.stats.compile_events) > compiles:
+        rental.bump()  # a new program: plans borrowing a larger one look again
     return plan
 
   def _plan_in(self, struct, key, program, binding, variant, logical, shapes,
