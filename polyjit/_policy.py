@@ -48,7 +48,7 @@ import math
 import threading
 from typing import Callable
 
-from ._buckets import BucketPolicy, Geometric
+from ._buckets import BucketPolicy, Geometric, as_policy
 
 SAMPLES = 3          # run-time samples of each program from its first new shapes
 SAMPLE_EVERY = 64    # then one sample every this many new shapes
@@ -71,6 +71,7 @@ class CostAware(BucketPolicy):
   def __post_init__(self):
     if not self.headroom >= 1:
       raise ValueError(f"headroom must be >= 1, got {self.headroom}")
+    object.__setattr__(self, "grid", as_policy(self.grid))  # a list, an int k, ...
     if isinstance(self.grid, CostAware):
       raise TypeError("the grid of CostAware must be a fixed policy")
 
