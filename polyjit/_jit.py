@@ -386,15 +386,23 @@ class JitFunction:
     they waste into the accounts of the smaller buckets that would hold
     them; an account compiles its bucket once it has paid for it."""
     rental.observe(logical)
-    if plan.key.bucket == bucket_key(tight):
+    tight_key = bucket_key(tight)
+    if plan.key.bucket == tight_key:
       return
-    accounts = []
-    for env in rental.smaller(logical, dict(plan.key.bucket)):
-      if fit_to_constraints(logical, env, variant.scope) != env:
-        continue  # these sizes break a constraint there: no such program
-      accounts.append(rental.account(env, functools.partial(
-          self._compile_for_waste, struct, binding, variant, env)))
-    plan.borrow = plan.provisional = Borrow(rental, plan.key.bucket, accounts)
+    key = (variant.key, tight_key, plan.key.bucket)
+    accounts = rental.borrow_accounts.get(key) if not variant.constraints else None
+    if accounts is None:
+      accounts = []
+      for env in rental.smaller(logical, dict(plan.key.bucket)):
+        if fit_to_constraints(logical, env, variant.scope) != env:
+          continue  # these sizes break a constraint there: no such program
+        accounts.append(rental.account(env, functools.partial(
+            self._compile_for_waste, struct, binding, variant, env)))
+      if not variant.constraints:  # else the list depends on the sizes themselves
+        rental.borrow_accounts[key] = accounts
+      else:
+        key = None
+    plan.borrow = plan.provisional = Borrow(rental, plan.key.bucket, accounts, key)
 
   def _compile_for_waste(self, struct, binding, variant, env, wasted, compile_cost):
     """Starts compiling the bucket `env`, whose account has paid for it."""

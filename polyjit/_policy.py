@@ -136,14 +136,15 @@ class Borrow:
   that would have held it; the plan is given up (`done()`) whenever the
   structure gets a new program, so the next call looks for a tighter one.
   """
-  __slots__ = ("rental", "generation", "running", "candidates", "charges")
+  __slots__ = ("rental", "generation", "running", "candidates", "charges", "key")
 
-  def __init__(self, rental: Rental, running: tuple, candidates: list[Account]):
+  def __init__(self, rental: Rental, running: tuple, candidates: list[Account], key):
     self.rental = rental
     self.generation = rental.generation
     self.running = running
     self.candidates = candidates
     self.charges = None         # [(account, seconds per call)], once times are known
+    self.key = key              # (variant, tight bucket, running bucket): shared charges
 
   def done(self) -> bool:
     return self.generation != self.rental.generation
@@ -151,7 +152,7 @@ class Borrow:
   def pay(self) -> None:
     charges = self.charges
     if charges is None:
-      charges = self.charges = self.rental.charges(self.running, self.candidates)
+      charges = self.charges = self.rental.charges(self.running, self.candidates, self.key)
       if charges is None:
         return
     for account, seconds in charges:
@@ -173,6 +174,8 @@ class Rental:
     self.accounts: dict[tuple, Account] = {}          # bucket key -> its account
     self.compile_seconds: list[float] = []
     self.compile_estimate = math.inf
+    self.borrow_accounts: dict = {}                   # Borrow.key -> its accounts
+    self.charge_cache: dict = {}                      # Borrow.key -> charges
 
   # --- sizes and buckets --------------------------------------------------------
 
@@ -219,6 +222,7 @@ class Rental:
   # --- measurements --------------------------------------------------------------
 
   def compiled(self, bucket: tuple, env: dict[str, int], wall_seconds: float) -> None:
+    self.charge_cache = {}
     self.envs[bucket] = dict(env)
     self.compile_seconds.append(wall_seconds)
     self.compile_estimate = sum(self.compile_seconds) / len(self.compile_seconds)
@@ -238,6 +242,7 @@ class Rental:
     return seen < SAMPLES or seen % SAMPLE_EVERY == 0
 
   def record_time(self, bucket: tuple, seconds: float) -> None:
+    self.charge_cache = {}
     self.times.setdefault(bucket, []).append(seconds)
 
   def run_time(self, bucket: tuple) -> float | None:
@@ -264,9 +269,13 @@ class Rental:
     slope = max(t1 - t0, 0.0) / (v1 - v0) if v1 != v0 else 0.0
     return max(t0 + slope * (v - v0), 0.0)
 
-  def charges(self, running: tuple, accounts: list[Account]):
+  def charges(self, running: tuple, accounts: list[Account], key=None):
     """[(account, seconds)] a call in bucket `running` wastes against each
-    smaller bucket; None until `running` has a measured run time."""
+    smaller bucket; None until `running` has a measured run time. Kept per
+    `key` until the next measurement."""
+    out = self.charge_cache.get(key) if key is not None else None
+    if out is not None:
+      return out
     have = self.run_time(running)
     if have is None:
       return None
@@ -275,6 +284,8 @@ class Rental:
       want = self.estimate(account.env)
       if want is not None and have > want:
         out.append((account, have - want))
+    if key is not None:
+      self.charge_cache[key] = out
     return out
 
   def account(self, env: dict[str, int], start: Callable) -> Account:
