@@ -516,7 +516,9 @@ def jit(fun: Callable | None = None, *, polymorphic_shapes=None, buckets=None,
     buckets: the bucket policy for every dimension (see `polyjit.buckets`), a
       list of sizes, an int k (multiples of k), a callable, or a dict from
       dimension name to any of these ("*" for the rest). Default: powers of
-      two from 16.
+      two from 16. `pj.buckets.CostAware()` compiles a bucket only once the
+      padding it saves has paid for its compile (fewer programs for cheap
+      functions); `pj.buckets.fit(sample, max_programs=k)` plans from sizes.
     constraints: `jax.export` constraints such as "n >= 3".
     static_argnums, static_argnames, donate_argnums: as in `jax.jit`.
     cache_size: the most compiled programs kept (least recently used dropped).
