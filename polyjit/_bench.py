@@ -8,6 +8,8 @@ benchmark and writes `summary.md` with the ratios against every peer:
   log-uniform and sentence-like;
 * the JIT-tutorial cases (`jit_tutorial.py`);
 * ragged training (`ragged_training.py`);
+* a run-time-dominated MLP, the cost-aware policy against the fixed ones
+  (`runtime_dominated.py`);
 * overheads: trace+mask and masked against unmasked run time
   (`mask_overhead.py`), per-call overhead (inside the seed runs).
 
@@ -41,11 +43,14 @@ def _plan(quick: bool) -> list[tuple[str, str, list[str]]]:
   return [
       ("seed_uniform", "seed_likelihood.py",
        ["--calls", calls, "--distribution", "uniform", "--peers", "--policies"]),
-      ("seed_loguniform", "seed_likelihood.py", ["--calls", calls, "--distribution", "loguniform"]),
+      ("seed_loguniform", "seed_likelihood.py",
+       ["--calls", calls, "--distribution", "loguniform", "--peers"]),
       ("seed_sentences", "seed_likelihood.py", ["--calls", calls, "--distribution", "sentences"]),
       ("jit_tutorial", "jit_tutorial.py", []),
       ("ragged_training", "ragged_training.py", ["--quick"] if quick else []),
       ("mask_overhead", "mask_overhead.py", ["--quick"] if quick else []),
+      ("runtime_dominated", "runtime_dominated.py",
+       ["--width", "256", "--max-rows", "512", "--calls", "60"] if quick else []),
   ]
 
 
@@ -104,7 +109,8 @@ def _summary(results: dict, quick: bool) -> str:
       lines.append(f"| {contender} | skipped: {why} | | |")
     ratios = r["ratios"]
     lines += ["", f"steady state pj.jit / jax.jit: {ratios['steady_vs_jax_jit']:.2f}x; "
-              f"added per call: {ratios['added_us_per_call']:+.1f} us", ""]
+              f"added per call: {ratios['added_us_per_call']:+.1f} us (CostAware: "
+              f"{ratios.get('costaware_added_us_per_call', float('nan')):+.1f} us)", ""]
     if r.get("policies"):
       lines += ["| bucket policy | total s | compiles | mean padding |", "|---|---|---|---|"]
       for policy, row in r["policies"].items():
@@ -140,6 +146,16 @@ def _summary(results: dict, quick: bool) -> str:
         ratio = f"{row['cpu_s'] / base:.2f}x" if base else "-"
         lines.append(f"| {model} | {approach} | {row['total_s']:.2f} | {row['cpu_s']:.2f} | "
                      f"{row['compiles']} | {ratio} | {row['max_grad_rel_diff']:.1e} |")
+    lines.append("")
+  mlp = results.get("runtime_dominated")
+  if mlp:
+    m = mlp["meta"]
+    lines += [f"**Run-time-dominated MLP, width {m['width']}, {m['calls']} calls, rows uniform "
+              f"in [1, {m['max_rows']}]** (best fixed policy: {m['best_fixed']})", "",
+              "| policy | total s | cpu s | compiles | vs best fixed (cpu) |", "|---|---|---|---|---|"]
+    for policy, row in mlp["rows"].items():
+      lines.append(f"| {policy} | {row['total_s']:.2f} | {row['cpu_s']:.2f} | "
+                   f"{row['compiles']} | {row['vs_best_fixed_cpu']:.2f}x |")
     lines.append("")
   return "\n".join(lines)
 

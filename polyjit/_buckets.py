@@ -6,6 +6,10 @@ of programs at about log2(largest / smallest) + 1; a geometric ratio below 2
 trades more programs for less padding; multiples of k and explicit lists fit
 known distributions. Above the largest bucket a policy either compiles the
 exact size (`overflow="exact"`) or raises `ShapeError` (`overflow="raise"`).
+
+These policies are fixed: a size always gets the same bucket. `CostAware`
+(`_policy.py`) decides from measured compile and run times which buckets to
+compile, and `fit` (`_fit.py`) plans buckets from a sample of sizes.
 """
 
 from __future__ import annotations

@@ -11,6 +11,12 @@ A call goes through these steps, all on the host:
    program with the logical sizes as runtime values, slice outputs with
    dynamic dims back to their logical shapes.
 
+A repeated call skips steps 1-2: positional arrays and scalars are keyed by
+`call_signature` (dtype, weak type, shape each) straight to their plan, which
+pads only the leaves that need it, passes logical sizes already on the device,
+and returns outputs without dynamic dims as the program made them (nothing
+blocks the host). Only outputs with dynamic dims are sliced, on the host.
+
 On a plan miss, the logical size of every dimension variable is solved from the
 argument shapes, rounded up by the bucket policy, and the program for those
 padded sizes comes from the executable cache (`_cache.py`), compiled there
@@ -26,6 +32,10 @@ without a masking rule), the structure falls back to exact shapes, like
 `jax.jit`, and says so: a `pj.FallbackWarning` once per function and cause
 (`fallback="warn"`, the default), an error (`fallback="error"`), or only
 `pj.explain` and the "polyjit" logger (`fallback="silent"`).
+
+Under `pj.buckets.CostAware` (`_policy.py`) the bucket of a call is the
+smallest compiled one that holds it; a tighter one compiles in the background
+once the run time its absence wastes has paid for a compile.
 
 Called under another transformation (`jax.jit`, `jax.grad`, `jax.vmap`), a
 `pj.jit` function is inlined: the outer trace has fixed shapes anyway.
@@ -56,13 +66,16 @@ from ._buckets import BucketPolicy, as_policy
 from ._cache import ExecutableCache, wait
 from ._compiles import count_compiles
 from ._errors import FallbackWarning, MaskingError, PolyjitError, ShapeError, warn_user
-from ._jit_args import ArgLayout, aval_key, strip_padded
+from ._jit_args import ArgLayout, aval_key, call_signature, strip_padded
 from ._jit_plans import (Plan, ProgramKey, Structure, Template, borrow, exact_body,
-                         logical_values, lower_and_compile, masked_body, out_shapes,
-                         padded_shapes, waste, zero_sized)
+                         bucket_key, logical_values, lower_and_compile, masked_body,
+                         out_shapes, padded_shapes, waste, zero_sized)
 from ._jit_stats import Cause, Stats
 from ._mask import Masked
-from ._padding import Padded, logical_shape, unpad
+from ._policy import Borrow, CostAware, Rental
+from ._padding import Padded, logical_shape
+
+HOT_PLANS = 4096  # call signatures kept for the hot path (then it starts over)
 
 logger = logging.getLogger("polyjit")
 logger.addHandler(logging.NullHandler())  # a library prints nothing unless asked
@@ -96,6 +109,7 @@ class JitFunction:
     self._args.specs_per_parameter = annotated is not None
     self._cache = ExecutableCache(cache_size, on_evict=self._forget_program)
     self._structures: dict[Any, Structure] = {}
+    self._hot: dict[tuple, Plan] = {}   # call_signature -> plan (the hot path)
     self._warned: set[str] = set()
     # Deterministic across processes: the name is part of the persistent
     # compilation cache's key.
@@ -125,11 +139,19 @@ class JitFunction:
   # --- calls -----------------------------------------------------------------
 
   def __call__(self, *args, **kwargs):
-    done = self._execute(args, kwargs)
+    # The hot path: positional arrays and scalars whose signature was seen.
+    key = None if kwargs or self._args.has_static else call_signature(args)
+    plan = self._hot.get(key)
+    if plan is not None and plan.current:
+      self.stats.record_call(plan.bucket, plan.waste, plan.fallback)
+      if plan.borrow is not None:  # in a larger bucket than its own: pay for it
+        plan.borrow.pay()
+      return plan.unpad_outputs(plan.run_plain(args))
+    done = self._execute(args, kwargs, key)
     if done is None:  # under a transformation: inline
       return self._inline(*strip_padded(args), **strip_padded(kwargs))
     plan, outs = done
-    return plan.map_outputs(outs, unpad)
+    return plan.unpad_outputs(outs)
 
   def call_padded(self, *args, **kwargs):
     """Like calling the function, but outputs with dynamic dims come back as
@@ -142,15 +164,29 @@ class JitFunction:
     plan, outs = done
     return plan.map_outputs(outs, lambda o, s: o if tuple(o.shape) == s else Padded(o, s))
 
-  def _execute(self, args, kwargs):
-    """(plan, padded outputs) for a call, or None under a transformation."""
+  def _execute(self, args, kwargs, hot_key=None):
+    """(plan, padded outputs) for a call, or None under a transformation.
+    With `hot_key` (the call's `call_signature`), the plan is kept for the
+    hot path of the next call with that signature."""
     prepared = self._prepare(args, kwargs)
     if prepared is None:
       return None
     struct, leaves, shapes = prepared
     plan = self._plan_for(struct, shapes)
-    self.stats.record_call(bucket=plan.bucket, waste=plan.waste, fallback=plan.fallback)
-    return plan, plan.run(leaves)
+    if hot_key is not None and plan.current:
+      if len(self._hot) >= HOT_PLANS:
+        self._hot.clear()
+      self._hot[hot_key] = plan
+    self.stats.record_call(plan.bucket, plan.waste, plan.fallback)
+    if plan.borrow is not None:
+      plan.borrow.pay()
+    rental = struct.rental
+    if rental is None or plan.bucket is None or not rental.wants_sample(plan.bucket):
+      return plan, plan.run(leaves)
+    t0 = time.perf_counter()  # a new shape: time it (repeated shapes never block)
+    outs = jax.block_until_ready(plan.run(leaves))
+    rental.record_time(plan.bucket, time.perf_counter() - t0)
+    return plan, outs
 
   def _prepare(self, args, kwargs):
     """(structure, leaves, logical shapes), or None when a leaf is a tracer."""
@@ -233,7 +269,8 @@ class JitFunction:
     program = self._cache.get(key, lambda: self._compile(
         key, exact_body(struct.treedef, self._args.bind_static(struct.static_key)),
         struct, why))
-    return Plan(key, program, struct.dtypes, (), None, 0.0, fallback=struct.exact_only)
+    return Plan(key, program, struct.dtypes, (), None, 0.0, fallback=struct.exact_only,
+                shapes=shapes)
 
   def _fast_plan(self, struct: Structure, shapes) -> Plan | None:
     """The plan for new sizes in a bucket that already has one, or None.
@@ -243,17 +280,29 @@ class JitFunction:
     reused, and only the logical sizes and output shapes are computed. The
     full path (`_masked_plan`) runs for anything else, and is the only one
     that records templates: no constraints or guards to check, no background
-    compile, and a program still in the cache.
+    compile, and a program still in the cache. Under a cost-aware policy the
+    bucket is the smallest compiled one that holds the sizes.
     """
-    found = struct.template(shapes, lambda v, n: self.bucket_policy(v).bucket(n))
-    if found is None:
+    logical = struct.template_sizes(shapes)
+    if logical is None:
       return None
-    template, logical = found
-    fut = self._cache.peek(template.plan.key)
-    if fut is None or not fut.done() or not template.variant.holds(logical):
-      return None
-    self.stats.record_sizes(template.binding, struct.leaf_names, logical)
-    return template.plan_at(shapes, logical)
+    rental = self._rental(struct, logical)
+    tight = {v: self.bucket_policy(v).bucket(n) for v, n in logical.items()}
+    # Under a cost-aware policy: the smallest compiled bucket, or the full path.
+    buckets = [bucket_key(tight)] if rental is None else rental.candidates(logical)[:1]
+    for bucket in buckets:
+      template = struct.template(shapes, bucket)
+      if template is None:
+        continue
+      fut = self._cache.peek(template.plan.key)
+      if fut is None or not fut.done() or not template.variant.holds(logical):
+        continue
+      self.stats.record_sizes(template.binding, struct.leaf_names, logical)
+      plan = template.plan_at(shapes, logical)
+      if rental is not None:
+        self._rent(struct, rental, plan, logical, tight, template.binding, template.variant)
+      return plan
+    return None
 
   def _masked_plan(self, struct: Structure, shapes, why: Cause) -> Plan:
     """A plan that runs the masked program of the bucket these sizes fall in."""
@@ -263,20 +312,111 @@ class JitFunction:
     masked, binding, variant = self._variant(struct, shapes)
     logical = binding.padded  # solved from unpadded shapes: the logical sizes
     buckets = {v: self.bucket_policy(v).bucket(n) for v, n in logical.items()}
-    padded_env = fit_to_constraints(logical, buckets, variant.scope)
     self.stats.record_sizes(binding, struct.leaf_names, logical)
+    rental = self._rental(struct, logical)
+    if rental is not None:
+      plan = self._borrowed_plan(struct, shapes, rental, binding, variant, logical, buckets)
+      if plan is not None:
+        return plan
+      tight, buckets = buckets, rental.roomy(logical)
+      if buckets != tight:
+        why = dataclasses.replace(why, reason=(
+            "no compiled bucket holds " + _sizes(logical) + f"; headroom "
+            f"{rental.policies[next(iter(logical))].headroom:g}x the largest size seen"))
+    padded_env = fit_to_constraints(logical, buckets, variant.scope)
     why = dataclasses.replace(why, bucket=dict(padded_env), sizes=dict(logical),
                               variant=variant.describe() if variant.decisions else None)
     key, build = self._masked_program(struct, masked, binding, variant, padded_env, why)
+    compiles = len(self.stats.compile_events)
     key, program, provisional = self._program(key, build, shapes)
-    out_dims = tuple(aval.shape for aval in variant.traced.out_avals)
-    plan = Plan(key, program, struct.dtypes, logical_values(binding, logical),
-                out_shapes(out_dims, logical), waste(shapes, key.padded_shapes), provisional)
+    plan = self._plan_in(struct, key, program, binding, variant, logical, shapes, provisional)
     if provisional is None and not variant.constraints and dict(padded_env) == buckets:
-      template = Template.of(plan, binding, variant, out_dims)
-      if template is not None:
-        struct.templates[key.bucket] = template
+      self._keep_template(struct, plan, binding, variant)
+    if rental is not None:
+      rental.observe(logical)
+      if len(self.stats.compile_events) > compiles:
+        rental.bump()  # a new program: plans borrowing a larger one look again
     return plan
+
+  def _plan_in(self, struct, key, program, binding, variant, logical, shapes,
+               provisional=None) -> Plan:
+    out_dims = tuple(aval.shape for aval in variant.traced.out_avals)
+    return Plan(key, program, struct.dtypes, logical_values(binding, logical),
+                out_shapes(out_dims, logical), waste(shapes, key.padded_shapes), provisional,
+                shapes=shapes)
+
+  def _keep_template(self, struct, plan, binding, variant) -> None:
+    out_dims = tuple(aval.shape for aval in variant.traced.out_avals)
+    template = Template.of(plan, binding, variant, out_dims)
+    if template is not None:
+      struct.templates[plan.key.bucket] = template
+
+  # --- the cost-aware policy (`_policy.py`) ----------------------------------------
+
+  def _rental(self, struct: Structure, logical) -> Rental | None:
+    """The structure's ski-rental state when every dimension's policy is cost-aware."""
+    if struct.rental is None:
+      policies = {v: self.bucket_policy(v) for v in logical}
+      cost_aware = {v: p for v, p in policies.items() if isinstance(p, CostAware)}
+      if not policies or len(cost_aware) != len(policies):
+        return None
+      struct.rental = Rental(cost_aware)
+      if struct.tracker is not None and struct.masked is not None:
+        # Automatic mode compiled the first call exactly: its sizes count
+        # for the headroom too.
+        try:
+          struct.rental.observe(struct.masked.bind(
+              struct.abstract_args(struct.tracker.first)).padded)
+        except PolyjitError:
+          pass  # first shapes this variant cannot bind: only later sizes count
+    return struct.rental
+
+  def _borrowed_plan(self, struct, shapes, rental, binding, variant, logical, tight):
+    """A plan in the smallest compiled bucket that holds `logical`, or None."""
+    for bucket in rental.candidates(logical):
+      env = rental.envs[bucket]
+      if fit_to_constraints(logical, env, variant.scope) != env:
+        continue
+      key = ProgramKey.masked(struct, variant, padded_shapes(binding, env), env)
+      fut = self._cache.peek(key)
+      if fut is None or not fut.done() or fut.exception() is not None:
+        continue
+      plan = self._plan_in(struct, key, fut.result(), binding, variant, logical, shapes)
+      if not variant.constraints and struct.templates.get(bucket) is None:
+        self._keep_template(struct, plan, binding, variant)
+      self._rent(struct, rental, plan, logical, tight, binding, variant)
+      return plan
+    return None
+
+  def _rent(self, struct, rental, plan, logical, tight, binding, variant) -> None:
+    """When `plan` runs in a larger bucket than its own, its calls pay what
+    they waste into the accounts of the smaller buckets that would hold
+    them; an account compiles its bucket once it has paid for it."""
+    rental.observe(logical)
+    tight_key = bucket_key(tight)
+    if plan.key.bucket == tight_key:
+      return
+    key = (variant.key, tight_key, plan.key.bucket)
+    accounts = rental.borrow_accounts.get(key) if not variant.constraints else None
+    if accounts is None:
+      accounts = []
+      for env in rental.smaller(logical, dict(plan.key.bucket)):
+        if fit_to_constraints(logical, env, variant.scope) != env:
+          continue  # these sizes break a constraint there: no such program
+        accounts.append(rental.account(env, functools.partial(
+            self._compile_for_waste, struct, binding, variant, env)))
+      if not variant.constraints:  # else the list depends on the sizes themselves
+        rental.borrow_accounts[key] = accounts
+      else:
+        key = None
+    plan.borrow = plan.provisional = Borrow(rental, plan.key.bucket, accounts, key)
+
+  def _compile_for_waste(self, struct, binding, variant, env, wasted, compile_cost):
+    """Starts compiling the bucket `env`, whose account has paid for it."""
+    cause = Cause("bucket", bucket=dict(env),
+                  reason=f"waste {wasted:.3g} s > compile {compile_cost:.3g} s")
+    key, build = self._masked_program(struct, struct.masked, binding, variant, env, cause)
+    return self._cache.submit(key, build)
 
   def _program(self, key: ProgramKey, build, shapes):
     """(key, program, provisional): the program for `key`, compiled here if
@@ -316,9 +456,12 @@ class JitFunction:
     with count_compiles(this_thread_only=True) as log:
       program = lower_and_compile(body, self._name, key.padded_shapes, struct.avals,
                                   n_dims, donate)
+    seconds = time.perf_counter() - t0
     self.stats.record_compile(key, cause, log,
                               program_name=jc.jit_program_name(self._name),
-                              wall_seconds=time.perf_counter() - t0)
+                              wall_seconds=seconds)
+    if struct.rental is not None and not key.exact:
+      struct.rental.compiled(key.bucket, dict(key.bucket), seconds)
     return program
 
   # --- ahead of time ---------------------------------------------------------
@@ -357,6 +500,7 @@ class JitFunction:
       self._plan_for(struct, shapes)
       return [{}]
     masked, binding, variant = self._variant(struct, shapes)
+    self._rental(struct, binding.padded)  # a cost-aware policy learns of these programs
     unknown = set(sizes) - set(binding.dim_names)
     if unknown:
       raise ShapeError(f"precompile: unknown dimension names {sorted(unknown)}; this "
@@ -372,6 +516,10 @@ class JitFunction:
       futures.append(self._cache.submit(key, build))
     wait(futures, progress=progress, desc=f"precompiling {getattr(self.fun, '__name__', 'fun')}")
     return envs
+
+
+def _sizes(logical: dict[str, int]) -> str:
+  return ", ".join(f"{v}={n}" for v, n in sorted(logical.items()))
 
 
 def jit(fun: Callable | None = None, *, polymorphic_shapes=None, buckets=None,
@@ -391,7 +539,9 @@ def jit(fun: Callable | None = None, *, polymorphic_shapes=None, buckets=None,
     buckets: the bucket policy for every dimension (see `polyjit.buckets`), a
       list of sizes, an int k (multiples of k), a callable, or a dict from
       dimension name to any of these ("*" for the rest). Default: powers of
-      two from 16.
+      two from 16. `pj.buckets.CostAware()` compiles a bucket only once the
+      padding it saves has paid for its compile (fewer programs for cheap
+      functions); `pj.buckets.fit(sample, max_programs=k)` plans from sizes.
     constraints: `jax.export` constraints such as "n >= 3".
     static_argnums, static_argnames, donate_argnums: as in `jax.jit`.
     cache_size: the most compiled programs kept (least recently used dropped).

@@ -11,6 +11,10 @@ messages and automatic dimension names (`x`, `batch['ids']`, `arg3` past the
 signature), the per-leaf specs of explicit mode (`polymorphic_shapes` has one
 spec per positional argument, broadcast over its pytree; keyword arguments are
 fixed), and the leaves of the donated positions.
+
+The hot path of a repeated call skips all of that: `call_signature` keys
+positional arguments that are plain arrays or scalars by (dtype, weak type,
+shape) each, and `pj.jit` maps that key straight to the call's plan.
 """
 
 from __future__ import annotations
@@ -67,6 +71,10 @@ class ArgLayout:
           f"static arguments of {self.label} must be hashable, got {static_key!r}; "
           "pass arrays as ordinary (non-static) arguments.") from None
     return static_key, dyn_args, dyn_kwargs
+
+  @property
+  def has_static(self) -> bool:
+    return bool(self.static_argnums or self.static_argnames)
 
   # --- once per structure ----------------------------------------------------
 
@@ -156,6 +164,32 @@ def _positional_params(fun) -> list[str]:
     return []
   return [p.name for p in params
           if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+# --- the hot path -------------------------------------------------------------
+
+_PYTHON_SCALARS = (bool, int, float, complex)
+_NUMPY_SCALARS = tuple(np.dtype(c).type for c in "?bhilqBHILQefdgFD")
+_SCALAR_TYPES = frozenset(_PYTHON_SCALARS + _NUMPY_SCALARS)
+
+
+def call_signature(args: tuple) -> tuple | None:
+  """A hashable key of positional arguments that are all arrays or scalars,
+  one entry per argument, or None (containers, `pj.Padded`, tracers, other
+  types): the general path then. Equal keys mean equal shapes and equally
+  typed leaves, so they mean the same structure and the same plan."""
+  key: list = []
+  for x in args:
+    t = type(x)
+    if t is np.ndarray:
+      key.append((x.dtype, x.shape))
+    elif t is jc.ARRAY_TYPE:
+      key.append((x.dtype, x.weak_type, x.shape))
+    elif t in _SCALAR_TYPES:
+      key.append(t)  # the type fixes dtype, weak type and shape ()
+    else:
+      return None
+  return tuple(key)
 
 
 # --- leaves --------------------------------------------------------------------

@@ -19,6 +19,7 @@ leaves and a tuple of int32 logical sizes, one per dimension in binding order.
 from __future__ import annotations
 
 import collections
+import math
 from typing import Any, Callable, Hashable, NamedTuple
 
 import jax
@@ -28,7 +29,7 @@ from . import _dims
 from . import _jax_compat as jc
 from ._auto import DimTracker
 from ._mask import Masked
-from ._padding import pad
+from ._padding import pad, pad_into, unpad
 
 PLANS_PER_STRUCTURE = 4096
 EXACT = "exact"   # `ProgramKey.specs` of jax.jit's own program at exact shapes
@@ -56,39 +57,74 @@ class ProgramKey(NamedTuple):
 
 
 class Plan:
-  """How a call with given shapes runs: pad, run the program, and unpad."""
+  """How a call with given shapes runs: pad, run the program, and unpad.
+
+  Everything a repeated call needs is computed here once: which leaves need
+  padding (and the region their data goes to), the logical sizes already on
+  the device, the bucket, and whether any output has a dynamic dim (if none,
+  the outputs are returned as the program made them: nothing blocks).
+  """
   __slots__ = ("key", "program", "dtypes", "logical", "out_shapes", "waste",
-               "provisional", "fallback")
+               "provisional", "fallback", "bucket", "pads", "dynamic_outputs", "live",
+               "borrow", "padded_out")
 
   def __init__(self, key: ProgramKey, program, dtypes, logical, out_shapes, waste,
-               provisional=None, fallback=False):
+               provisional=None, fallback=False, shapes=None, padded_out=None):
     self.key = key
     self.program = program
     self.dtypes = dtypes
-    self.logical = logical              # tuple of int32 scalars for the program
+    # The program's size arguments, put on the device once: a committed
+    # array costs JAX's dispatch less than a NumPy scalar does, every call.
+    self.logical = tuple(jc.host_to_device(v, jc.default_sharding()) for v in logical)
     self.out_shapes = out_shapes        # per output leaf logical shape, or None
     self.waste = waste                  # fraction of input elements that are padding
     self.provisional = provisional      # future of the tighter bucket, if borrowing
     self.fallback = fallback            # exact shapes because masking failed
+    self.bucket = None if key.exact else key.bucket
+    shapes = key.padded_shapes if shapes is None else shapes
+    self.pads = tuple((i, p, d, tuple(slice(0, n) for n in s))
+                      for i, (s, p, d) in enumerate(zip(shapes, key.padded_shapes, dtypes))
+                      if tuple(s) != tuple(p))
+    self.padded_out = program_out_shapes(program) if padded_out is None else padded_out
+    self.dynamic_outputs = out_shapes is not None and any(
+        tuple(o) != tuple(p) for o, p in zip(out_shapes, self.padded_out))
+    self.live = True                    # False once its structure dropped it
+    self.borrow = None                  # a cost-aware policy's `Borrow`: pays per call
 
   @property
   def padded_shapes(self) -> tuple:
     return self.key.padded_shapes
 
   @property
-  def bucket(self) -> tuple | None:
-    """The bucket (`bucket_key`) this plan runs in; None at exact shapes."""
-    return None if self.key.exact else self.key.bucket
-
-  @property
   def superseded(self) -> bool:
     """Borrowing a larger bucket's program, and the tight one is now compiled."""
     return self.provisional is not None and self.provisional.done()
 
+  @property
+  def current(self) -> bool:
+    """Still the plan for its shapes (the hot path checks this every call)."""
+    return self.live and (self.provisional is None or not self.provisional.done())
+
   def run(self, leaves):
-    """The padded outputs: pads the leaves on the host and runs the program."""
+    """The padded outputs: pads the leaves on the host and runs the program.
+    Leaves may be `pj.Padded`, device or host arrays, or scalars."""
     ins = [pad(x, s, d) for x, s, d in zip(leaves, self.padded_shapes, self.dtypes)]
     return self.program(*ins, self.logical)
+
+  def run_plain(self, leaves):
+    """`run` for leaves that are arrays or scalars (never `pj.Padded`): only
+    the leaves this plan pads are touched."""
+    if self.pads:
+      leaves = list(leaves)
+      for i, padded, dtype, region in self.pads:
+        leaves[i] = pad_into(leaves[i], padded, dtype, region)
+    return self.program(*leaves, self.logical)
+
+  def unpad_outputs(self, outs):
+    """The outputs at their logical shapes (host slices only where needed)."""
+    if not self.dynamic_outputs:
+      return outs
+    return self.map_outputs(outs, unpad)
 
   def map_outputs(self, outs, convert):
     """Applies `convert(output, logical shape)` to outputs that have dynamic dims."""
@@ -96,6 +132,11 @@ class Plan:
       return outs
     leaves, tree = jax.tree.flatten(outs)
     return tree.unflatten([convert(o, s) for o, s in zip(leaves, self.out_shapes)])
+
+
+def program_out_shapes(program) -> list[tuple[int, ...]]:
+  """The padded shape of each output leaf of a compiled program."""
+  return [tuple(o.shape) for o in jax.tree.leaves(program.out_info)]
 
 
 class Template:
@@ -146,9 +187,11 @@ class Template:
     return all(shapes[i][a] == n for (i, a), n in self.fixed)
 
   def plan_at(self, shapes, logical: dict[str, int]) -> Plan:
+    """The plan of this template's program for `shapes` with sizes `logical`."""
     plan = self.plan
     return Plan(plan.key, plan.program, plan.dtypes, logical_values(self.binding, logical),
-                out_shapes(self.out_dims, logical), waste(shapes, plan.padded_shapes))
+                out_shapes(self.out_dims, logical), waste(shapes, plan.padded_shapes),
+                shapes=shapes, padded_out=plan.padded_out)
 
 
 class Structure:
@@ -167,6 +210,7 @@ class Structure:
     self.fallback_reason: str | None = None   # why exact_only, for messages
     self.plans: collections.OrderedDict = collections.OrderedDict()
     self.templates: dict = {}           # bucket key -> Template
+    self.rental = None                  # `_policy.Rental` under a cost-aware policy
 
   @property
   def static_key(self):
@@ -197,28 +241,24 @@ class Structure:
     if not plan.superseded:
       self.plans[shapes] = plan
       if len(self.plans) > PLANS_PER_STRUCTURE:
-        self.plans.popitem(last=False)
+        self.plans.popitem(last=False)[1].live = False
 
   def forget(self, key: ProgramKey) -> None:
     """Drops the plans and templates that run the program `key`."""
     for shapes in [s for s, p in self.plans.items() if p.key == key]:
-      self.plans.pop(shapes, None)
+      self.plans.pop(shapes).live = False
     for bucket in [b for b, t in self.templates.items() if t.plan.key == key]:
       del self.templates[bucket]
 
-  def template(self, shapes, bucket_of: Callable[[str, int], int]):
-    """(template, sizes) for `shapes` when the bucket they fall in has a
-    template whose fixed axes agree; else None."""
+  def template_sizes(self, shapes) -> dict[str, int] | None:
+    """Each dimension's size read off `shapes` by a template; None without one."""
     first = next(iter(self.templates.values()), None)
-    if first is None:
-      return None
-    logical = first.sizes(shapes)
-    if logical is None:
-      return None
-    template = self.templates.get(bucket_key({v: bucket_of(v, n) for v, n in logical.items()}))
-    if template is None or not template.fits(shapes):
-      return None
-    return template, logical
+    return None if first is None else first.sizes(shapes)
+
+  def template(self, shapes, bucket: tuple) -> Template | None:
+    """The template of `bucket` when its fixed axes agree with `shapes`."""
+    template = self.templates.get(bucket)
+    return template if template is not None and template.fits(shapes) else None
 
   # --- what the calls teach ----------------------------------------------------------
 
@@ -249,6 +289,9 @@ class Structure:
     """New specs: what was traced, planned or templated for the old ones goes."""
     self.specs = specs
     self.masked = None
+    self.rental = None
+    for plan in self.plans.values():
+      plan.live = False
     self.plans.clear()
     self.templates.clear()
 
@@ -342,6 +385,6 @@ def out_shapes(out_dims, logical) -> tuple:
 
 
 def waste(shapes, padded_shapes) -> float:
-  logical = sum(int(np.prod(s)) for s in shapes)
-  padded = sum(int(np.prod(p)) for p in padded_shapes)
+  logical = sum(math.prod(s) for s in shapes)
+  padded = sum(math.prod(p) for p in padded_shapes)
   return 1.0 - logical / padded if padded else 0.0

@@ -41,6 +41,7 @@ class Cause:
   sizes: dict[str, int] | None = None    # dimension -> the call's logical size
   variant: str | None = None             # the side of `fun`'s size comparisons compiled
   error: str | None = None               # why `fun` cannot be masked ("fallback")
+  reason: str | None = None              # why this bucket (a cost-aware policy's decision)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +95,7 @@ class Stats:
     """The mean fraction of a bucketed call's argument elements that were padding."""
     return self._waste_sum / self._waste_calls if self._waste_calls else 0.0
 
-  def record_call(self, *, bucket: tuple | None, waste: float, fallback: bool) -> None:
+  def record_call(self, bucket: tuple | None, waste: float, fallback: bool) -> None:
     """A call ran in `bucket` (None: at exact shapes) with `waste` of padding."""
     self.calls += 1
     if fallback:

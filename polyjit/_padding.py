@@ -20,6 +20,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from . import _jax_compat as jc
+
 
 @jax.tree_util.register_pytree_node_class
 class Padded:
@@ -88,6 +90,14 @@ def pad(x, padded_shape: tuple[int, ...], dtype) -> Any:
   return out
 
 
+def pad_into(x, padded_shape: tuple[int, ...], dtype, region: tuple[slice, ...]):
+  """A zeroed host buffer of `padded_shape` with `x` (array or scalar, not
+  `Padded`) copied into `region`, its leading corner: `pad`'s hot path."""
+  out = np.zeros(padded_shape, dtype)
+  out[region] = x
+  return out
+
+
 def _dtype_of(x):
   dtype = getattr(x, "dtype", None)
   return None if dtype is None else np.dtype(dtype)
@@ -98,4 +108,4 @@ def unpad(x, shape: tuple[int, ...]) -> jax.Array:
   if tuple(x.shape) == tuple(shape):
     return x
   host = np.asarray(x)[tuple(slice(0, s) for s in shape)]
-  return jax.device_put(np.ascontiguousarray(host))
+  return jc.host_to_device(np.ascontiguousarray(host), x.sharding)

@@ -11,9 +11,11 @@ bucket policies for the sizes each dynamic axis actually took.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 
 from .._jit import JitFunction
 from .._jit_stats import Cause
+from .._policy import CostAware
 from ._advice import advise
 
 
@@ -131,8 +133,20 @@ def _describe(cause: Cause) -> str:
   if cause.became_dynamic:
     became = "; now dynamic: " + ", ".join(cause.became_dynamic)
   variant = f"; the side where {cause.variant}" if cause.variant else ""
+  if cause.shapes is None:  # a cost-aware policy's background compile
+    return f"bucket {_bucket(cause)} in the background{variant} ({cause.reason})"
+  reason = f" ({cause.reason})" if cause.reason else ""
   return (f"{_changes(cause) or 'new sizes'}{became}; bucket {_bucket(cause)} for "
-          f"{sizes}{variant}")
+          f"{sizes}{variant}{reason}")
+
+
+def _cost_aware_note(f: JitFunction, where: str, dim: str, sizes: Collection[int]) -> str:
+  buckets = sorted({dict(e.key.bucket)[dim] for e in f.stats.compile_events
+                    if not e.exact and dim in dict(e.key.bucket)})
+  return (f"{where} took {len(sizes)} distinct sizes in [{min(sizes):,}, {max(sizes):,}]: "
+          f"the cost-aware buckets compiled {len(buckets)} program(s) for it "
+          f"({', '.join(map(str, buckets)) or 'none'}); a tighter bucket is compiled once "
+          "the run time its padding wastes exceeds a compile.")
 
 
 def _advice(f: JitFunction) -> list[str]:
@@ -143,7 +157,11 @@ def _advice(f: JitFunction) -> list[str]:
     if len(sizes) < 3:
       continue
     where = _axis(*entry.where) if entry.where else f"dimension `{dim}`"
-    out.append(advise(where, sizes, f.bucket_policy(dim)))
+    policy = f.bucket_policy(dim)
+    if isinstance(policy, CostAware):
+      out.append(_cost_aware_note(f, where, dim, sizes))
+    else:
+      out.append(advise(where, sizes, policy))
   if f.stats.fallback_calls:
     out.append("calls ran at exact shapes after a fallback: give polymorphic_shapes (and "
                "constraints for size comparisons) so that they can be masked.")

@@ -1,0 +1,168 @@
+"""pj.jit's hot path and the cost-aware bucket policy: same results as jax.jit,
+compiles measured with jax.monitoring, decisions driven by the recorded costs."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import polyjit as pj
+from polyjit._policy import Rental
+
+
+def count(fn, *calls):
+  with pj.diagnostics.count_compiles() as compiles:
+    results = [fn(*c) for c in calls]
+  return len(compiles), results
+
+
+def assert_same(actual, expected, exact=False):
+  a_leaves, a_tree = jax.tree.flatten(actual)
+  e_leaves, e_tree = jax.tree.flatten(expected)
+  assert a_tree == e_tree
+  for a, e in zip(a_leaves, e_leaves):
+    assert isinstance(a, jax.Array), type(a)
+    assert a.shape == e.shape and a.dtype == e.dtype, (a.shape, e.shape, a.dtype, e.dtype)
+    if exact:
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(e))
+    else:
+      np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=2e-5, atol=2e-5)
+
+
+def scale_and_stats(x, w, k):
+  return {"scaled": x * w + k, "sum": jnp.sum(x * w), "n": jnp.ones(2) * x.shape[0]}
+
+
+def test_hot_path_repeats_match_jax_jit_for_every_argument_kind():
+  # The second call of a signature takes the hot path: host and device
+  # arrays, NumPy and Python scalars, an output with a dynamic dim (sliced)
+  # and outputs without one.
+  f = pj.jit(scale_and_stats, polymorphic_shapes=["n", None, None])
+  ref = jax.jit(scale_and_stats)
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal(37).astype(np.float32)
+  calls = [(x, np.float32(0.5), 2.0), (jnp.asarray(x), 1.5, np.float32(3)),
+           (x[:20], np.float32(0.5), 2)]
+  for args in calls + calls:
+    assert_same(f(*args), ref(*args))
+  n_compiles, _ = count(f, *calls)
+  assert n_compiles == 0
+  assert f.stats.calls == 9
+
+
+def test_hot_path_sees_a_new_program_after_a_background_compile():
+  f = pj.jit(lambda x: x.sum(), polymorphic_shapes=["n"], background_compile=True)
+  assert float(f(np.ones(900, np.float32))) == 900.0          # compiles 1024
+  small = np.ones(100, np.float32)
+  assert float(f(small)) == 100.0 and float(f(small)) == 100.0  # hot path, on 1024
+  for key in f._cache.keys():
+    f._cache.peek(key).result()                                # bucket 128 is ready
+  assert float(f(small)) == 100.0
+  assert f.stats.bucket_hits[(("n", 128),)] == 1
+
+
+def loglik(x, mu):
+  return jnp.sum(-0.5 * (x - mu) ** 2) - 0.5 * x.shape[0] * jnp.log(2 * jnp.pi)
+
+
+def test_cost_aware_compiles_with_headroom_then_runs_smaller_sizes_in_that_bucket():
+  f = pj.jit(loglik, polymorphic_shapes=["n", None], buckets=pj.buckets.CostAware())
+  rng = np.random.default_rng(1)
+  first = rng.standard_normal(300).astype(np.float32)
+  n1, _ = count(f, (first, 0.2))
+  (bucket,) = f.stats.bucket_hits
+  assert n1 == 1 and dict(bucket)["n"] >= 600  # twice the size, on the grid
+  sizes = [599, 40, 300, 123]
+  data = [rng.standard_normal(n).astype(np.float32) for n in sizes]
+  n2, got = count(f, *[(x, 0.2) for x in data])
+  assert n2 == 0 and set(f.stats.bucket_hits) == {bucket}
+  for g, x in zip(got, data):
+    assert_same(g, jax.jit(loglik)(x, 0.2))
+  assert "headroom 2x" in pj.explain(f) and "cost-aware buckets compiled 1" in pj.explain(f)
+
+
+def test_cost_aware_compiles_a_tighter_bucket_once_its_waste_pays_for_it():
+  # Integer data: the sum is exact in any order, so the results of the large
+  # and the tight bucket must agree bit for bit.
+  def total(x):
+    return jnp.sum(x * x), x * 2
+  f = pj.jit(total, polymorphic_shapes=["n"], buckets=pj.buckets.CostAware())
+  ref = jax.jit(total)
+  x = np.arange(1, 801, dtype=np.int32)
+  f(x)                                          # compiles a bucket >= 1600
+  (large,) = f.stats.bucket_hits
+  struct = next(iter(f._structures.values()))
+  assert struct.rental.run_time(large) > 0      # measured on that call
+  small = x[:50]
+  assert_same(f(small), ref(small), exact=True)  # borrows the large bucket
+  struct.rental.compile_estimate = 0.0          # any waste now pays for a compile
+  f(small)                                      # pays: compiles in the background
+  for key in f._cache.keys():
+    f._cache.peek(key).result()
+  assert len(f._cache.keys()) == 2              # one at a time: the tightest first
+  out = f(small)
+  tight = pj.buckets.CostAware().bucket(50)
+  assert f.stats.bucket_hits[(("n", tight),)] >= 1
+  assert_same(out, ref(small), exact=True)
+  text = pj.explain(f)
+  assert f"bucket n={tight} in the background" in text and "> compile 0 s" in text
+
+
+def test_cost_aware_gives_a_costly_program_its_tight_bucket():
+  rental = Rental({"n": pj.buckets.CostAware()})
+  rental.compiled((("n", 1000),), {"n": 1000}, 0.1)
+  rental.record_time((("n", 1000),), 0.05)      # 50 ms a call, 100 ms a compile
+  assert rental.roomy({"n": 1500}) == rental.tight({"n": 1500})
+  rental.record_time((("n", 1000),), 1e-5)      # now 10 us a call: headroom pays
+  assert rental.roomy({"n": 1500})["n"] >= 3000
+
+
+def test_cost_aware_estimates_interpolate_and_keep_the_fixed_cost():
+  rental = Rental({"n": pj.buckets.CostAware()})
+  for n, t in ((100, 2e-5), (1000, 1.1e-4)):
+    rental.compiled((("n", n),), {"n": n}, 0.1)
+    rental.record_time((("n", n),), t)
+  assert rental.estimate({"n": 550}) == pytest.approx(6.5e-5)
+  assert rental.estimate({"n": 10}) == pytest.approx(1.1e-5)   # the line, not 0
+  (account, seconds), = rental.charges((("n", 1000),), [rental.account({"n": 550}, None)])
+  assert seconds == pytest.approx(1.1e-4 - 6.5e-5)
+
+
+def padded_cost(buckets, sample, power):
+  return sum(min(b for b in buckets if b >= s) ** power for s in sample)
+
+
+def test_fit_finds_the_cheapest_buckets_of_a_sample():
+  rng = np.random.default_rng(0)
+  for _ in range(60):
+    sample = rng.integers(1, 40, rng.integers(1, 10)).tolist()
+    k, power = int(rng.integers(1, 5)), float(rng.choice([1, 2]))
+    got = pj.buckets.fit(sample, max_programs=k, power=power)
+    values = sorted(set(sample))
+    best = min(padded_cost(c + (values[-1],), sample, power)
+               for r in range(min(k, len(values)))
+               for c in itertools.combinations(values[:-1], r))
+    assert len(got.buckets) <= k and max(sample) in got.buckets
+    assert padded_cost(got.buckets, sample, power) == pytest.approx(best)
+  with pytest.raises(ValueError, match="max_programs"):
+    pj.buckets.fit([3], max_programs=0)
+
+
+def test_precompile_a_fitted_policy_then_compile_nothing():
+  sample = [30, 31, 90, 95, 200, 40]
+  f = pj.jit(loglik, polymorphic_shapes=["n", None],
+             buckets=pj.buckets.fit(sample, max_programs=2))
+  assert len(f.bucket_policy("n").buckets) == 2  # which two: the test above
+  mu = np.float32(0.5)
+  with pj.diagnostics.count_compiles() as precompiled:
+    f.precompile(jax.ShapeDtypeStruct((8,), jnp.float32), mu, sizes={"n": sample},
+                 progress=False)
+  data = [np.linspace(0, 1, n, dtype=np.float32) for n in (33, 200, 7, 150)]
+  n_calls, got = count(f, *[(x, mu) for x in data])
+  assert len(precompiled) == 2 and n_calls == 0
+  for g, x in zip(got, data):
+    assert_same(g, jax.jit(loglik)(x, mu))
