@@ -479,8 +479,11 @@ class JitFunction:
     return _jit_aot.eval_shape(self, args, kwargs)
 
   def clear_cache(self) -> None:
-    """Drops every compiled program, plan and trace of this function."""
-    _jit_aot.clear_cache(self)
+    """Drops every compiled program, plan and trace of this function (its
+    statistics stay)."""
+    self._structures.clear()   # traces, plans and the cost-aware accounts
+    self._hot.clear()
+    self._cache.clear()
 
   def precompile(self, *args, sizes: dict[str, Sequence[int]] | None = None,
                  progress: bool = True, **kwargs) -> list[dict[str, int]]:

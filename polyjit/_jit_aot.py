@@ -195,12 +195,6 @@ def eval_shape(jf: JitFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -
                      *strip_padded(args), **strip_padded(kwargs))
 
 
-def clear_cache(jf: JitFunction) -> None:
-  """Drops every compiled program, plan and trace of `jf` (statistics stay)."""
-  jf._structures.clear()
-  jf._cache.clear()
-
-
 # --- planning without running ---------------------------------------------------
 
 def _abstract(x: Any) -> Any:
