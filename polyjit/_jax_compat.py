@@ -643,6 +643,18 @@ SPELLING_TARGETS: tuple[tuple[str, str, str], ...] = (
     ("jax.numpy", "linspace", "linspace"),
     ("jax.numpy", "diff", "diff"),
     ("jax.lax", "fori_loop", "fori_loop"),
+    # Data-dependent sizes (issue 14, `_data_dependent.py`): the public names,
+    # `lax_numpy.nonzero` (through which `Array.nonzero` reaches it) and the
+    # function behind `Array.__getitem__` (boolean masks: `x[x > 0]`).
+    ("jax.numpy", "nonzero", "nonzero"),
+    ("jax._src.numpy.lax_numpy", "nonzero", "nonzero"),
+    ("jax.numpy", "flatnonzero", "flatnonzero"),
+    ("jax.numpy", "argwhere", "argwhere"),
+    ("jax.numpy", "where", "where"),
+    ("jax.numpy", "compress", "compress"),
+    ("jax.numpy", "extract", "extract"),
+    ("jax.numpy", "unique", "unique"),
+    ("jax._src.numpy.indexing", "rewriting_take", "getitem"),
 )
 
 _spelling_replacements: dict[str, Callable] = {}   # filled by `_spellings` at import
@@ -720,3 +732,27 @@ def promote_dtypes_inexact(*args):
   """JAX's numpy promotion to an inexact dtype, weak types included (the
   replacement of `jnp.interp` must promote exactly as JAX's does)."""
   return _np_util.promote_dtypes_inexact(*args)
+
+
+# --- data-dependent sizes (issue 14) ------------------------------------------------
+
+def size_primitive(name: str, abstract_eval: Callable) -> Primitive:
+  """A primitive whose output shape holds a size computed from its operand's
+  data (a fresh symbolic dimension passed as a param). It has no
+  implementation and no lowering: only polyjit's masking interpreter
+  evaluates it, so an equation of it anywhere else fails loudly. Its output is
+  integer, so its derivative is zero."""
+  prim = Primitive(name)
+  prim.def_abstract_eval(abstract_eval)
+
+  def jvp(primals, tangents, **params):
+    out = prim.bind(*primals, **params)
+    return out, _ad.Zero.from_primal_value(out)
+
+  _ad.primitive_jvps[prim] = jvp
+  return prim
+
+
+def dim_scope(d):
+  """The `jax.export.SymbolicScope` of a symbolic dimension expression."""
+  return d.scope
