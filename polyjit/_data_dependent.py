@@ -103,6 +103,27 @@ def _fresh_dim():
   return jc.symbolic_shape(name, scope=state.scope)[0]
 
 
+class NeedsPolyjitTrace(Exception):
+  """`pj.nonzero` & co. without `size=`, met while `pj.jit` traces with plain
+  `jax.jit` (`plain_jit_trace()`): pj.jit then traces with polyjit instead,
+  so that its first call gives the exact sizes that every later one gives."""
+
+
+@contextlib.contextmanager
+def plain_jit_trace():
+  """Marks a trace of the user's function by plain `jax.jit` inside pj.jit."""
+  previous = getattr(_local, "plain", False)
+  _local.plain = True
+  try:
+    yield
+  finally:
+    _local.plain = previous
+
+
+def in_plain_jit_trace() -> bool:
+  return getattr(_local, "plain", False)
+
+
 def is_size_name(name: str) -> bool:
   return name.startswith(PREFIX) and name[len(PREFIX):].isdigit()
 
@@ -266,7 +287,7 @@ def logical_shapes(traced, sizes: dict[str, Any]) -> list[tuple]:
 
 # --- the spellings -----------------------------------------------------------------
 
-def _active(*arrays) -> bool:
+def in_trace(*arrays) -> bool:
   """Replace JAX's function: polyjit is tracing and an operand is traced."""
   return (getattr(_local, "state", None) is not None
           and any(isinstance(a, jc.Tracer) for a in arrays))
@@ -328,7 +349,7 @@ def getitem(original, arr, idx, **kwargs):
   return boolean_select(arr, mask, 0)
 
 
-def _nonzero(a) -> tuple:
+def nonzero_indices(a) -> tuple:
   a = jnp.asarray(a)
   positions = compact(jnp.ravel(a))
   if a.ndim == 1:
@@ -344,33 +365,33 @@ def _nonzero(a) -> tuple:
 
 
 def nonzero(original, a, *, size=None, fill_value=None):
-  if size is not None or not _active(a) or np.ndim(a) == 0:
+  if size is not None or not in_trace(a) or np.ndim(a) == 0:
     return original(a, size=size, fill_value=fill_value)
-  return _nonzero(a)
+  return nonzero_indices(a)
 
 
 def flatnonzero(original, a, *, size=None, fill_value=None):
-  if size is not None or not _active(a):
+  if size is not None or not in_trace(a):
     return original(a, size=size, fill_value=fill_value)
   return compact(jnp.ravel(a))
 
 
 def argwhere(original, a, *, size=None, fill_value=None):
-  if size is not None or not _active(a):
+  if size is not None or not in_trace(a):
     return original(a, size=size, fill_value=fill_value)
   a = jnp.asarray(a)
-  out = jnp.stack(_nonzero(jnp.atleast_1d(a)), axis=1)
+  out = jnp.stack(nonzero_indices(jnp.atleast_1d(a)), axis=1)
   return out[:, :0] if a.ndim == 0 else out
 
 
 def where(original, condition, x=None, y=None, /, *, size=None, fill_value=None):
-  if x is None and y is None and size is None and _active(condition):
+  if x is None and y is None and size is None and in_trace(condition):
     return nonzero(jnp.nonzero, condition)
   return original(condition, x, y, size=size, fill_value=fill_value)
 
 
 def compress(original, condition, a, axis=None, *, size=None, fill_value=0, out=None):
-  if size is not None or out is not None or not _active(condition, a):
+  if size is not None or out is not None or not in_trace(condition, a):
     return original(condition, a, axis, size=size, fill_value=fill_value, out=out)
   condition = jnp.asarray(condition)
   a = jnp.asarray(a)
@@ -390,12 +411,12 @@ def compress(original, condition, a, axis=None, *, size=None, fill_value=0, out=
 
 
 def extract(original, condition, arr, *, size=None, fill_value=0):
-  if size is not None or not _active(condition, arr):
+  if size is not None or not in_trace(condition, arr):
     return original(condition, arr, size=size, fill_value=fill_value)
   return compress(jnp.compress, jnp.ravel(condition), jnp.ravel(arr))
 
 
-def _unique(ar, return_index, return_inverse, return_counts, equal_nan):
+def unique_of(ar, return_index, return_inverse, return_counts, equal_nan):
   ar = jnp.asarray(ar)
   flat = jnp.ravel(ar)
   n = flat.shape[0]
@@ -425,7 +446,7 @@ def _unique(ar, return_index, return_inverse, return_counts, equal_nan):
 
 def unique(original, ar, return_index=False, return_inverse=False, return_counts=False,
            axis=None, *, equal_nan=True, size=None, fill_value=None, sorted=True):
-  if size is not None or not _active(ar):
+  if size is not None or not in_trace(ar):
     return original(ar, return_index, return_inverse, return_counts, axis,
                     equal_nan=equal_nan, size=size, fill_value=fill_value, sorted=sorted)
   if axis is not None:
@@ -433,7 +454,7 @@ def unique(original, ar, return_index=False, return_inverse=False, return_counts
         "jnp.unique(..., axis=...) without size= inside a polyjit function: unique "
         "rows or columns are not supported with data-dependent sizes.\nWhat to do: "
         "pass size= (a bound) and fill_value=, as under jax.jit.")
-  return _unique(ar, return_index, return_inverse, return_counts, equal_nan)
+  return unique_of(ar, return_index, return_inverse, return_counts, equal_nan)
 
 
 jc.register_spellings({"nonzero": nonzero, "flatnonzero": flatnonzero, "argwhere": argwhere,

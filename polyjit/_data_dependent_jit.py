@@ -10,8 +10,9 @@ its logical shape. The sizes never enter a program's key: one program per
 input bucket, whatever the counts.
 
 `jax.jit` cannot trace such a function at all (`NonConcreteBooleanIndexError`,
-`ConcretizationTypeError`), so where `pj.jit` would run `jax.jit`'s own
-program at exact shapes (the first call in automatic mode, an empty dynamic
+`ConcretizationTypeError`; `pj.nonzero` & co., which would give `size=`
+semantics there, raise `NeedsPolyjitTrace`, see `plain_jit_trace`), so where
+`pj.jit` would run `jax.jit`'s own program at exact shapes (the first call in automatic mode, an empty dynamic
 axis), it runs the masked program with every axis fixed instead
 (`exact_plan`).
 """
@@ -22,12 +23,13 @@ from typing import Callable
 
 import jax
 
-from ._data_dependent import raise_if_empty_reduction
+from ._data_dependent import NeedsPolyjitTrace, plain_jit_trace, raise_if_empty_reduction
 from ._jit_plans import EXACT, Plan, ProgramKey, masked_body, out_shapes
 from ._mask import Masked
 
 #: What `jax.jit` raises for `x[x > 0]`, `jnp.nonzero(x)`, `jnp.unique(x)`.
-JAX_ERRORS = (jax.errors.NonConcreteBooleanIndexError, jax.errors.ConcretizationTypeError)
+JAX_ERRORS = (jax.errors.NonConcreteBooleanIndexError, jax.errors.ConcretizationTypeError,
+              NeedsPolyjitTrace)
 
 
 class DataDependentPlan(Plan):

@@ -227,8 +227,9 @@ class JitFunction:
     if not struct.data_dependent:
       key = ProgramKey.exact_shapes(struct, shapes)
       try:
-        program = self._cache.get(key, lambda: self._compile(
-            key, exact_body(struct.treedef, fun), struct, why))
+        with data_dependent.plain_jit_trace():
+          program = self._cache.get(key, lambda: self._compile(
+              key, exact_body(struct.treedef, fun), struct, why))
         return Plan(key, program, struct.dtypes, (), None, 0.0, fallback=struct.exact_only)
       except Exception as e:  # x[x > 0], jnp.nonzero: jax.jit cannot, polyjit can
         if not data_dependent.is_data_dependent_error(e):
