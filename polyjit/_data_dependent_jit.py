@@ -23,7 +23,7 @@ from typing import Callable
 
 import jax
 
-from ._data_dependent import NeedsPolyjitTrace, plain_jit_trace, raise_if_empty_reduction
+from ._data_dependent import NeedsPolyjitTrace, plain_jit_trace, raise_if_failed
 from ._jit_plans import EXACT, Plan, ProgramKey, masked_body, out_shapes
 from ._mask import Masked
 
@@ -43,13 +43,14 @@ class DataDependentPlan(Plan):
     self.sizes = dict(sizes)            # the logical sizes of the inputs' dims
 
   def map_outputs(self, outs, convert):
-    outs, (created, ok) = outs
-    created, ok = jax.device_get((created, ok))   # one transfer per call
-    raise_if_empty_reduction(ok)
+    outs, (created, failed) = outs
+    created, failed = jax.device_get((created, failed))   # one transfer per call
+    raise_if_failed(failed)
     sizes = {**self.sizes, **{k: int(v) for k, v in created.items()}}
     leaves, tree = jax.tree.flatten(outs)
-    return tree.unflatten([convert(o, s) for o, s in
-                           zip(leaves, out_shapes(self.out_dims, sizes))])
+    # A size that would be negative on an empty selection (`y[1:]`) is 0.
+    shapes = [tuple(max(0, d) for d in s) for s in out_shapes(self.out_dims, sizes)]
+    return tree.unflatten([convert(o, s) for o, s in zip(leaves, shapes)])
 
 
 def is_data_dependent_error(error: BaseException) -> bool:

@@ -389,8 +389,8 @@ class Masked:
     outs = _apply_variant(variant, padded, jax.tree.leaves(tuple(args)), logical_env)
     traced = variant.traced
     if traced.size_names:  # pj.jit reads the created sizes back itself
-      outs, sizes, ok = _data_dependent.split_outputs(traced, outs)
-      return jax.tree.unflatten(traced.out_tree, outs), (sizes, ok)
+      outs, sizes, failed = _data_dependent.split_outputs(traced, outs)
+      return jax.tree.unflatten(traced.out_tree, outs), (sizes, failed)
     return jax.tree.unflatten(traced.out_tree, outs)
 
   def __call__(self, args: Sequence[Any], logical_env) -> Any:
@@ -437,8 +437,8 @@ class Masked:
       raise
     if not traced.size_names:
       return jax.tree.unflatten(traced.out_tree, outs), None
-    outs, sizes, ok = _data_dependent.split_outputs(traced, outs)
-    _data_dependent.raise_if_empty_reduction(ok)
+    outs, sizes, failed = _data_dependent.split_outputs(traced, outs)
+    _data_dependent.raise_if_failed(failed)
     return jax.tree.unflatten(traced.out_tree, outs), {**logical_env, **sizes}
 
 
@@ -521,7 +521,10 @@ def mask(fun: Callable, in_shapes, out_shape=None, *,
     `logical_env` a dict from each dimension name to its logical size (a
     Python int or an int scalar, possibly traced). Returns `fun`'s output
     pytree, padded: along each dynamic axis only the leading logical region
-    is defined.
+    is defined. A `fun` with data-dependent sizes (`x[x > 0]`, `jnp.nonzero`,
+    `jnp.unique`) returns `(padded_outputs, shapes)`: `shapes` holds each
+    output's logical shape (int32 scalars for dynamic axes), computed by the
+    program; see `_data_dependent.py`.
   """
   return Masked(fun, in_shapes, out_shape, constraints=constraints)
 

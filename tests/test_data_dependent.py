@@ -163,6 +163,13 @@ def test_empty_reduction_without_identity_raises():
   out, _ = jax.jit(lambda x, n: pj.mask(lambda x: jnp.min(x[x > 0]), ["n"])([x], {"n": n}))(
       _padded(_data(5, 0, 1), 8), 5)
   assert np.isnan(out)  # traced sizes cannot raise: NaN, never a number
+  # Reading an element of an empty selection: NumPy's IndexError; slicing: empty.
+  first = pj.jit(lambda x: (x[x > 0][0], x[x > 0][1:]))
+  x = _data(6, 2, 1)
+  np.testing.assert_allclose(first(x)[0], x[x > 0][0])
+  with pytest.raises(IndexError, match="index out of bounds"):
+    first(_data(6, 0, 1))
+  np.testing.assert_array_equal(pj.jit(lambda x: x[x > 0][1:])(_data(6, 0, 1)), np.zeros(0))
 
 
 def test_mask_api_keeps_the_plain_form_without_data_dependent_sizes():
