@@ -370,6 +370,11 @@ class Masked:
     _spec.logical_values(logical_env, binding)  # validates the sizes
     sizes = {k: int(v) for k, v in logical_env.items()}
     traced = self.variant_for(args, sizes, binding).traced
+    if traced.size_names:
+      raise ShapeError(
+          f"{self._name} has data-dependent sizes ({', '.join(traced.size_names)}): "
+          "its output shapes are known only after it ran, and come with its outputs: "
+          "`outs, shapes = masked(args, logical_env)`.")
     shapes = [tuple(_dims.evaluate_dim(d, sizes) for d in a.shape) for a in traced.out_avals]
     return jax.tree.unflatten(traced.out_tree, shapes)
 
