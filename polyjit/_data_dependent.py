@@ -50,6 +50,7 @@ with a condition of another length than the axis.
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 import threading
 from typing import Any, Sequence
@@ -233,6 +234,7 @@ def _record(ctx, defined, code: int, what: str):
 
 
 def _checked_reduction(rule, what: str):
+  @functools.wraps(rule)  # the rule's own family in docs/coverage.md
   def checked(ctx, operand, *rest, axes, **params):
     outs = rule(ctx, operand, *rest, axes=axes, **params)
     shape = ctx.in_avals[0].shape
@@ -251,6 +253,7 @@ def _checked_reduction(rule, what: str):
 
 
 def _checked_indexing(rule):
+  @functools.wraps(rule)
   def checked(ctx, *args, **params):
     outs = rule(ctx, *args, **params)
     shape = ctx.in_avals[0].shape
