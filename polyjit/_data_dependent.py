@@ -303,11 +303,14 @@ def size_names(jaxpr: jc.Jaxpr) -> tuple[str, ...]:
   return tuple(names)
 
 
-def extra_outputs(env, names: Sequence[str]) -> list:
-  """What a masked evaluation returns after its outputs: each created size,
-  then the code of the first check that failed (0: none)."""
+def extra_outputs(env, traced) -> list:
+  """What a masked evaluation of `traced` returns after its outputs: each
+  created size, then the code of the first check that failed (0: none).
+  Notes on `traced` whether there are checks at all."""
+  names = traced.size_names
   if not names:
     return []
+  traced.has_checks = bool(env.checks) or bool(traced.has_checks)
   missing = [n for n in names if n not in env.logical_env]
   if missing:
     raise MaskingError(f"the data-dependent sizes {missing} were never computed; "

@@ -23,7 +23,8 @@ from typing import Callable
 
 import jax
 
-from ._data_dependent import NeedsPolyjitTrace, plain_jit_trace, raise_if_failed
+from ._data_dependent import (NeedsPolyjitTrace, mentions_size, plain_jit_trace,
+                              raise_if_failed)
 from ._jit_plans import EXACT, Plan, ProgramKey, masked_body, out_shapes
 from ._mask import Masked
 
@@ -34,15 +35,24 @@ JAX_ERRORS = (jax.errors.NonConcreteBooleanIndexError, jax.errors.Concretization
 
 class DataDependentPlan(Plan):
   """A plan whose output shapes are known only after its program ran."""
-  __slots__ = ("out_dims", "sizes")
+  __slots__ = ("out_dims", "sizes", "blocking")
 
   def __init__(self, key, program, dtypes, logical, out_dims, sizes: dict[str, int],
-               waste, provisional=None):
+               waste, provisional=None, *, has_checks: bool | None = None):
     super().__init__(key, program, dtypes, logical, None, waste, provisional)
     self.out_dims = out_dims            # per output leaf, its symbolic shape
     self.sizes = dict(sizes)            # the logical sizes of the inputs' dims
+    # Read back only what is needed: sizes for outputs shaped by them, the
+    # check code where the program checks (None: not known, so read).
+    self.blocking = has_checks is not False or any(
+        mentions_size(d) for dims in out_dims for d in dims)
 
   def map_outputs(self, outs, convert):
+    if not self.blocking:  # no output depends on a computed size: no transfer
+      outs, _ = outs
+      leaves, tree = jax.tree.flatten(outs)
+      return tree.unflatten([convert(o, s) for o, s in
+                             zip(leaves, out_shapes(self.out_dims, self.sizes))])
     outs, (created, failed) = outs
     created, failed = jax.device_get((created, failed))   # one transfer per call
     raise_if_failed(failed)
@@ -77,7 +87,8 @@ def exact_plan(struct, shapes, fun: Callable, compile_program: Callable) -> Plan
   out_dims = tuple(aval.shape for aval in variant.traced.out_avals)
   if not variant.traced.size_names:
     return Plan(key, program, struct.dtypes, (), out_shapes(out_dims, {}), 0.0)
-  return DataDependentPlan(key, program, struct.dtypes, (), out_dims, {}, 0.0)
+  return DataDependentPlan(key, program, struct.dtypes, (), out_dims, {}, 0.0,
+                           has_checks=variant.traced.has_checks)
 
 
 def plan_for(variant, key, program, dtypes, logical_values: tuple,
@@ -87,4 +98,4 @@ def plan_for(variant, key, program, dtypes, logical_values: tuple,
     return None
   out_dims = tuple(aval.shape for aval in variant.traced.out_avals)
   return DataDependentPlan(key, program, dtypes, logical_values, out_dims, logical,
-                           waste, provisional)
+                           waste, provisional, has_checks=variant.traced.has_checks)

@@ -70,6 +70,9 @@ class Traced:
   dim_names: tuple[str, ...]
   cache: dict = dataclasses.field(default_factory=dict)
   _vjp: "VJP | None" = None
+  # Whether its masked evaluation checks for empty selections (known once it
+  # was evaluated; `_data_dependent.extra_outputs`).
+  has_checks: bool | None = None
 
   @property
   def cacheable(self) -> bool:
@@ -179,7 +182,7 @@ def _apply_inputs(traced: Traced, padded, inputs: list, logical: tuple) -> list:
   def run(inputs, logical):
     env = MaskEnv(traced.dim_names, padded, logical, traced.cache)
     outs = eval_jaxpr_masked(traced.jaxpr, (), inputs, env)
-    return outs + _data_dependent.extra_outputs(env, traced.size_names)
+    return outs + _data_dependent.extra_outputs(env, traced)
 
   def fwd(inputs, logical):
     return run(inputs, logical), (inputs, logical)

@@ -170,6 +170,11 @@ def test_empty_reduction_without_identity_raises():
   with pytest.raises(IndexError, match="index out of bounds"):
     first(_data(6, 0, 1))
   np.testing.assert_array_equal(pj.jit(lambda x: x[x > 0][1:])(_data(6, 0, 1)), np.zeros(0))
+  # Outputs that no computed size shapes, no checks: no read-back, same answers.
+  total = pj.jit(lambda x: (jnp.sum(x[x > 0]), jnp.asarray(x[x > 0].shape[0])))
+  for count in (0, 4):
+    x = _data(6, count, 1)
+    np.testing.assert_allclose(total(x), (np.sum(x[x > 0]), count))
 
 
 def test_mask_api_keeps_the_plain_form_without_data_dependent_sizes():
