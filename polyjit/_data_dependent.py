@@ -153,7 +153,17 @@ def _compact_abstract(mask, *, size):
   return jc.shaped((size,), jc.dim_value_dtype())
 
 
-compact_p = jc.size_primitive("polyjit_compact", _compact_abstract)
+def _refuse_batching() -> MaskingError:
+  return MaskingError(
+      "a data-dependent size (boolean indexing, nonzero, unique) is created under "
+      "jax.vmap inside the function, where each example would have a size of its "
+      "own.\nWhat to do: map over the examples with pj.vmap (each example's "
+      "selection gets its own size), or keep the shape fixed inside jax.vmap with "
+      "jnp.where(mask, x, fill) or pj.nonzero(..., size=k).",
+      primitive="polyjit_compact")
+
+
+compact_p = jc.size_primitive("polyjit_compact", _compact_abstract, _refuse_batching)
 
 
 def compact(flat_mask) -> jax.Array:

@@ -36,6 +36,7 @@ from jax._src import source_info_util as _siu
 from jax._src.export import shape_poly as _shape_poly
 from jax._src.numpy import util as _np_util
 from jax._src.interpreters import ad as _ad
+from jax._src.interpreters import batching as _batching
 from jax._src.interpreters import partial_eval as _pe
 
 # --- jaxpr data structures (public through jax.extend.core) -----------------
@@ -736,14 +737,21 @@ def promote_dtypes_inexact(*args):
 
 # --- data-dependent sizes (issue 14) ------------------------------------------------
 
-def size_primitive(name: str, abstract_eval: Callable) -> Primitive:
+def size_primitive(name: str, abstract_eval: Callable,
+                   refuse_batching: Callable[[], Exception]) -> Primitive:
   """A primitive whose output shape holds a size computed from its operand's
   data (a fresh symbolic dimension passed as a param). It has no
   implementation and no lowering: only polyjit's masking interpreter
   evaluates it, so an equation of it anywhere else fails loudly. Its output is
-  integer, so its derivative is zero."""
+  integer, so its derivative is zero. `jax.vmap` inside the traced function
+  would need one size per example: it raises `refuse_batching()`."""
   prim = Primitive(name)
   prim.def_abstract_eval(abstract_eval)
+
+  def batch(*args, **params):
+    raise refuse_batching()
+
+  _batching.primitive_batchers[prim] = batch
 
   def jvp(primals, tangents, **params):
     out = prim.bind(*primals, **params)

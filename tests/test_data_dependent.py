@@ -210,6 +210,8 @@ def test_unsupported_forms_raise_clear_errors():
   x = _data(6, 3, 2)
   with pytest.raises(pj.MaskingError, match="branch|loop"):
     pj.jit(lambda x: jax.lax.map(lambda r: jnp.sum(r[r > 0]), x))(x)
+  with pytest.raises(pj.MaskingError, match="under jax.vmap"):
+    pj.jit(lambda x: jax.vmap(lambda r: jnp.sum(r[r > 0]))(x))(x)
   with pytest.raises(pj.MaskingError, match="together with other indices"):
     pj.jit(lambda x: x[x[:, 0] > 0, 0])(x)
   with pytest.raises(pj.MaskingError, match="data-dependent size"):
