@@ -157,7 +157,8 @@ class MaskEnv:
     # Data-dependent sizes (`_data_dependent.py`) are bound while the jaxpr
     # runs, only at the top level (`nested` envs evaluate loop bodies and
     # branches, which run many times or not at all); `checks` are the
-    # conditions (scalar bools) under which the result is defined.
+    # conditions (scalar bools, with an error code) under which the result
+    # is defined.
     self.nested = False
     self.size_names: tuple[str, ...] = ()
     self.checks: list = []
