@@ -27,24 +27,27 @@ machinery:
   Given `size=`, a concrete operand, or arguments they do not handle, they
   call JAX's own function, so nothing changes where JAX already works.
 * **Outputs.** A traced function that creates sizes (`size_names`) returns,
-  after its outputs, one int32 scalar per created size and one bool: whether
-  every reduction without an identity (max, min, argmax, argmin) over a
-  data-dependent axis had data (`ok`). `pj.mask` turns them into logical
+  after its outputs, one int32 scalar per created size and the code of the
+  first failed check (0: none; see below). `pj.mask` turns them into logical
   output shapes; `pj.jit` reads them back once per call and slices
   (`_data_dependent_jit.py`); `pj.vmap` returns per-example lengths.
 
 Zero is a legal data-dependent size. `jax.export` assumes every dimension
-variable is >= 1, so code that *branches* on a data-dependent size (a size
-comparison, `y[:3]` on a selection) cannot be traced exactly: polyjit refuses
-it (`refuse_decision`). A max/min/argmax/argmin over an empty selection raises
-like NumPy where the sizes are concrete (pj.jit, an eager pj.mask call);
-under an outer `jax.jit`/`vmap` nothing can raise, and the float result is
-NaN there (an integer result is unspecified).
+variable is >= 1, so JAX traces `jnp.max(y)` or `y[0]` on a selection `y`
+without complaint; the rules of the primitives that rely on it (reductions
+without an identity; slices and gathers that read elements) are wrapped to
+record the condition under which their result is defined, and pj.jit and an
+eager pj.mask call raise NumPy's error (ValueError, IndexError) when it
+fails. Under an outer `jax.jit`/`vmap` nothing can raise; an empty float
+max/min is NaN there. Code that *branches* on a data-dependent size (a size
+comparison, `y[:3]`) cannot be traced exactly: polyjit refuses it
+(`refuse_decision`).
 
 Not supported (a `MaskingError` says so): creating a data-dependent size
 inside a loop body or a `lax.cond` branch, a boolean mask combined with other
-indices in one subscript (`x[m, 0]`), `jnp.unique(axis=...)`, `compress`
-with a condition of another length than the axis.
+indices in one subscript (`x[m, 0]`), a selection under `jax.vmap` inside
+the function, `jnp.unique(axis=...)`, `compress` with a condition of another
+length than the axis.
 """
 
 from __future__ import annotations
