@@ -180,6 +180,14 @@ def compact(flat_mask) -> jax.Array:
   return compact_p.bind(flat_mask, size=_fresh_dim())
 
 
+def _running_count(valid, dtype):
+  """cumsum(valid): XLA's CPU cumsum is 2-3x slower than a log-depth scan."""
+  ones = valid.astype(dtype)
+  if jax.default_backend() == "cpu":
+    return lax.associative_scan(lax.add, ones)
+  return jnp.cumsum(ones, dtype=dtype)
+
+
 def _compact_rule(ctx, mask, *, size):
   env = ctx.env
   if env.nested:
@@ -198,7 +206,7 @@ def _compact_rule(ctx, mask, *, size):
   count = jnp.sum(valid, dtype=dtype)
   # The j-th selected position goes to slot j (a scatter: ten times faster
   # than a stable argsort on CPU); the slots past the count hold 0.
-  slot = jnp.where(valid, jnp.cumsum(valid, dtype=dtype) - 1, padded)
+  slot = jnp.where(valid, _running_count(valid, dtype) - 1, padded)
   positions = jnp.zeros((padded,), dtype).at[slot].set(
       lax.iota(dtype, padded), mode="drop", unique_indices=True)
   name = str(size)
