@@ -149,6 +149,13 @@ def torch_contenders():
     return "torch is not installed"
   torch._dynamo.config.capture_scalar_outputs = True
   torch._dynamo.config.capture_dynamic_output_shape_ops = True
+  # As in peers.py: compile from nothing like jax.jit does (no on-disk caches),
+  # with Inductor's one-time start-up (tens of seconds) excluded.
+  torch._inductor.config.fx_graph_cache = False
+  torch._inductor.config.fx_graph_remote_cache = False
+  torch._inductor.config.autotune_local_cache = False
+  torch._dynamo.reset()
+  torch.compile(lambda t: t * 2 + 1)(torch.ones(3))
   torch._dynamo.reset()
 
   def cloud(p):

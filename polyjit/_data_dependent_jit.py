@@ -35,7 +35,7 @@ JAX_ERRORS = (jax.errors.NonConcreteBooleanIndexError, jax.errors.Concretization
 
 class DataDependentPlan(Plan):
   """A plan whose output shapes are known only after its program ran."""
-  __slots__ = ("out_dims", "sizes", "blocking")
+  __slots__ = ("out_dims", "sizes", "blocking", "sized")
 
   def __init__(self, key, program, dtypes, logical, out_dims, sizes: dict[str, int],
                waste, provisional=None, *, has_checks: bool | None = None):
@@ -44,8 +44,8 @@ class DataDependentPlan(Plan):
     self.sizes = dict(sizes)            # the logical sizes of the inputs' dims
     # Read back only what is needed: sizes for outputs shaped by them, the
     # check code where the program checks (None: not known, so read).
-    self.blocking = has_checks is not False or any(
-        mentions_size(d) for dims in out_dims for d in dims)
+    self.sized = any(mentions_size(d) for dims in out_dims for d in dims)
+    self.blocking = has_checks is not False or self.sized
 
   def map_outputs(self, outs, convert):
     if not self.blocking:  # no output depends on a computed size: no transfer
@@ -54,7 +54,10 @@ class DataDependentPlan(Plan):
       return tree.unflatten([convert(o, s) for o, s in
                              zip(leaves, out_shapes(self.out_dims, self.sizes))])
     outs, (created, failed) = outs
-    created, failed = jax.device_get((created, failed))   # one transfer per call
+    if not self.sized:  # only checks: read the one code
+      created, failed = {}, jax.device_get(failed)
+    else:
+      created, failed = jax.device_get((created, failed))   # one transfer per call
     raise_if_failed(failed)
     sizes = {**self.sizes, **{k: int(v) for k, v in created.items()}}
     leaves, tree = jax.tree.flatten(outs)
