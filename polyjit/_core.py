@@ -154,12 +154,30 @@ class MaskEnv:
     self._logical_cache: dict[Any, Any] = {}
     self._mask_cache: dict[Any, Any] = {}
     self._padded_cache: dict[Any, int] = {}
+    # Data-dependent sizes (`_data_dependent.py`) are bound while the jaxpr
+    # runs, only at the top level (`nested` envs evaluate loop bodies and
+    # branches, which run many times or not at all); `checks` are the
+    # conditions (scalar bools, with an error code) under which the result
+    # is defined.
+    self.nested = False
+    self.size_names: tuple[str, ...] = ()
+    self.checks: list = []
+
+  def bind_size(self, name: str, padded: int, logical) -> None:
+    """Adds a data-dependent size, computed by the program, to the sizes."""
+    self.dim_names += (name,)
+    self.size_names += (name,)
+    self.padded_env[name] = padded
+    self.logical_values += (logical,)
+    self.logical_env[name] = logical
 
   def padded_key(self) -> tuple:
     return tuple((k, self.padded_env[k]) for k in self.dim_names)
 
   def with_logical(self, logical: Sequence[Any]) -> "MaskEnv":
-    return MaskEnv(self.dim_names, self.padded_env, logical, self.cache)
+    env = MaskEnv(self.dim_names, self.padded_env, logical, self.cache)
+    env.nested = True
+    return env
 
   def padded(self, d, eqn=None) -> int:
     """The padded size of a dimension: the buffer length that holds its data.

@@ -40,6 +40,7 @@ from jax._src import source_info_util as _siu
 from jax._src.export import shape_poly as _shape_poly
 from jax._src.numpy import util as _np_util
 from jax._src.interpreters import ad as _ad
+from jax._src.interpreters import batching as _batching
 from jax._src.interpreters import partial_eval as _pe
 
 # --- JAX versions: every difference between the supported lines is here ------
@@ -314,6 +315,15 @@ def primitive(name: str) -> Primitive | None:
   """The JAX primitive called `name`, or None if this JAX version has none."""
   found = _primitive_table().get(name)
   return found[0] if found else None
+
+
+def required_primitive(name: str) -> Primitive:
+  """The JAX primitive called `name`; an ImportError names it if this JAX has none."""
+  found = primitive(name)
+  if found is None:
+    raise ImportError(f"polyjit needs JAX's primitive {name!r}, which this JAX "
+                      f"version ({JAX_VERSION}) does not define.")
+  return found
 
 
 def all_primitives() -> list[Primitive]:
@@ -702,6 +712,18 @@ SPELLING_TARGETS: tuple[tuple[str, str, str], ...] = (
     ("jax.numpy", "linspace", "linspace"),
     ("jax.numpy", "diff", "diff"),
     ("jax.lax", "fori_loop", "fori_loop"),
+    # Data-dependent sizes (issue 14, `_data_dependent.py`): the public names,
+    # `lax_numpy.nonzero` (through which `Array.nonzero` reaches it) and the
+    # function behind `Array.__getitem__` (boolean masks: `x[x > 0]`).
+    ("jax.numpy", "nonzero", "nonzero"),
+    ("jax._src.numpy.lax_numpy", "nonzero", "nonzero"),
+    ("jax.numpy", "flatnonzero", "flatnonzero"),
+    ("jax.numpy", "argwhere", "argwhere"),
+    ("jax.numpy", "where", "where"),
+    ("jax.numpy", "compress", "compress"),
+    ("jax.numpy", "extract", "extract"),
+    ("jax.numpy", "unique", "unique"),
+    ("jax._src.numpy.indexing", "rewriting_take", "getitem"),
 )
 
 _spelling_replacements: dict[str, Callable] = {}   # filled by `_spellings` at import
@@ -779,3 +801,34 @@ def promote_dtypes_inexact(*args):
   """JAX's numpy promotion to an inexact dtype, weak types included (the
   replacement of `jnp.interp` must promote exactly as JAX's does)."""
   return _np_util.promote_dtypes_inexact(*args)
+
+
+# --- data-dependent sizes (issue 14) ------------------------------------------------
+
+def size_primitive(name: str, abstract_eval: Callable,
+                   refuse_batching: Callable[[], Exception]) -> Primitive:
+  """A primitive whose output shape holds a size computed from its operand's
+  data (a fresh symbolic dimension passed as a param). It has no
+  implementation and no lowering: only polyjit's masking interpreter
+  evaluates it, so an equation of it anywhere else fails loudly. Its output is
+  integer, so its derivative is zero. `jax.vmap` inside the traced function
+  would need one size per example: it raises `refuse_batching()`."""
+  prim = Primitive(name)
+  prim.def_abstract_eval(abstract_eval)
+
+  def batch(*args, **params):
+    raise refuse_batching()
+
+  _batching.primitive_batchers[prim] = batch
+
+  def jvp(primals, tangents, **params):
+    out = prim.bind(*primals, **params)
+    return out, _ad.Zero.from_primal_value(out)
+
+  _ad.primitive_jvps[prim] = jvp
+  return prim
+
+
+def dim_scope(d):
+  """The `jax.export.SymbolicScope` of a symbolic dimension expression."""
+  return d.scope

@@ -65,6 +65,7 @@ from ._auto import DimTracker, fit_to_constraints, sanitize
 from ._buckets import BucketPolicy, as_policy
 from ._cache import ExecutableCache, wait
 from ._compiles import count_compiles
+from . import _data_dependent_jit as data_dependent
 from ._errors import FallbackWarning, MaskingError, PolyjitError, ShapeError, warn_user
 from ._jit_args import ArgLayout, aval_key, call_signature, strip_padded
 from ._jit_plans import (Plan, ProgramKey, Structure, Template, borrow, exact_body,
@@ -265,12 +266,21 @@ class JitFunction:
       warn_user(message, FallbackWarning)
 
   def _exact_plan(self, struct: Structure, shapes, why: Cause) -> Plan:
-    key = ProgramKey.exact_shapes(struct, shapes)
-    program = self._cache.get(key, lambda: self._compile(
-        key, exact_body(struct.treedef, self._args.bind_static(struct.static_key)),
-        struct, why))
-    return Plan(key, program, struct.dtypes, (), None, 0.0, fallback=struct.exact_only,
-                shapes=shapes)
+    fun = self._args.bind_static(struct.static_key)
+    if not struct.data_dependent:
+      key = ProgramKey.exact_shapes(struct, shapes)
+      try:
+        with data_dependent.plain_jit_trace():
+          program = self._cache.get(key, lambda: self._compile(
+              key, exact_body(struct.treedef, fun), struct, why))
+        return Plan(key, program, struct.dtypes, (), None, 0.0, fallback=struct.exact_only,
+                    shapes=shapes)
+      except Exception as e:  # x[x > 0], jnp.nonzero: jax.jit cannot, polyjit can
+        if not data_dependent.is_data_dependent_error(e):
+          raise
+        struct.data_dependent = True
+    return data_dependent.exact_plan(struct, shapes, fun, lambda key, body: self._cache.get(
+        key, lambda: self._compile(key, body, struct, why)))
 
   def _fast_plan(self, struct: Structure, shapes) -> Plan | None:
     """The plan for new sizes in a bucket that already has one, or None.
@@ -329,6 +339,11 @@ class JitFunction:
     key, build = self._masked_program(struct, masked, binding, variant, padded_env, why)
     compiles = len(self.stats.compile_events)
     key, program, provisional = self._program(key, build, shapes)
+    dd_plan = data_dependent.plan_for(variant, key, program, struct.dtypes,
+                                      logical_values(binding, logical), logical,
+                                      waste(shapes, key.padded_shapes), provisional, shapes)
+    if dd_plan is not None:  # output shapes known after the run: no template
+      return dd_plan
     plan = self._plan_in(struct, key, program, binding, variant, logical, shapes, provisional)
     if provisional is None and not variant.constraints and dict(padded_env) == buckets:
       self._keep_template(struct, plan, binding, variant)

@@ -207,6 +207,7 @@ class Structure:
     self.masked: Masked | None = None   # `fun` masked with the specs in use
     self.last_shapes = None             # shapes of the latest new plan
     self.exact_only = False
+    self.data_dependent = False         # jax.jit cannot trace it (x[x > 0])
     self.fallback_reason: str | None = None   # why exact_only, for messages
     self.plans: collections.OrderedDict = collections.OrderedDict()
     self.templates: dict = {}           # bucket key -> Template

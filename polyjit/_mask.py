@@ -35,7 +35,7 @@ import copy
 import dataclasses
 import functools
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -45,7 +45,7 @@ from . import _dims
 from . import _jax_compat as jc
 from . import _rules  # noqa: F401  (registers the masking rules)
 from . import _spellings  # noqa: F401  (registers the replacements used while tracing)
-from . import _spec, _symbolic_ad, _variants
+from . import _data_dependent, _spec, _symbolic_ad, _variants
 from ._refusals import jax_refusal
 from ._core import MaskEnv, eval_jaxpr_masked
 from ._errors import MaskingError, ShapeError, trace_error
@@ -70,10 +70,18 @@ class Traced:
   dim_names: tuple[str, ...]
   cache: dict = dataclasses.field(default_factory=dict)
   _vjp: "VJP | None" = None
+  # Whether its masked evaluation checks for empty selections (known once it
+  # was evaluated; `_data_dependent.extra_outputs`).
+  has_checks: bool | None = None
 
   @property
   def cacheable(self) -> bool:
     return not any(isinstance(c, jc.Tracer) for c in self.consts)
+
+  @functools.cached_property
+  def size_names(self) -> tuple[str, ...]:
+    """The data-dependent sizes `fun` creates (`_data_dependent.py`)."""
+    return _data_dependent.size_names(self.jaxpr)
 
   def vjp(self) -> "VJP":
     if self._vjp is None:
@@ -96,7 +104,7 @@ def _inexact(aval) -> bool:
 def trace_flat(flat_fun: Callable, avals: Sequence[Any], dim_names,
                out_tree=None) -> Traced:
   """Traces `flat_fun(*leaves) -> list` at symbolic `avals`."""
-  with jc.trace_spellings():
+  with jc.trace_spellings(), _data_dependent.tracing(avals):
     closed = jc.make_closed_jaxpr(flat_fun, list(avals))
   consts = list(closed.consts)
   const_avals = [jc.typeof(c) for c in consts]
@@ -173,7 +181,8 @@ def _apply_inputs(traced: Traced, padded, inputs: list, logical: tuple) -> list:
   @jax.custom_vjp
   def run(inputs, logical):
     env = MaskEnv(traced.dim_names, padded, logical, traced.cache)
-    return eval_jaxpr_masked(traced.jaxpr, (), inputs, env)
+    outs = eval_jaxpr_masked(traced.jaxpr, (), inputs, env)
+    return outs + _data_dependent.extra_outputs(env, traced)
 
   def fwd(inputs, logical):
     return run(inputs, logical), (inputs, logical)
@@ -364,6 +373,11 @@ class Masked:
     _spec.logical_values(logical_env, binding)  # validates the sizes
     sizes = {k: int(v) for k, v in logical_env.items()}
     traced = self.variant_for(args, sizes, binding).traced
+    if traced.size_names:
+      raise ShapeError(
+          f"{self._name} has data-dependent sizes ({', '.join(traced.size_names)}): "
+          "its output shapes are known only after it ran, and come with its outputs: "
+          "`outs, shapes = masked(args, logical_env)`.")
     shapes = [tuple(_dims.evaluate_dim(d, sizes) for d in a.shape) for a in traced.out_avals]
     return jax.tree.unflatten(traced.out_tree, shapes)
 
@@ -381,9 +395,37 @@ class Masked:
     """Runs one variant (chosen by the caller from concrete sizes) on padded
     `args` with the logical sizes of `logical_env`."""
     outs = _apply_variant(variant, padded, jax.tree.leaves(tuple(args)), logical_env)
-    return jax.tree.unflatten(variant.traced.out_tree, outs)
+    traced = variant.traced
+    if traced.size_names:  # pj.jit reads the created sizes back itself
+      outs, sizes, failed = _data_dependent.split_outputs(traced, outs)
+      return jax.tree.unflatten(traced.out_tree, outs), (sizes, failed)
+    return jax.tree.unflatten(traced.out_tree, outs)
 
   def __call__(self, args: Sequence[Any], logical_env) -> Any:
+    """The padded outputs. A function that creates data-dependent sizes
+    (`x[x > 0]`, `jnp.nonzero`, `jnp.unique`) returns `(padded_outputs,
+    shapes)` instead: `shapes` has one tuple per output leaf, its logical
+    shape (ints for fixed axes, int32 scalars for dynamic ones)."""
+    outs, sizes = self.call_with_sizes(args, logical_env)
+    if sizes is None:
+      return outs
+    traced = self.trace_for_output(args, logical_env)
+    shapes = _data_dependent.logical_shapes(traced, sizes)
+    return outs, jax.tree.unflatten(traced.out_tree, shapes)
+
+  def trace_for_output(self, args: Sequence[Any], logical_env: Mapping[str, Any]) -> Traced:
+    """The trace whose output shapes `call_with_sizes`' sizes evaluate."""
+    binding = self.bind(args)
+    if all(_spec.is_concrete(logical_env[k]) for k in binding.dim_names):
+      sizes = {k: int(logical_env[k]) for k in binding.dim_names}
+      return self.variant_for(args, sizes, binding).traced
+    return self.trace(args, binding)
+
+  def call_with_sizes(self, args: Sequence[Any], logical_env: Mapping[str, Any]
+                      ) -> tuple[Any, Any]:
+    """(padded outputs, sizes): `sizes` is None for a function that creates no
+    data-dependent sizes, else `logical_env` plus each created size (an int32
+    scalar), from which the outputs' logical shapes evaluate."""
     try:
       binding = self.bind(args)
       logical = _spec.logical_values(logical_env, binding)
@@ -402,7 +444,11 @@ class Masked:
     except (MaskingError, ShapeError) as e:
       e.add_note(f"(while masking {self._name}, called at {jc.current_user_line()})")
       raise
-    return jax.tree.unflatten(traced.out_tree, outs)
+    if not traced.size_names:
+      return jax.tree.unflatten(traced.out_tree, outs), None
+    outs, sizes, failed = _data_dependent.split_outputs(traced, outs)
+    _data_dependent.raise_if_failed(failed)
+    return jax.tree.unflatten(traced.out_tree, outs), {**logical_env, **sizes}
 
 
 def _apply_selected(variants, binding, leaves, logical) -> list:
@@ -484,7 +530,10 @@ def mask(fun: Callable, in_shapes, out_shape=None, *,
     `logical_env` a dict from each dimension name to its logical size (a
     Python int or an int scalar, possibly traced). Returns `fun`'s output
     pytree, padded: along each dynamic axis only the leading logical region
-    is defined.
+    is defined. A `fun` with data-dependent sizes (`x[x > 0]`, `jnp.nonzero`,
+    `jnp.unique`) returns `(padded_outputs, shapes)`: `shapes` holds each
+    output's logical shape (int32 scalars for dynamic axes), computed by the
+    program; see `_data_dependent.py`.
   """
   return Masked(fun, in_shapes, out_shape, constraints=constraints)
 

@@ -489,7 +489,8 @@ class RaggedVmapped:
       sources = (iter(datas), iter(plains))
       example = treedef.unflatten([next(sources[0] if r else sources[1]) for r in kinds])
       env = {name: s for ns, ss in zip(names, sizes) for name, s in zip(ns, ss)}
-      outs = masked(list(example), env)
+      outs, computed = masked.call_with_sizes(list(example), env)
+      env = env if computed is None else computed   # with data-dependent sizes
       traced = masked.trace(list(example))
       out_paths = [_describe(p) for p, _ in jax.tree_util.tree_flatten_with_path(outs)[0]]
       return outs, [_out_lengths(a, env, p) for a, p in zip(traced.out_avals, out_paths)]

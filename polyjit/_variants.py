@@ -37,7 +37,7 @@ import jax.numpy as jnp
 
 from . import _dims
 from . import _jax_compat as jc
-from . import _spec
+from . import _data_dependent, _spec
 from ._errors import MaskingError, ShapeError
 
 MAX_VARIANTS = 16        # sides traced for one function before giving up
@@ -129,6 +129,7 @@ class _Oracle:
     self._answers: dict = {}
 
   def __call__(self, decision: jc.SizeDecision) -> bool:
+    _data_dependent.refuse_decision(decision)
     key = decision.key
     if key in self._answers:
       return self._answers[key]

@@ -141,11 +141,32 @@ def check(case: Case, mode: str, seed: int = 0):
       _check_grad(case, masked, unpadded, padded, sizes, rng)
       continue
     expected = reference(case, unpadded)
-    outs = run(padded, sizes)
-    shapes = masked.logical_shapes(padded, sizes)
+    outs, shapes = _outputs_and_shapes(masked, run(padded, sizes), padded, sizes)
     for i, (o, e, s) in enumerate(zip(jax.tree.leaves(outs), jax.tree.leaves(expected),
                                       _shape_leaves(shapes, expected))):
       assert_close(valid(o, s), e, case, f"{case.name} {mode} sizes={sizes} output {i}")
+
+
+def _data_dependent(masked, padded) -> bool:
+  """Whether the function creates data-dependent sizes (x[x > 0], nonzero,
+  unique): then pj.mask returns (outputs, shapes), shapes computed in the program."""
+  return bool(masked.trace(padded).size_names)
+
+
+def _outputs_and_shapes(masked, result, padded, sizes):
+  """(outputs, logical shapes): from the program for data-dependent sizes
+  (None under vmap, where they are per example), else from the sizes."""
+  if _data_dependent(masked, padded):
+    outs, shapes = result
+    return outs, jax.tree.map(int, shapes) if sizes is not None else shapes
+  return result, (masked.logical_shapes(padded, sizes) if sizes is not None else None)
+
+
+def _first_of_pair(pullback, shapes):
+  """The pullback of (outputs, shapes) as a pullback of the outputs alone
+  (the shapes are integers: float0 cotangents)."""
+  zero_shapes = jax.tree.map(lambda _: np.zeros((), jax.dtypes.float0), shapes)
+  return lambda cts: pullback((cts, zero_shapes))
 
 
 def table_test(cases: Sequence[Case]):
@@ -187,9 +208,12 @@ def _check_vmap(case: Case, masked, rng):
   env = {k: np.array([s[k] for s in case.sizes], np.int32) for k in case.sizes[0]}
   batched = jax.vmap(masked)
   outs = (jax.jit(batched) if case.compiled else batched)(stacked, env)
+  outs, all_shapes = _outputs_and_shapes(masked, outs, padded[0], None)
   for b, (u, sizes) in enumerate(zip(unpadded, case.sizes)):
     expected = reference(case, u)
-    shapes = masked.logical_shapes(padded[b], sizes)
+    shapes = (masked.logical_shapes(padded[b], sizes) if all_shapes is None
+              else jax.tree.map(lambda d: int(d if np.ndim(d) == 0 else np.asarray(d)[b]),
+                                all_shapes))
     for i, (o, e, s) in enumerate(zip(jax.tree.leaves(outs), jax.tree.leaves(expected),
                                       _shape_leaves(shapes, expected))):
       assert_close(valid(np.asarray(o)[b], s), e, case,
@@ -207,8 +231,13 @@ def _cotangent(x, shape, rng):
 
 def _check_grad(case: Case, masked, unpadded, padded, sizes, rng):
   run = jax.jit(masked) if case.compiled else masked
-  outs, pullback = jax.vjp(lambda *a: run(a, sizes), *padded)
-  shapes = masked.logical_shapes(padded, sizes)
+  if _data_dependent(masked, padded):
+    (outs, shapes), pullback = jax.vjp(lambda *a: run(a, sizes), *padded)
+    shapes = jax.tree.map(int, shapes)
+    pullback = _first_of_pair(pullback, shapes)
+  else:
+    outs, pullback = jax.vjp(lambda *a: run(a, sizes), *padded)
+    shapes = masked.logical_shapes(padded, sizes)
   out_leaves, tree = jax.tree.flatten(outs)
   shape_leaves = tree.flatten_up_to(shapes)
   cts = [_cotangent(o, s, rng) for o, s in zip(out_leaves, shape_leaves)]

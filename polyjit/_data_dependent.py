@@ -1,0 +1,543 @@
+"""Data-dependent sizes: `x[x > 0]`, `jnp.nonzero`, `jnp.unique` in compiled code.
+
+Design
+------
+A data-dependent size is one more dynamic size, whose logical value the
+program computes instead of receiving it. Everything else is polyjit's usual
+machinery:
+
+* **One primitive.** Every spelling reduces to `compact(mask)`: the positions
+  of the True entries of a 1-D bool array. Its output shape is `(pj_ddK,)`,
+  a *fresh* `jax.export` dimension variable created in the scope of the trace
+  (`tracing()`, entered by `_mask.trace_flat`). The primitive
+  (`_jax_compat.size_primitive`) exists only in polyjit's symbolic traces; it
+  has no lowering, so it can never run unmasked.
+* **Its masking rule binds the size.** Evaluated on padded data, the rule
+  counts the True entries of the valid region (the new size's logical value,
+  an int32 scalar), compacts their positions to the front of a buffer as long
+  as the operand's padded length (the new size's padded value: its upper
+  bound), and adds both to the `MaskEnv` (`MaskEnv.bind_size`). From there on
+  `pj_ddK` is a size like any other: reductions, elementwise ops, gathers,
+  sorts, cumulative ops and gradients mask on it with the ordinary rules.
+* **Spellings.** While polyjit traces, boolean-mask indexing (the function
+  behind `Array.__getitem__`), `jnp.nonzero`, `flatnonzero`, `argwhere`,
+  one-argument `where`, `compress`, `extract` and `unique` (without `size=`)
+  are replaced (`_jax_compat.trace_spellings`, targets in `SPELLING_TARGETS`)
+  by the functions below, written with `compact` and public jnp/lax ops.
+  Given `size=`, a concrete operand, or arguments they do not handle, they
+  call JAX's own function, so nothing changes where JAX already works.
+* **Outputs.** A traced function that creates sizes (`size_names`) returns,
+  after its outputs, one int32 scalar per created size and the code of the
+  first failed check (0: none; see below). `pj.mask` turns them into logical
+  output shapes; `pj.jit` reads them back once per call and slices
+  (`_data_dependent_jit.py`); `pj.vmap` returns per-example lengths.
+
+Zero is a legal data-dependent size. `jax.export` assumes every dimension
+variable is >= 1, so JAX traces `jnp.max(y)` or `y[0]` on a selection `y`
+without complaint; the rules of the primitives that rely on it (reductions
+without an identity; slices and gathers that read elements) are wrapped to
+record the condition under which their result is defined, and pj.jit and an
+eager pj.mask call raise NumPy's error (ValueError, IndexError) when it
+fails. Under an outer `jax.jit`/`vmap` nothing can raise; an empty float
+max/min is NaN there. Code that *branches* on a data-dependent size (a size
+comparison, `y[:3]`) cannot be traced exactly: polyjit refuses it
+(`refuse_decision`).
+
+Not supported (a `MaskingError` says so): creating a data-dependent size
+inside a loop body or a `lax.cond` branch, a boolean mask combined with other
+indices in one subscript (`x[m, 0]`), a selection under `jax.vmap` inside
+the function, `jnp.unique(axis=...)`, `compress` with a condition of another
+length than the axis.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import operator
+import threading
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from . import _dims
+from . import _jax_compat as jc
+from . import _rules  # noqa: F401  (the rules wrapped below must exist first)
+from ._core import masking_rules
+from ._errors import MaskingError, ShapeError
+
+PREFIX = "pj_dd"   # the names of data-dependent sizes: pj_dd0, pj_dd1, ...
+
+
+# --- the trace ---------------------------------------------------------------
+
+_local = threading.local()
+
+
+class _TraceState:
+  def __init__(self, scope):
+    self.scope = scope
+    self.count = 0
+
+
+@contextlib.contextmanager
+def tracing(avals: Sequence[Any]):
+  """Within the block (one symbolic trace), new sizes are created in the
+  scope of `avals`' symbolic dims (so that they combine with them) and named
+  pj_dd0, pj_dd1, ... in order, the same in every trace of one function."""
+  scope = next((jc.dim_scope(d) for a in avals for d in getattr(a, "shape", ())
+                if jc.is_symbolic_dim(d)), None)
+  previous = getattr(_local, "state", None)
+  _local.state = _TraceState(scope if scope is not None else jc.SymbolicScope())
+  try:
+    yield
+  finally:
+    _local.state = previous
+
+
+def _fresh_dim():
+  state = getattr(_local, "state", None)
+  if state is None:  # spellings run only inside `tracing()`; this is a bug
+    raise MaskingError("a data-dependent size was created outside a polyjit trace.")
+  name = f"{PREFIX}{state.count}"
+  state.count += 1
+  return jc.symbolic_shape(name, scope=state.scope)[0]
+
+
+class NeedsPolyjitTrace(Exception):
+  """`pj.nonzero` & co. without `size=`, met while `pj.jit` traces with plain
+  `jax.jit` (`plain_jit_trace()`): pj.jit then traces with polyjit instead,
+  so that its first call gives the exact sizes that every later one gives."""
+
+
+@contextlib.contextmanager
+def plain_jit_trace():
+  """Marks a trace of the user's function by plain `jax.jit` inside pj.jit."""
+  previous = getattr(_local, "plain", False)
+  _local.plain = True
+  try:
+    yield
+  finally:
+    _local.plain = previous
+
+
+def in_plain_jit_trace() -> bool:
+  return getattr(_local, "plain", False)
+
+
+def is_size_name(name: str) -> bool:
+  return name.startswith(PREFIX) and name[len(PREFIX):].isdigit()
+
+
+def mentions_size(d) -> bool:
+  """Whether a dimension expression involves a data-dependent size."""
+  return jc.is_symbolic_dim(d) and any(is_size_name(v) for v in jc.symbolic_vars(d))
+
+
+def refuse_decision(decision: jc.SizeDecision) -> None:
+  """Raises for a size comparison in user code about a data-dependent size:
+  its answer is only known when the program runs."""
+  if mentions_size(decision.expr):
+    raise MaskingError(
+        f"the comparison {decision.text} at {decision.where} involves a data-dependent "
+        "size (the length of a boolean selection, nonzero or unique), which is only "
+        "known when the program runs, so no single trace serves every answer.\n"
+        "What to do: compute without branching on that size (jnp.where on the "
+        "count, masks), or use the explicit form with a fixed bound: "
+        "pj.nonzero(..., size=k) / pj.boolean_mask(..., size=k).")
+
+
+# --- the primitive -------------------------------------------------------------
+
+def _compact_abstract(mask, *, size):
+  return jc.shaped((size,), jc.dim_value_dtype())
+
+
+def _refuse_batching() -> MaskingError:
+  return MaskingError(
+      "a data-dependent size (boolean indexing, nonzero, unique) is created under "
+      "jax.vmap inside the function, where each example would have a size of its "
+      "own.\nWhat to do: map over the examples with pj.vmap (each example's "
+      "selection gets its own size), or keep the shape fixed inside jax.vmap with "
+      "jnp.where(mask, x, fill) or pj.nonzero(..., size=k).",
+      primitive="polyjit_compact")
+
+
+compact_p = jc.size_primitive("polyjit_compact", _compact_abstract, _refuse_batching)
+
+
+def compact(flat_mask) -> jax.Array:
+  """The positions of the True entries of a 1-D array, in order: an int32
+  array whose length is a new data-dependent size."""
+  flat_mask = jnp.asarray(flat_mask)
+  if flat_mask.dtype != jnp.bool_:
+    flat_mask = flat_mask != 0
+  if not jc.is_symbolic_dim(flat_mask.shape[0]) and flat_mask.shape[0] == 0:
+    return jnp.zeros((0,), jc.dim_value_dtype())  # nothing to select: no new size
+  return compact_p.bind(flat_mask, size=_fresh_dim())
+
+
+def _running_count(valid, dtype):
+  """cumsum(valid): XLA's CPU cumsum is 2-3x slower than a log-depth scan."""
+  ones = valid.astype(dtype)
+  if jax.default_backend() == "cpu":
+    return lax.associative_scan(lax.add, ones)
+  return jnp.cumsum(ones, dtype=dtype)
+
+
+def _compact_rule(ctx, mask, *, size):
+  env = ctx.env
+  if env.nested:
+    raise ctx.error(
+        "a data-dependent size (boolean indexing, nonzero, unique) is created inside "
+        "a loop body or a branch (lax.scan, lax.map, fori_loop, cond), where each "
+        "iteration would have a size of its own.",
+        "compute the selection outside the loop, or keep the shape fixed inside it "
+        "with jnp.where(mask, x, fill) or pj.nonzero(..., size=k).")
+  valid = mask
+  region = ctx.valid_mask(ctx.in_avals[0])
+  if region is not None:
+    valid = lax.bitwise_and(valid, region)
+  padded = valid.shape[0]
+  dtype = jc.dim_value_dtype()
+  count = jnp.sum(valid, dtype=dtype)
+  # The j-th selected position goes to slot j (a scatter: ten times faster
+  # than a stable argsort on CPU); the slots past the count hold 0.
+  slot = jnp.where(valid, _running_count(valid, dtype) - 1, padded)
+  positions = jnp.zeros((padded,), dtype).at[slot].set(
+      lax.iota(dtype, padded), mode="drop", unique_indices=True)
+  name = str(size)
+  if name in env.padded_env:  # the same equation evaluated again (a VJP's replay)
+    env.logical_env[name] = count
+  else:
+    env.bind_size(name, padded, count)
+  return [positions]
+
+
+masking_rules[compact_p] = _compact_rule
+
+
+# --- what NumPy refuses on an empty selection ------------------------------------
+#
+# `jax.export` assumes every size is >= 1, so JAX traces `jnp.max(y)` and
+# `y[0]` on a selection `y` without a complaint; at count 0 NumPy raises. The
+# rules of the primitives involved are wrapped: where they reduce or index a
+# data-dependent axis, the condition under which the result is defined goes to
+# `MaskEnv.checks` with a code, and the program returns the first failing code
+# (`extra_outputs`), which pj.jit and eager pj.mask raise as NumPy would.
+
+EMPTY_REDUCTION, EMPTY_INDEX = 1, 2
+_MESSAGES = {
+    EMPTY_REDUCTION: (
+        "zero-size array to reduction operation which has no identity: a max, min, "
+        "argmax or argmin over a data-dependent size (a boolean selection, nonzero, "
+        "unique) that is empty in this call, where NumPy raises too.\nWhat to do: "
+        "give the reduction an initial value (jnp.max(x[m], initial=-jnp.inf)) or a "
+        "where= mask, or check the count first."),
+    EMPTY_INDEX: (
+        "index out of bounds: an element of a data-dependent selection (y[0], y[-1], "
+        "y[i]) was read where the selection is empty in this call, where NumPy raises "
+        "IndexError.\nWhat to do: guard with the count (jnp.where(y.shape[0] > 0, "
+        "...)) or give the reduction an initial value."),
+}
+
+
+def _record(ctx, defined, code: int, what: str):
+  if ctx.env.nested:
+    raise ctx.error(
+        f"{what} on a data-dependent size inside a loop body or branch: an empty "
+        "selection could not raise there.",
+        "compute it outside the loop or branch.")
+  ctx.env.checks.append((defined, code))
+
+
+def _checked_reduction(rule, what: str):
+  @functools.wraps(rule)  # the rule's own family in docs/coverage.md
+  def checked(ctx, operand, *rest, axes, **params):
+    outs = rule(ctx, operand, *rest, axes=axes, **params)
+    shape = ctx.in_avals[0].shape
+    sized = [shape[a] for a in axes if mentions_size(shape[a])]
+    if not sized:
+      return outs
+    nonempty = None
+    for d in sized:
+      has = ctx.logical(d) > 0
+      nonempty = has if nonempty is None else jnp.logical_and(nonempty, has)
+    _record(ctx, nonempty, EMPTY_REDUCTION, f"a {what}")
+    # Under traced sizes nothing can raise: NaN rather than a number.
+    return [jnp.where(nonempty, o, jnp.nan) if jnp.issubdtype(o.dtype, jnp.inexact) else o
+            for o in outs]
+  return checked
+
+
+def _checked_indexing(rule):
+  @functools.wraps(rule)
+  def checked(ctx, *args, **params):
+    outs = rule(ctx, *args, **params)
+    shape = ctx.in_avals[0].shape
+    sizes = params.get("slice_sizes")
+    out_shape = ctx.out_avals[0].shape
+    indexed = [d for a, d in enumerate(shape) if mentions_size(d) and not (
+        (sizes[a] if sizes is not None else out_shape[a]) is d
+        or _provably_equal(sizes[a] if sizes is not None else out_shape[a], d))]
+    if not indexed:
+      return outs
+    defined = None
+    for d in out_shape:  # an empty result reads nothing
+      empty = ctx.logical(d) <= 0
+      defined = empty if defined is None else jnp.logical_or(defined, empty)
+    for d in indexed:
+      has = ctx.logical(d) > 0
+      defined = has if defined is None else jnp.logical_or(defined, has)
+    _record(ctx, defined, EMPTY_INDEX, "indexing")
+    return outs
+  return checked
+
+
+for _name, _what in (("reduce_max", "max"), ("reduce_min", "min"),
+                     ("argmax", "argmax"), ("argmin", "argmin")):
+  _prim = jc.required_primitive(_name)
+  masking_rules[_prim] = _checked_reduction(masking_rules[_prim], _what)
+for _name in ("slice", "dynamic_slice", "gather"):
+  _prim = jc.required_primitive(_name)
+  masking_rules[_prim] = _checked_indexing(masking_rules[_prim])
+
+
+# --- traced functions: which sizes they create, what they return ------------------
+
+def size_names(jaxpr: jc.Jaxpr) -> tuple[str, ...]:
+  """The data-dependent sizes a jaxpr creates (sub-jaxprs included)."""
+  names: list[str] = []
+
+  def visit(j):
+    for eqn in j.eqns:
+      if eqn.primitive is compact_p:
+        name = str(eqn.params["size"])
+        if name not in names:
+          names.append(name)
+      for sub in jc.subjaxprs_in_params(eqn.params):
+        visit(sub)
+  visit(jaxpr)
+  return tuple(names)
+
+
+def extra_outputs(env, traced) -> list:
+  """What a masked evaluation of `traced` returns after its outputs: each
+  created size, then the code of the first check that failed (0: none).
+  Notes on `traced` whether there are checks at all."""
+  names = traced.size_names
+  if not names:
+    return []
+  traced.has_checks = bool(env.checks) or bool(traced.has_checks)
+  missing = [n for n in names if n not in env.logical_env]
+  if missing:
+    raise MaskingError(f"the data-dependent sizes {missing} were never computed; "
+                       "they are created where polyjit cannot bind them.")
+  failed = jnp.asarray(0, jnp.int32)
+  for defined, code in reversed(env.checks):
+    failed = jnp.where(defined, failed, jnp.int32(code))
+  return [env.logical_env[n] for n in names] + [failed]
+
+
+def split_outputs(traced, outs: Sequence[Any]):
+  """(outputs, {size name: value}, failed check code) of a masked evaluation."""
+  n = len(traced.out_avals)
+  extras = list(outs[n:])
+  return list(outs[:n]), dict(zip(traced.size_names, extras[:-1])), extras[-1]
+
+
+def raise_if_failed(failed) -> None:
+  """Raises NumPy's error for a concrete failed check code."""
+  if isinstance(failed, jc.Tracer):
+    return
+  code = int(np.asarray(failed))
+  if code:
+    error = ShapeError if code == EMPTY_REDUCTION else IndexError
+    raise error(_MESSAGES[code])
+
+
+def logical_shapes(traced, sizes: dict[str, Any]) -> list[tuple]:
+  """Each output's logical shape: ints, and int32 scalars for dynamic axes
+  (a size that would be negative on an empty selection, `y[1:]`, is 0)."""
+  return [tuple(jnp.maximum(_dims.evaluate_dim(d, sizes), 0) if jc.is_symbolic_dim(d)
+                else int(d) for d in aval.shape) for aval in traced.out_avals]
+
+
+# --- the spellings -----------------------------------------------------------------
+
+def in_trace(*arrays) -> bool:
+  """Replace JAX's function: polyjit is tracing and an operand is traced."""
+  return (getattr(_local, "state", None) is not None
+          and any(isinstance(a, jc.Tracer) for a in arrays))
+
+
+def _provably_equal(a, b) -> bool:
+  try:
+    return bool(a == b)
+  except Exception:
+    return False
+
+
+def boolean_select(arr, mask, axis: int = 0) -> jax.Array:
+  """`arr` where `mask` (covering axes axis..axis+mask.ndim) is True, those
+  axes replaced by one axis of data-dependent length."""
+  arr, mask = jnp.asarray(arr), jnp.asarray(mask)
+  axis = operator.index(axis)
+  axis = axis + arr.ndim if axis < 0 else axis
+  k = mask.ndim
+  covered = arr.shape[axis:axis + k]
+  if k == 0 or axis + k > arr.ndim or not all(
+      _provably_equal(a, b) for a, b in zip(covered, mask.shape)):
+    raise IndexError(
+        f"boolean index of shape {mask.shape} does not match the indexed array's axes "
+        f"{tuple(covered)} (array shape {arr.shape}, axis {axis}); polyjit must be "
+        "able to prove the sizes equal (the mask computed from the array itself, "
+        "e.g. x[x > 0], always is).")
+  if mask.dtype != jnp.bool_:
+    mask = mask != 0
+  if k > 1:
+    mask = mask.reshape(-1)
+    arr = arr.reshape(arr.shape[:axis] + (-1,) + arr.shape[axis + k:])
+  positions = compact(mask)
+  return jnp.take(arr, positions, axis=axis, mode="clip")
+
+
+def _bool_mask_index(idx):
+  """The boolean array of `x[idx]` when idx is a traced boolean mask (alone, or
+  the only entry of a tuple); raises for a traced mask mixed with other indices."""
+  def is_mask(i):
+    return isinstance(i, jc.Tracer) and jnp.result_type(i) == jnp.bool_ and np.ndim(i) >= 1
+  if is_mask(idx):
+    return idx
+  if isinstance(idx, tuple) and any(is_mask(i) for i in idx):
+    if len(idx) == 1:
+      return idx[0]
+    raise MaskingError(
+        "indexing with a boolean mask together with other indices (x[m, 0], "
+        "x[:, m], x[m, ...]) gives a data-dependent size that polyjit supports only "
+        "as x[m] with the mask alone.\nWhat to do: index in two steps, e.g. x[m][:, 0] "
+        "for x[m, 0]; or pj.boolean_mask(x, m, axis=1) for x[:, m].")
+  return None
+
+
+def getitem(original, arr, idx, **kwargs):
+  mask = _bool_mask_index(idx) if getattr(_local, "state", None) is not None else None
+  if mask is None:
+    return original(arr, idx, **kwargs)
+  return boolean_select(arr, mask, 0)
+
+
+def nonzero_indices(a) -> tuple:
+  a = jnp.asarray(a)
+  positions = compact(jnp.ravel(a))
+  if a.ndim == 1:
+    return (positions,)
+  out = []
+  rest = positions
+  for d in reversed(a.shape[1:]):
+    size = jnp.asarray(d, positions.dtype)
+    out.append(rest % size)
+    rest = rest // size
+  out.append(rest)
+  return tuple(reversed(out))
+
+
+def nonzero(original, a, *, size=None, fill_value=None):
+  if size is not None or not in_trace(a) or np.ndim(a) == 0:
+    return original(a, size=size, fill_value=fill_value)
+  return nonzero_indices(a)
+
+
+def flatnonzero(original, a, *, size=None, fill_value=None):
+  if size is not None or not in_trace(a):
+    return original(a, size=size, fill_value=fill_value)
+  return compact(jnp.ravel(a))
+
+
+def argwhere(original, a, *, size=None, fill_value=None):
+  if size is not None or not in_trace(a):
+    return original(a, size=size, fill_value=fill_value)
+  a = jnp.asarray(a)
+  out = jnp.stack(nonzero_indices(jnp.atleast_1d(a)), axis=1)
+  return out[:, :0] if a.ndim == 0 else out
+
+
+def where(original, condition, x=None, y=None, /, *, size=None, fill_value=None):
+  if x is None and y is None and size is None and in_trace(condition):
+    return nonzero(jnp.nonzero, condition)
+  return original(condition, x, y, size=size, fill_value=fill_value)
+
+
+def compress(original, condition, a, axis=None, *, size=None, fill_value=0, out=None):
+  if size is not None or out is not None or not in_trace(condition, a):
+    return original(condition, a, axis, size=size, fill_value=fill_value, out=out)
+  condition = jnp.asarray(condition)
+  a = jnp.asarray(a)
+  if condition.ndim != 1:
+    raise ValueError("condition must be a 1D array")
+  if axis is None:
+    a, axis = jnp.ravel(a), 0
+  axis = operator.index(axis)
+  axis = axis + a.ndim if axis < 0 else axis
+  if not _provably_equal(condition.shape[0], a.shape[axis]):
+    raise MaskingError(
+        f"jnp.compress with a condition of length {condition.shape[0]} on an axis of "
+        f"length {a.shape[axis]}: polyjit supports a condition exactly as long as the "
+        "axis (NumPy ignores a shorter condition's missing entries).\nWhat to do: pad "
+        "or slice the condition to the axis' length.")
+  return boolean_select(a, condition, axis)
+
+
+def extract(original, condition, arr, *, size=None, fill_value=0):
+  if size is not None or not in_trace(condition, arr):
+    return original(condition, arr, size=size, fill_value=fill_value)
+  return compress(jnp.compress, jnp.ravel(condition), jnp.ravel(arr))
+
+
+def unique_of(ar, return_index, return_inverse, return_counts, equal_nan):
+  ar = jnp.asarray(ar)
+  flat = jnp.ravel(ar)
+  n = flat.shape[0]
+  perm = jnp.argsort(flat, stable=True).astype(jc.dim_value_dtype())
+  s = flat[perm]
+  iota = lax.iota(jc.dim_value_dtype(), n)
+  prev = s[jnp.maximum(iota - 1, 0)]
+  same = s == prev
+  if equal_nan and jnp.issubdtype(s.dtype, jnp.inexact):
+    same = same | (jnp.isnan(s) & jnp.isnan(prev))
+  first = (iota == 0) | ~same
+  starts = compact(first)
+  out = [s[starts]]
+  if return_index:
+    out.append(perm[starts])
+  if return_inverse:
+    group = jnp.cumsum(first.astype(jc.dim_value_dtype())) - 1
+    out.append(group[jnp.argsort(perm)].reshape(ar.shape if ar.ndim else (1,)))
+  if return_counts:
+    k = jnp.asarray(starts.shape[0], starts.dtype)
+    j = lax.iota(starts.dtype, starts.shape[0])
+    following = jnp.where(j + 1 < k, starts[jnp.minimum(j + 1, k - 1)],
+                          jnp.asarray(n, starts.dtype))
+    out.append(following - starts)
+  return out[0] if len(out) == 1 else tuple(out)
+
+
+def unique(original, ar, return_index=False, return_inverse=False, return_counts=False,
+           axis=None, *, equal_nan=True, size=None, fill_value=None, sorted=True):
+  if size is not None or not in_trace(ar):
+    return original(ar, return_index, return_inverse, return_counts, axis,
+                    equal_nan=equal_nan, size=size, fill_value=fill_value, sorted=sorted)
+  if axis is not None:
+    raise MaskingError(
+        "jnp.unique(..., axis=...) without size= inside a polyjit function: unique "
+        "rows or columns are not supported with data-dependent sizes.\nWhat to do: "
+        "pass size= (a bound) and fill_value=, as under jax.jit.")
+  return unique_of(ar, return_index, return_inverse, return_counts, equal_nan)
+
+
+jc.register_spellings({"nonzero": nonzero, "flatnonzero": flatnonzero, "argwhere": argwhere,
+                       "where": where, "compress": compress, "extract": extract,
+                       "unique": unique, "getitem": getitem})
