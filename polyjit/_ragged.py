@@ -541,10 +541,10 @@ class RaggedVmapped:
       out_paths = [_describe(p) for p, _ in jax.tree_util.tree_flatten_with_path(outs)[0]]
       return outs, [_out_lengths(a, env, p) for a, p in zip(traced.out_avals, out_paths)]
 
+    mapped = jax.vmap(per_example, in_axes=(0, 0, plain_axes), out_axes=(self.out_axes, 0))
     try:
-      outs, out_lengths = jax.vmap(
-          per_example, in_axes=(0, 0, plain_axes), out_axes=(self.out_axes, 0))(
-              datas, sizes, plains)
+      # A batch on an Explicit mesh runs with its axes Auto (`_sharding.py`).
+      outs, out_lengths = _sharding.on_auto_axes(mapped, (datas, sizes, plains))
     except (MaskingError, ShapeError) as e:
       if plan.note:
         e.add_note(plan.note)

@@ -435,6 +435,27 @@ def fit_batch(sharding: NamedSharding, ndim: int) -> NamedSharding:
   return sharding
 
 
+def on_auto_axes(fun, args):
+  """`fun(*args)`; inside a trace whose batch (the first leaf, rows on axis 0)
+  is typed as sharded over `Explicit` mesh axes, run with those axes `Auto`
+  (`jax.sharding.auto_axes`), outputs whose leading axis is the batch split as
+  the batch is and the rest replicated. The masking rules build masks that
+  sharding-in-types would refuse to combine with sharded data."""
+  first = jax.tree.leaves(args)[0]
+  sharding = getattr(jax.typeof(first), "sharding", None)
+  mesh = getattr(sharding, "mesh", None)
+  if mesh is None or not any(t == AxisType.Explicit for t in mesh.axis_types):
+    return fun(*args)
+  batch, entry = first.shape[0], tuple(sharding.spec)[0] if len(sharding.spec) else None
+  plain = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jax.typeof(x).dtype), args)
+  shapes = jax.eval_shape(fun, *plain)
+  out_sharding = jax.tree.map(
+      lambda s: PartitionSpec(entry) if s.ndim and s.shape[0] == batch else PartitionSpec(),
+      shapes)
+  with jax.sharding.use_abstract_mesh(mesh):
+    return jax.sharding.auto_axes(fun, out_sharding=out_sharding)(*args)
+
+
 def jit_options(in_shardings, out_shardings) -> dict:
   """The keyword arguments of `jax.jit` for these shardings (given ones only)."""
   options = {}
