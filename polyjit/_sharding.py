@@ -68,7 +68,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
-from jax.sharding import AxisType, NamedSharding, PartitionSpec, Sharding
+from jax.sharding import AxisType, NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding
 
 from . import _dims
 from . import _jax_compat as jc
@@ -84,17 +84,23 @@ class ShardingLayout:
     self.in_shardings = in_shardings
     self.out_shardings = out_shardings
     self._given: dict = {}   # treedef -> per-leaf shardings from in_shardings
+    self._one_device: bool | None = None   # then no argument can be on a mesh
 
   def leaf_shardings(self, leaves, treedef) -> tuple | None:
     """Each leaf's sharding (None: not placed on a mesh), or None for a call
     that needs no sharding at all (the unchanged single-device path)."""
-    given = self._given_for(treedef) if self.in_shardings is not None else None
+    if self.in_shardings is None and self.out_shardings is None:
+      if self._one_device is None:  # asked once: the backend is up by the first call
+        self._one_device = jax.device_count() == 1
+      if self._one_device:
+        return None
     own = [_own_sharding(x) for x in leaves]
-    if given is not None:
-      own = [g if g is not None else o for g, o in zip(given, own)]
-    if self.out_shardings is None and all(s is None for s in own):
-      return None
-    return tuple(own)
+    if self.in_shardings is None:
+      if self.out_shardings is None and not any(own):  # the common, fast case
+        return None
+      return tuple(own)
+    given = self._given_for(treedef)
+    return tuple(g if g is not None else o for g, o in zip(given, own))
 
   def _given_for(self, treedef) -> list:
     given = self._given.get(treedef)
@@ -103,13 +109,29 @@ class ShardingLayout:
     return given
 
 
+_ARRAY, _PADDED, _OTHER = 1, 2, 0
+_kinds: dict = {}   # type -> kind, so the per-call check is a dict lookup
+
+
+def _kind(t) -> int:
+  kind = _kinds.get(t)
+  if kind is None:
+    array = issubclass(t, jax.Array) and not issubclass(t, jc.Tracer)
+    kind = _kinds[t] = _PADDED if issubclass(t, Padded) else _ARRAY if array else _OTHER
+  return kind
+
+
 def _own_sharding(x) -> Sharding | None:
-  data = x.data if isinstance(x, Padded) else x
-  if isinstance(data, jax.Array) and not isinstance(data, jc.Tracer):
-    sharding = data.sharding
-    if sharding.num_devices > 1:
-      return sharding
-  return None
+  """The sharding of an array (or `pj.Padded`'s data) on several devices."""
+  kind = _kind(type(x))
+  if kind == _OTHER:
+    return None
+  if kind == _PADDED:
+    return _own_sharding(x.data)
+  sharding = x.sharding
+  if type(sharding) is SingleDeviceSharding or sharding.num_devices == 1:
+    return None
+  return sharding
 
 
 def _is_sharding_leaf(x) -> bool:

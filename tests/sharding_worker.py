@@ -65,8 +65,12 @@ def sharded_dynamic_axis(mesh) -> dict:
   for n in (1000,):
     x = jax.device_put(rng.standard_normal(n).astype(np.float32), s)
     moved.append(rel(f(x, -0.2), loglik64(np.asarray(x), -0.2)))
+  # A pj.Padded whose data is split over the mesh, into another pj.jit function.
+  double = pj.jit(lambda x: 2 * x)
+  x = rng.standard_normal(1003).astype(np.float32)
+  chained = rel(double(sq.call_padded(x)), 2 * (x.astype(np.float64) - 0.5) ** 2)
   return {"lengths": lengths, "errors": errors, "padded": padded, "devices": devices,
-          "per_element_errors": per_element, "moved_errors": moved,
+          "per_element_errors": per_element, "moved_errors": moved, "chained_error": chained,
           "compiles": len(compiles)}
 
 
@@ -78,7 +82,7 @@ def training_step(mesh) -> dict:
   def loss_and_preds(params, x, y):
     h = jnp.tanh(x @ params["w"])                         # (batch, length, hidden)
     preds = jnp.mean(h, axis=1) @ params["v"]             # (batch,)
-    return jnp.mean((preds - y) ** 2), preds
+    return jnp.mean((preds - y) ** 2), (preds, h)
 
   step = jax.value_and_grad(loss_and_preds, has_aux=True)
   rng = np.random.default_rng(1)
@@ -98,9 +102,9 @@ def training_step(mesh) -> dict:
       want = jax_step(params, x, y)
     jax_compiles += len(c)
     errors.append(tree_rel(got, want))
-    preds = got[0][1]
-    devices.append(len(preds.sharding.device_set))
-    same_sharding.append(bool(preds.sharding.is_equivalent_to(want[0][1].sharding, 1)))
+    for out, ref in zip(got[0][1], want[0][1]):   # per example; per token (unpadded)
+      devices.append(len(out.sharding.device_set))
+      same_sharding.append(bool(out.sharding.is_equivalent_to(ref.sharding, out.ndim)))
   return {"lengths": lengths, "errors": errors, "devices": devices,
           "same_sharding": same_sharding, "pj_compiles": pj_compiles,
           "jax_compiles": jax_compiles}
