@@ -27,7 +27,6 @@ from ._data_dependent import (NeedsPolyjitTrace, mentions_size, plain_jit_trace,
                               raise_if_failed)
 from ._jit_plans import EXACT, Plan, ProgramKey, masked_body, out_shapes
 from ._mask import Masked
-from ._padding import unpad
 
 #: What `jax.jit` raises for `x[x > 0]`, `jnp.nonzero(x)`, `jnp.unique(x)`.
 JAX_ERRORS = (jax.errors.NonConcreteBooleanIndexError, jax.errors.ConcretizationTypeError,
@@ -49,7 +48,7 @@ class DataDependentPlan(Plan):
     self.blocking = has_checks is not False or self.sized
 
   def unpad_outputs(self, outs):
-    return self.map_outputs(outs, unpad)   # shapes known only now: always look
+    return self.map_outputs(outs, self.unpad_leaf)   # shapes known only now: always look
 
   def map_outputs(self, outs, convert):
     if not self.blocking:  # no output depends on a computed size: no transfer

@@ -61,6 +61,7 @@ import numpy as np
 
 from . import _annotations, _jit_aot
 from . import _jax_compat as jc
+from . import _sharding
 from ._auto import DimTracker, fit_to_constraints, sanitize
 from ._buckets import BucketPolicy, as_policy
 from ._cache import ExecutableCache, wait
@@ -88,7 +89,8 @@ class JitFunction:
   def __init__(self, fun: Callable, *, polymorphic_shapes=None, buckets=None,
                constraints: Sequence[str] = (), static_argnums=None,
                static_argnames=None, donate_argnums=None, cache_size: int = 64,
-               background_compile: bool = False, fallback: str = "warn"):
+               background_compile: bool = False, fallback: str = "warn",
+               in_shardings: Any = None, out_shardings: Any = None):
     if not callable(fun):
       raise TypeError(f"pj.jit expects a callable, got {type(fun).__name__}")
     if fallback not in ("warn", "error", "silent"):
@@ -111,12 +113,14 @@ class JitFunction:
     self._cache = ExecutableCache(cache_size, on_evict=self._forget_program)
     self._structures: dict[Any, Structure] = {}
     self._hot: dict[tuple, Plan] = {}   # call_signature -> plan (the hot path)
+    self._shardings = _sharding.ShardingLayout(in_shardings, out_shardings)
     self._warned: set[str] = set()
     # Deterministic across processes: the name is part of the persistent
     # compilation cache's key.
     self._name = "pj_" + sanitize(getattr(fun, "__qualname__", None) or "fun")
     self._inline = jax.jit(fun, static_argnums=self._args.static_argnums or None,
-                           static_argnames=self._args.static_argnames or None)
+                           static_argnames=self._args.static_argnames or None,
+                           **_sharding.jit_options(in_shardings, out_shardings))
     functools.update_wrapper(self, fun, updated=())
 
   polymorphic_shapes = property(lambda self: self._args.polymorphic_shapes)
@@ -174,13 +178,18 @@ class JitFunction:
       return None
     struct, leaves, shapes = prepared
     plan = self._plan_for(struct, shapes)
-    if hot_key is not None and plan.current:
+    if hot_key is not None and plan.current and struct.shardings is None \
+        and self._shardings.one_device():
+      # Only where no argument can be on a mesh: the hot key has no shardings.
       if len(self._hot) >= HOT_PLANS:
         self._hot.clear()
       self._hot[hot_key] = plan
     self.stats.record_call(plan.bucket, plan.waste, plan.fallback)
     if plan.borrow is not None:
       plan.borrow.pay()
+    if struct.shardings is not None:  # on a mesh: padded shard by shard
+      plan.unpad_leaf = _sharding.unpad  # and unpadded keeping the shardings
+      return plan, _sharding.run(plan, leaves, struct.shardings)
     rental = struct.rental
     if rental is None or plan.bucket is None or not rental.wants_sample(plan.bucket):
       return plan, plan.run(leaves)
@@ -197,6 +206,9 @@ class JitFunction:
       return None
     shapes = tuple(logical_shape(x) for x in leaves)
     key = (static_key, treedef, avals, tuple(len(s) for s in shapes))
+    shardings = self._shardings.leaf_shardings(leaves, treedef)
+    if shardings is not None:
+      key += (shardings,)
     struct = self._structures.get(key)
     if struct is None:
       struct = self._structures[key] = self._new_structure(key, treedef, avals, shapes)
@@ -206,6 +218,8 @@ class JitFunction:
     static_key = key[0]
     names = self._args.leaf_names(treedef, static_key)
     struct = Structure(key, treedef, avals, names)
+    struct.shardings = key[4] if len(key) > 4 else None  # per leaf, or None: one device
+    struct.shard_multiples = {}  # dim -> its buckets' multiple (`_sharding.dim_multiples`)
     if self._args.polymorphic_shapes is not None:
       struct.specs = self._args.explicit_specs(treedef, static_key)
     else:
@@ -297,7 +311,7 @@ class JitFunction:
     if logical is None:
       return None
     rental = self._rental(struct, logical)
-    tight = {v: self.bucket_policy(v).bucket(n) for v, n in logical.items()}
+    tight = {v: self._bucket(struct, v, n) for v, n in logical.items()}
     # Under a cost-aware policy: the smallest compiled bucket, or the full path.
     buckets = [bucket_key(tight)] if rental is None else rental.candidates(logical)[:1]
     for bucket in buckets:
@@ -321,7 +335,9 @@ class JitFunction:
       return fast
     masked, binding, variant = self._variant(struct, shapes)
     logical = binding.padded  # solved from unpadded shapes: the logical sizes
-    buckets = {v: self.bucket_policy(v).bucket(n) for v, n in logical.items()}
+    if struct.shardings is not None:
+      struct.shard_multiples = _sharding.dim_multiples(binding, struct.shardings)
+    buckets = {v: self._bucket(struct, v, n) for v, n in logical.items()}
     self.stats.record_sizes(binding, struct.leaf_names, logical)
     rental = self._rental(struct, logical)
     if rental is not None:
@@ -369,7 +385,11 @@ class JitFunction:
   # --- the cost-aware policy (`_policy.py`) ----------------------------------------
 
   def _rental(self, struct: Structure, logical) -> Rental | None:
-    """The structure's ski-rental state when every dimension's policy is cost-aware."""
+    """The structure's ski-rental state when every dimension's policy is cost-aware.
+    On a mesh the policies are the fixed ones: the processes must pick the
+    same buckets, and the cost-aware choice depends on timings."""
+    if struct.shardings is not None:
+      return None
     if struct.rental is None:
       policies = {v: self.bucket_policy(v) for v in logical}
       cost_aware = {v: p for v, p in policies.items() if isinstance(p, CostAware)}
@@ -433,11 +453,18 @@ class JitFunction:
     key, build = self._masked_program(struct, struct.masked, binding, variant, env, cause)
     return self._cache.submit(key, build)
 
+  def _bucket(self, struct: Structure, dim: str, size: int) -> int:
+    """The padded size of `dim`: its policy's bucket, rounded up to a multiple
+    of the number of shards along it where it is a sharded axis."""
+    bucket = self.bucket_policy(dim).bucket(size)
+    multiple = struct.shard_multiples.get(dim, 1)
+    return bucket if multiple == 1 else _sharding.round_up(bucket, multiple)
+
   def _program(self, key: ProgramKey, build, shapes):
     """(key, program, provisional): the program for `key`, compiled here if
     needed; or, with `background_compile`, a larger compiled bucket's program
     while `key` compiles in a thread (`provisional` is that future)."""
-    if self.background_compile:
+    if self.background_compile and _sharding.single_process():  # timing-free across processes
       fut = self._cache.peek(key)
       if fut is None or not fut.done():
         borrowed = borrow(self._cache.done(), key, shapes)
@@ -468,9 +495,16 @@ class JitFunction:
   def _compile(self, key: ProgramKey, body, struct: Structure, cause: Cause, n_dims=0):
     donate = self._args.donated_leaves(struct.treedef, struct.static_key)
     t0 = time.perf_counter()
+    if struct.shardings is not None:
+      _sharding.agree_on_program(key.padded_shapes, key.bucket, repr(self))
     with count_compiles(this_thread_only=True) as log:
-      program = lower_and_compile(body, self._name, key.padded_shapes, struct.avals,
-                                  n_dims, donate)
+      if struct.shardings is None:
+        program = lower_and_compile(body, self._name, key.padded_shapes, struct.avals,
+                                    n_dims, donate)
+      else:
+        program = _sharding.lower_and_compile(
+            body, self._name, key.padded_shapes, struct.avals, n_dims, donate,
+            struct.shardings, self._shardings.out_shardings)
     seconds = time.perf_counter() - t0
     self.stats.record_compile(key, cause, log,
                               program_name=jc.jit_program_name(self._name),
@@ -543,7 +577,7 @@ def _sizes(logical: dict[str, int]) -> str:
 def jit(fun: Callable | None = None, *, polymorphic_shapes=None, buckets=None,
         constraints: Sequence[str] = (), static_argnums=None, static_argnames=None,
         donate_argnums=None, cache_size: int = 64, background_compile: bool = False,
-        fallback: str = "warn"):
+        fallback: str = "warn", in_shardings: Any = None, out_shardings: Any = None):
   """A drop-in for `jax.jit` that pads to size buckets and masks.
 
   Usable as `pj.jit(f)`, `@pj.jit`, `@pj.jit(buckets=...)` or through
@@ -569,12 +603,16 @@ def jit(fun: Callable | None = None, *, polymorphic_shapes=None, buckets=None,
       sizes and it compiles every distinct shape instead: "warn" (a
       `pj.FallbackWarning` once per cause), "error" (raise the reason), or
       "silent" (only `pj.explain` and the "polyjit" logger say it).
+    in_shardings, out_shardings: as in `jax.jit`. Sharded arguments (these,
+      or a `jax.Array` on several devices) are padded shard by shard, a
+      sharded dynamic axis gets buckets that split evenly over its shards,
+      and outputs keep their shardings (see `_sharding.py`).
   """
   kw = dict(polymorphic_shapes=polymorphic_shapes, buckets=buckets,
             constraints=constraints, static_argnums=static_argnums,
             static_argnames=static_argnames, donate_argnums=donate_argnums,
             cache_size=cache_size, background_compile=background_compile,
-            fallback=fallback)
+            fallback=fallback, in_shardings=in_shardings, out_shardings=out_shardings)
   if fun is None:
     return functools.partial(jit, **kw)
   return JitFunction(fun, **kw)

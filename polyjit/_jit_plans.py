@@ -66,7 +66,7 @@ class Plan:
   """
   __slots__ = ("key", "program", "dtypes", "logical", "out_shapes", "waste",
                "provisional", "fallback", "bucket", "pads", "dynamic_outputs", "live",
-               "borrow", "padded_out")
+               "borrow", "padded_out", "unpad_leaf")
 
   def __init__(self, key: ProgramKey, program, dtypes, logical, out_shapes, waste,
                provisional=None, fallback=False, shapes=None, padded_out=None):
@@ -90,6 +90,7 @@ class Plan:
         tuple(o) != tuple(p) for o, p in zip(out_shapes, self.padded_out))
     self.live = True                    # False once its structure dropped it
     self.borrow = None                  # a cost-aware policy's `Borrow`: pays per call
+    self.unpad_leaf = unpad             # `_sharding.unpad` on a mesh (keeps shardings)
 
   @property
   def padded_shapes(self) -> tuple:
@@ -124,7 +125,7 @@ class Plan:
     """The outputs at their logical shapes (host slices only where needed)."""
     if not self.dynamic_outputs:
       return outs
-    return self.map_outputs(outs, unpad)
+    return self.map_outputs(outs, self.unpad_leaf)
 
   def map_outputs(self, outs, convert):
     """Applies `convert(output, logical shape)` to outputs that have dynamic dims."""

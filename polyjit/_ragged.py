@@ -111,10 +111,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.sharding import Sharding
 
 from . import _buckets
 from . import _dims
 from . import _jax_compat as jc
+from . import _sharding
 from ._errors import MaskingError, ShapeError
 from ._mask import Masked
 
@@ -185,7 +187,7 @@ class Ragged:
 
   @classmethod
   def from_list(cls, arrays: Sequence[Any], *, ragged_axes: int = 1, buckets=None,
-                batch_buckets=None) -> "Ragged":
+                batch_buckets=None, sharding: Sharding | None = None) -> "Ragged":
     """Pads examples of different sizes into one `Ragged` (on the host).
 
     Args:
@@ -203,6 +205,11 @@ class Ragged:
         padding, `data.shape[0] == len(arrays)`. With a policy, padded-out
         rows follow, and every `pj.vmap` output becomes a `Ragged` whose
         `.mean()`/`.sum()` skip them.
+      sharding: None (one device), or a `NamedSharding` for the batch axis,
+        e.g. `NamedSharding(mesh, P("data"))`: each device receives its rows
+        (the data, lengths and per-example outputs of `pj.vmap` stay split
+        over the mesh). The number of rows (after `batch_buckets`, rounded up
+        to a multiple of the shard count) must split evenly.
 
     Padding is done with NumPy and the result is transferred with
     `jax.device_put`: no device program is compiled for any shape.
@@ -217,14 +224,55 @@ class Ragged:
     padded = tuple(policy(max(s[j] for s in sizes)) for j in range(ragged_axes))
     n = len(examples)
     batch = n if batch_buckets is None else _buckets.as_policy(batch_buckets)(n)
+    if sharding is not None:
+      sharding = _sharding.batch_sharding(sharding)
+      if batch_buckets is not None:
+        batch = _sharding.round_up(batch, _sharding.batch_multiple(sharding))
+      _sharding.check_batch(batch, sharding, "Ragged.from_list")
     data = [_host_pad(column, padded, batch) for column in leaves]
     lengths = np.zeros((batch, ragged_axes), np.int32)
     lengths[:n] = sizes
     if ragged_axes == 1:
       lengths = lengths[:, 0]
-    count = None if batch_buckets is None else jax.device_put(np.int32(n))
-    return cls._make(jax.tree.unflatten(tree, [jax.device_put(d) for d in data]),
-                     jax.device_put(lengths), count, ragged_axes)
+    count = None if batch_buckets is None else _sharding.put_replicated(np.int32(n), sharding)
+    return cls._make(jax.tree.unflatten(tree, [_sharding.put_batch(d, sharding) for d in data]),
+                     _sharding.put_batch(lengths, sharding), count, ragged_axes)
+
+  @classmethod
+  def from_process_local(cls, local_examples: Sequence[Any], sharding: Sharding, *,
+                         ragged_axes: int = 1, buckets: object = None) -> "Ragged":
+    """The global ragged batch of a multi-process run, from each process's
+    own examples (call it on every process, with the same arguments but
+    `local_examples`).
+
+    The processes agree on one padded size per ragged axis (the bucket of
+    the largest example of any process: one small collective over the local
+    maxima and counts), each pads only its own examples, and the rows are
+    assembled with `jax.make_array_from_process_local_data`: process p's
+    examples are the rows of its devices along the batch axis of `sharding`.
+    Every process must hold the same number of examples, a multiple of its
+    devices along that axis. One process: the same as `from_list`.
+    """
+    examples = list(local_examples)
+    if not examples:
+      raise ShapeError("Ragged.from_process_local needs at least one example per process.")
+    if not isinstance(ragged_axes, int) or ragged_axes < 0:
+      raise TypeError(f"ragged_axes must be an int >= 0, got {ragged_axes!r}")
+    sharding = _sharding.batch_sharding(sharding)
+    leaves, tree, sizes = _host_examples(examples, ragged_axes)
+    n = len(examples)
+    local_max = [max(s[j] for s in sizes) for j in range(ragged_axes)]
+    global_max, batch = _sharding.agree_on_batch(local_max, n)
+    policy = _buckets.as_policy(buckets)
+    padded = tuple(policy(m) for m in global_max)
+    _sharding.check_batch(batch, sharding, "Ragged.from_process_local")
+    data = [_host_pad(column, padded, n) for column in leaves]
+    lengths = np.asarray(sizes, np.int32).reshape(n, ragged_axes)
+    if ragged_axes == 1:
+      lengths = lengths[:, 0]
+    put = functools.partial(_sharding.put_process_local, sharding=sharding, global_batch=batch)
+    return cls._make(jax.tree.unflatten(tree, [put(d) for d in data]), put(lengths), None,
+                     ragged_axes)
 
   def to_list(self) -> list:
     """The examples, unpadded, as NumPy arrays (or pytrees of them)."""
@@ -495,10 +543,10 @@ class RaggedVmapped:
       out_paths = [_describe(p) for p, _ in jax.tree_util.tree_flatten_with_path(outs)[0]]
       return outs, [_out_lengths(a, env, p) for a, p in zip(traced.out_avals, out_paths)]
 
+    mapped = jax.vmap(per_example, in_axes=(0, 0, plain_axes), out_axes=(self.out_axes, 0))
     try:
-      outs, out_lengths = jax.vmap(
-          per_example, in_axes=(0, 0, plain_axes), out_axes=(self.out_axes, 0))(
-              datas, sizes, plains)
+      # A batch on an Explicit mesh runs with its axes Auto (`_sharding.py`).
+      outs, out_lengths = _sharding.on_auto_axes(mapped, (datas, sizes, plains))
     except (MaskingError, ShapeError) as e:
       if plan.note:
         e.add_note(plan.note)
@@ -902,7 +950,13 @@ def _first_for_padded(x, axis, keep):
   def fill(a):
     shape = [1] * a.ndim
     shape[axis] = a.shape[axis]
-    return jnp.where(keep.reshape(shape), a, lax.index_in_dim(a, 0, axis))
+    # Row 0 as a sum over the batch axis of the rows where it is kept alone,
+    # exact (x + 0 == x), and unlike slicing one row out of a batch split over
+    # an explicitly sharded mesh axis it is allowed under sharding-in-types.
+    is_first = (jnp.arange(a.shape[axis]) == 0).reshape(shape)
+    first = jnp.sum(jnp.where(is_first, a, jnp.zeros((), a.dtype)), axis=axis,
+                    keepdims=True, dtype=a.dtype)
+    return jnp.where(keep.reshape(shape), a, first)
 
   return jax.tree.map(fill, x)
 
