@@ -42,6 +42,11 @@ import numpy as np
 
 import polyjit as pj
 
+try:  # run as `python benchmarks/data_dependent.py` or imported from the repository root
+  from benchmarks import peers as _peers
+except ImportError:
+  import peers as _peers
+
 try:
   import torch
 except ImportError:  # the torch contender is skipped and named
@@ -149,14 +154,7 @@ def torch_contenders():
     return "torch is not installed"
   torch._dynamo.config.capture_scalar_outputs = True
   torch._dynamo.config.capture_dynamic_output_shape_ops = True
-  # As in peers.py: compile from nothing like jax.jit does (no on-disk caches),
-  # with Inductor's one-time start-up (tens of seconds) excluded.
-  torch._inductor.config.fx_graph_cache = False
-  torch._inductor.config.fx_graph_remote_cache = False
-  torch._inductor.config.autotune_local_cache = False
-  torch._dynamo.reset()
-  torch.compile(lambda t: t * 2 + 1)(torch.ones(3))
-  torch._dynamo.reset()
+  _peers.fresh_inductor(torch)  # no caches; Inductor's start-up outside the timing
 
   def cloud(p):
     r2 = (p * p).sum(1)

@@ -30,6 +30,19 @@ def jax_export() -> Callable:
   return lambda x, mu, ls: float(exported.call(x, mu, ls))
 
 
+def fresh_inductor(torch) -> None:
+  """Each torch contender compiles from nothing, like jax.jit does: no reuse of
+  Inductor's graph cache (in memory or on disk) from the other contender or an
+  earlier run. Inductor's one-time start-up (imports, its compile workers) is
+  paid here, outside the timing, as JAX's backend start-up is."""
+  torch._inductor.config.fx_graph_cache = False
+  torch._inductor.config.fx_graph_remote_cache = False
+  torch._inductor.config.autotune_local_cache = False
+  torch._dynamo.reset()
+  torch.compile(lambda t: t * 2 + 1)(torch.ones(3))
+  torch._dynamo.reset()
+
+
 def torch_compile(dynamic: bool | None) -> Callable | str:
   """`torch.compile`: default mode (automatic dynamic shapes: static first,
   dynamic after a recompile) or `dynamic=True`."""
@@ -43,16 +56,7 @@ def torch_compile(dynamic: bool | None) -> Callable | str:
     z = (x - mu) * torch.exp(-log_sigma)
     return torch.sum(-0.5 * z * z - log_sigma) - 0.5 * x.shape[0] * math.log(2 * math.pi)
 
-  # Each torch contender compiles from nothing, like jax.jit does: no reuse of
-  # Inductor's graph cache (in memory or on disk) from the other contender or
-  # an earlier run. Inductor's one-time start-up (imports, its compile workers)
-  # is paid here, outside the timing, as JAX's backend start-up is.
-  torch._inductor.config.fx_graph_cache = False
-  torch._inductor.config.fx_graph_remote_cache = False
-  torch._inductor.config.autotune_local_cache = False
-  torch._dynamo.reset()
-  torch.compile(lambda t: t * 2 + 1)(torch.ones(3))
-  torch._dynamo.reset()
+  fresh_inductor(torch)
   compiled = torch.compile(loglik, dynamic=dynamic)
 
   def call(x, mu, ls):

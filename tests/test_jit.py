@@ -47,14 +47,17 @@ FUNCTIONS = [
 ]
 
 
-def assert_same(actual, expected):
+def assert_same(actual, expected, exact=False):
   a_leaves, a_tree = jax.tree.flatten(actual)
   e_leaves, e_tree = jax.tree.flatten(expected)
   assert a_tree == e_tree
   for a, e in zip(a_leaves, e_leaves):
     assert isinstance(a, jax.Array), type(a)
     assert a.shape == e.shape and a.dtype == e.dtype, (a.shape, e.shape, a.dtype, e.dtype)
-    np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=2e-5, atol=2e-5)
+    if exact:
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(e))
+    else:
+      np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=2e-5, atol=2e-5)
 
 
 @pytest.mark.parametrize("mode", ["auto", "explicit"])

@@ -12,25 +12,13 @@ import pytest
 
 import polyjit as pj
 from polyjit._policy import Rental
+from test_jit import assert_same
 
 
 def count(fn, *calls):
   with pj.diagnostics.count_compiles() as compiles:
     results = [fn(*c) for c in calls]
   return len(compiles), results
-
-
-def assert_same(actual, expected, exact=False):
-  a_leaves, a_tree = jax.tree.flatten(actual)
-  e_leaves, e_tree = jax.tree.flatten(expected)
-  assert a_tree == e_tree
-  for a, e in zip(a_leaves, e_leaves):
-    assert isinstance(a, jax.Array), type(a)
-    assert a.shape == e.shape and a.dtype == e.dtype, (a.shape, e.shape, a.dtype, e.dtype)
-    if exact:
-      np.testing.assert_array_equal(np.asarray(a), np.asarray(e))
-    else:
-      np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=2e-5, atol=2e-5)
 
 
 def scale_and_stats(x, w, k):
