@@ -27,6 +27,9 @@ HERE = pathlib.Path(__file__).parent
 ROOT = HERE.parent
 TIMEOUT_S = 240
 
+# One worker runs this module (`--dist loadgroup`): its module fixture is costly.
+pytestmark = pytest.mark.xdist_group("eight_devices")
+
 
 def _env(devices: int) -> dict:
   env = dict(os.environ, JAX_PLATFORMS="cpu",
