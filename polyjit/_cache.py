@@ -23,7 +23,7 @@ import jax
 class ExecutableCache:
 
   def __init__(self, maxsize: int = 64, max_workers: int | None = None,
-               on_evict: Callable[[Hashable], None] | None = None):
+               on_evict: Callable[[Any], None] | None = None):  # gets the owner's keys
     if maxsize < 1:
       raise ValueError(f"cache size must be >= 1, got {maxsize}")
     self.maxsize = maxsize

@@ -72,7 +72,7 @@ from ._jit_args import ArgLayout, aval_key, call_signature, strip_padded
 from ._jit_plans import (Plan, ProgramKey, Structure, Template, borrow, exact_body,
                          bucket_key, logical_values, lower_and_compile, masked_body,
                          out_shapes, padded_shapes, waste, zero_sized)
-from ._jit_stats import Cause, Stats
+from ._jit_stats import Cause, CauseKind, Stats
 from ._mask import Masked
 from ._policy import Borrow, CostAware, Rental
 from ._padding import Padded, logical_shape
@@ -233,7 +233,7 @@ class JitFunction:
       struct.remember(shapes, plan)
     return plan
 
-  def _forget_program(self, key: ProgramKey):
+  def _forget_program(self, key: ProgramKey) -> None:
     """Drops the plans that run an evicted program, so that it can be freed."""
     for struct in list(self._structures.values()):
       struct.forget(key)
@@ -244,7 +244,7 @@ class JitFunction:
     changed, became = struct.observe(shapes)
     why = functools.partial(Cause, shapes=shapes, changed=changed, became_dynamic=became)
     if struct.specs is None or struct.exact_only:
-      kind = "fallback" if struct.exact_only else ("exact" if changed else "first call")
+      kind: CauseKind = "fallback" if struct.exact_only else ("exact" if changed else "first call")
       return self._exact_plan(struct, shapes, why(kind, error=struct.fallback_reason))
     if zero_sized(struct.specs, shapes):
       # A masked trace assumes sizes >= 1; jax.jit's own program for the empty
@@ -431,7 +431,7 @@ class JitFunction:
     tight_key = bucket_key(tight)
     if plan.key.bucket == tight_key:
       return
-    key = (variant.key, tight_key, plan.key.bucket)
+    key: tuple | None = (variant.key, tight_key, plan.key.bucket)
     accounts = rental.borrow_accounts.get(key) if not variant.constraints else None
     if accounts is None:
       accounts = []
@@ -481,7 +481,8 @@ class JitFunction:
       fun = self._args.bind_static(struct.static_key)
       struct.masked = Masked(lambda a, k: fun(*a, **k), struct.spec_tree(),
                              constraints=self.constraints)
-      struct.masked.__name__ = getattr(self.fun, "__name__", "fun")
+      # (setattr: a Masked instance has no declared __name__; named like `fun` for JAX)
+      setattr(struct.masked, "__name__", getattr(self.fun, "__name__", "fun"))
     binding = struct.masked.bind(args)
     return struct.masked, binding, struct.masked.variant_for(args, binding.padded, binding)
 

@@ -36,6 +36,10 @@ NO_STATIC = ((), ())  # the static key of a call without static arguments
 class ArgLayout:
   """The argument options of one `pj.jit` function, applied to its calls."""
 
+  #: Whether `polymorphic_shapes` has one spec per parameter (from annotations,
+  #: padded with None to the call's positional arguments); set by `pj.jit`.
+  specs_per_parameter: bool = False
+
   def __init__(self, fun: Callable, label: str, *, polymorphic_shapes=None,
                static_argnums=None, static_argnames=None, donate_argnums=None):
     self.fun = fun
@@ -108,9 +112,10 @@ class ArgLayout:
   def explicit_specs(self, treedef, static_key) -> tuple:
     """Per-leaf specs from `polymorphic_shapes` (keyword arguments: fixed)."""
     specs = self.polymorphic_shapes
+    assert specs is not None, "explicit mode only"
     positions = _dynamic_positions(treedef, static_key)
     n_positional = len(positions) + len(static_key[0])
-    if getattr(self, "specs_per_parameter", False):  # one per parameter (annotations)
+    if self.specs_per_parameter:  # one per parameter (annotations)
       specs = (tuple(specs) + (None,) * n_positional)[:n_positional]
     if len(specs) != n_positional:
       raise ShapeError(
@@ -131,7 +136,8 @@ class ArgLayout:
       return ()
     static_nums = {i for i, _ in static_key[0]}
     positions = _dynamic_positions(treedef, static_key)
-    out, start = [], 0
+    out: list[int] = []
+    start = 0
     for child, pos in zip(treedef.children()[0].children(), positions):
       if pos in self.donate_argnums and pos not in static_nums:
         out.extend(range(start, start + child.num_leaves))

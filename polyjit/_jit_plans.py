@@ -213,6 +213,8 @@ class Structure:
     self.plans: collections.OrderedDict = collections.OrderedDict()
     self.templates: dict = {}           # bucket key -> Template
     self.rental = None                  # `_policy.Rental` under a cost-aware policy
+    self.shardings: tuple | None = None  # per leaf on a mesh; None: one device (set by pj.jit)
+    self.shard_multiples: dict[str, int] = {}  # dim -> its buckets' multiple (on a mesh)
 
   @property
   def static_key(self):

@@ -46,14 +46,15 @@ from . import _jax_compat as jc
 from . import _rules  # noqa: F401  (registers the masking rules)
 from . import _spellings  # noqa: F401  (registers the replacements used while tracing)
 from . import _data_dependent, _spec, _symbolic_ad, _variants
+from ._rules import fft as _fft_rules, windows as _window_rules
 from ._refusals import jax_refusal
 from ._core import MaskEnv, eval_jaxpr_masked
-from ._errors import MaskingError, ShapeError, trace_error
+from ._errors import MaskingError, PolyjitError, ShapeError, trace_error
 
 
 # Every change polyjit makes to JAX's tables and classes, once, here.
-jc.install_patches(_symbolic_ad.install, _rules.windows.install_transpose,
-                   _rules.fft.install_transpose)
+jc.install_patches(_symbolic_ad.install, _window_rules.install_transpose,
+                   _fft_rules.install_transpose)
 
 
 @dataclasses.dataclass(eq=False)
@@ -348,6 +349,7 @@ class Masked:
 
   def _trace_error(self, error: BaseException, variant=None, traced_sizes=False):
     """`error` from tracing `fun`, as a polyjit error that explains itself."""
+    out: PolyjitError
     if isinstance(error, (MaskingError, ShapeError)):
       # A copy: the variant keeps its error and raises it on every call, and
       # each raise gets notes of its own.
@@ -385,7 +387,8 @@ class Masked:
     """Slices padded outputs to their logical shapes (as NumPy arrays)."""
     shapes = self.logical_shapes(args, logical_env)
     leaves, tree = jax.tree.flatten(padded_outs)
-    shape_leaves = tree.flatten_up_to(shapes)
+    # (ignore: jaxlib ships no type stub for PyTreeDef, mypy sees none of its methods)
+    shape_leaves = tree.flatten_up_to(shapes)  # type: ignore[attr-defined]
     return jax.tree.unflatten(tree, [
         np.asarray(x)[tuple(slice(0, s) for s in shape)]
         for x, shape in zip(leaves, shape_leaves)])

@@ -377,7 +377,7 @@ def _validate(r: Ragged) -> None:
   batch, k = r.lengths.shape[0], r.ragged_axes
   if not leaves:
     raise TypeError("Ragged data must hold at least one array.")
-  padded = None
+  padded: tuple[int, ...] | None = None
   for path, x in jax.tree_util.tree_flatten_with_path(r.data)[0]:
     where = "Ragged data" + jax.tree_util.keystr(path)
     shape = tuple(np.shape(x))
@@ -391,6 +391,7 @@ def _validate(r: Ragged) -> None:
       raise ShapeError(
           f"{where} has padded sizes {shape[1:1 + k]} on its ragged axes, but an "
           f"earlier data leaf has {padded}: leaves sharing lengths need equal padding.")
+  assert padded is not None  # (there is a leaf)
   real = batch
   if r._count is not None and _is_concrete(r._count):
     real = int(np.asarray(r._count))
@@ -452,7 +453,8 @@ def _host_pad(arrays: list[np.ndarray], padded: tuple[int, ...], batch: int) -> 
   dtype = jax.dtypes.canonicalize_dtype(np.result_type(*{a.dtype for a in arrays}))
   out = np.zeros((batch, *padded, *arrays[0].shape[k:]), dtype)
   for i, x in enumerate(arrays):
-    out[(i, *(slice(0, s) for s in x.shape[:k]))] = x
+    index: tuple[int | slice, ...] = (i, *(slice(0, s) for s in x.shape[:k]))
+    out[index] = x
   return out
 
 
@@ -719,11 +721,13 @@ def _host_lengths(raggeds) -> list[np.ndarray]:
 
 
 def _error_chain(error: BaseException) -> list[BaseException]:
-  chain, seen = [], set()
-  while error is not None and id(error) not in seen:
-    seen.add(id(error))
-    chain.append(error)
-    error = error.__cause__ or error.__context__
+  chain: list[BaseException] = []
+  seen: set[int] = set()
+  current: BaseException | None = error
+  while current is not None and id(current) not in seen:
+    seen.add(id(current))
+    chain.append(current)
+    current = current.__cause__ or current.__context__
   return chain
 
 

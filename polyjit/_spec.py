@@ -68,7 +68,7 @@ def make_scope(constraints: Sequence[str]):
   return scope
 
 
-def parse_shape(spec: str | None, like: tuple[int, ...], scope, where: str):
+def parse_shape(spec: str | None, like: tuple[int | None, ...], scope, where: str):
   """Parses one spec against a padded shape; raises ShapeError on mismatch."""
   if spec is None:
     return tuple(like)
@@ -149,6 +149,7 @@ def bind(in_shapes, args: Sequence[Any], scope,
           f"argument: {e}") from None
     # Up to the argument's structure: a None in the argument (an optional
     # bias) is an empty subtree, not a spec.
+    # (ignore: jaxlib ships no type stub for PyTreeDef, mypy sees none of its methods)
     spec_leaves = jax.tree.structure(arg).flatten_up_to(specs)  # type: ignore[attr-defined]
     arg_leaves = jax.tree.leaves(arg)
     paths = _leaf_paths(arg)
