@@ -54,7 +54,7 @@ import functools
 import itertools
 import logging
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, overload
 
 import jax
 import numpy as np
@@ -63,7 +63,7 @@ from . import _annotations, _jit_aot
 from . import _jax_compat as jc
 from . import _sharding
 from ._auto import DimTracker, fit_to_constraints, sanitize
-from ._buckets import BucketPolicy, as_policy
+from ._buckets import BucketPolicy, PerDimBucketSpec, as_policy
 from ._cache import ExecutableCache, wait
 from ._compiles import count_compiles
 from . import _data_dependent_jit as data_dependent
@@ -76,6 +76,7 @@ from ._jit_stats import Cause, CauseKind, Stats
 from ._mask import Masked
 from ._policy import Borrow, CostAware, Rental
 from ._padding import Padded, logical_shape
+from ._spec import ArgSpecs
 
 HOT_PLANS = 4096  # call signatures kept for the hot path (then it starts over)
 
@@ -86,11 +87,13 @@ logger.addHandler(logging.NullHandler())  # a library prints nothing unless aske
 class JitFunction:
   """A function compiled by `pj.jit`."""
 
-  def __init__(self, fun: Callable, *, polymorphic_shapes=None, buckets=None,
-               constraints: Sequence[str] = (), static_argnums=None,
-               static_argnames=None, donate_argnums=None, cache_size: int = 64,
+  def __init__(self, fun: Callable[..., Any], *, polymorphic_shapes: ArgSpecs | None = None,
+               buckets: PerDimBucketSpec = None, constraints: Sequence[str] = (),
+               static_argnums: int | Sequence[int] | None = None,
+               static_argnames: str | Sequence[str] | None = None,
+               donate_argnums: int | Sequence[int] | None = None, cache_size: int = 64,
                background_compile: bool = False, fallback: str = "warn",
-               in_shardings: Any = None, out_shardings: Any = None):
+               in_shardings: Any = None, out_shardings: Any = None) -> None:
     if not callable(fun):
       raise TypeError(f"pj.jit expects a callable, got {type(fun).__name__}")
     if fallback not in ("warn", "error", "silent"):
@@ -112,7 +115,8 @@ class JitFunction:
     self._args.specs_per_parameter = annotated is not None
     self._cache = ExecutableCache(cache_size, on_evict=self._forget_program)
     self._structures: dict[Any, Structure] = {}
-    self._hot: dict[tuple, Plan] = {}   # call_signature -> plan (the hot path)
+    # call_signature -> plan (the hot path); None (no signature) is looked up, never stored
+    self._hot: dict[tuple | None, Plan] = {}
     self._shardings = _sharding.ShardingLayout(in_shardings, out_shardings)
     self._warned: set[str] = set()
     # Deterministic across processes: the name is part of the persistent
@@ -143,7 +147,7 @@ class JitFunction:
 
   # --- calls -----------------------------------------------------------------
 
-  def __call__(self, *args, **kwargs):
+  def __call__(self, *args: Any, **kwargs: Any) -> Any:
     # The hot path: positional arrays and scalars whose signature was seen.
     key = None if kwargs or self._args.has_static else call_signature(args)
     plan = self._hot.get(key)
@@ -158,7 +162,7 @@ class JitFunction:
     plan, outs = done
     return plan.unpad_outputs(outs)
 
-  def call_padded(self, *args, **kwargs):
+  def call_padded(self, *args: Any, **kwargs: Any) -> Any:
     """Like calling the function, but outputs with dynamic dims come back as
     `pj.Padded` (padded data on the device plus logical shape): no host round
     trip, and another `pj.jit` function takes them as they are."""
@@ -535,8 +539,8 @@ class JitFunction:
     self._hot.clear()
     self._cache.clear()
 
-  def precompile(self, *args, sizes: dict[str, Sequence[int]] | None = None,
-                 progress: bool = True, **kwargs) -> list[dict[str, int]]:
+  def precompile(self, *args: Any, sizes: dict[str, Sequence[int]] | None = None,
+                 progress: bool = True, **kwargs: Any) -> list[dict[str, int]]:
     """Compiles the buckets that serve `sizes`, in parallel threads.
 
     `args`/`kwargs` are example arguments (arrays or `jax.ShapeDtypeStruct`s)
@@ -575,10 +579,34 @@ def _sizes(logical: dict[str, int]) -> str:
   return ", ".join(f"{v}={n}" for v, n in sorted(logical.items()))
 
 
-def jit(fun: Callable | None = None, *, polymorphic_shapes=None, buckets=None,
-        constraints: Sequence[str] = (), static_argnums=None, static_argnames=None,
-        donate_argnums=None, cache_size: int = 64, background_compile: bool = False,
-        fallback: str = "warn", in_shardings: Any = None, out_shardings: Any = None):
+@overload
+def jit(fun: Callable[..., Any], *, polymorphic_shapes: ArgSpecs | None = None,
+        buckets: PerDimBucketSpec = None, constraints: Sequence[str] = (),
+        static_argnums: int | Sequence[int] | None = None,
+        static_argnames: str | Sequence[str] | None = None,
+        donate_argnums: int | Sequence[int] | None = None, cache_size: int = 64,
+        background_compile: bool = False, fallback: str = "warn",
+        in_shardings: Any = None, out_shardings: Any = None) -> JitFunction: ...
+
+
+@overload
+def jit(fun: None = None, *, polymorphic_shapes: ArgSpecs | None = None,
+        buckets: PerDimBucketSpec = None, constraints: Sequence[str] = (),
+        static_argnums: int | Sequence[int] | None = None,
+        static_argnames: str | Sequence[str] | None = None,
+        donate_argnums: int | Sequence[int] | None = None, cache_size: int = 64,
+        background_compile: bool = False, fallback: str = "warn",
+        in_shardings: Any = None,
+        out_shardings: Any = None) -> Callable[[Callable[..., Any]], JitFunction]: ...
+
+
+def jit(fun: Callable[..., Any] | None = None, *, polymorphic_shapes: ArgSpecs | None = None,
+        buckets: PerDimBucketSpec = None, constraints: Sequence[str] = (),
+        static_argnums: int | Sequence[int] | None = None,
+        static_argnames: str | Sequence[str] | None = None,
+        donate_argnums: int | Sequence[int] | None = None, cache_size: int = 64,
+        background_compile: bool = False, fallback: str = "warn", in_shardings: Any = None,
+        out_shardings: Any = None) -> JitFunction | Callable[[Callable[..., Any]], JitFunction]:
   """A drop-in for `jax.jit` that pads to size buckets and masks.
 
   Usable as `pj.jit(f)`, `@pj.jit`, `@pj.jit(buckets=...)` or through
@@ -609,7 +637,7 @@ def jit(fun: Callable | None = None, *, polymorphic_shapes=None, buckets=None,
       sharded dynamic axis gets buckets that split evenly over its shards,
       and outputs keep their shardings (see `_sharding.py`).
   """
-  kw = dict(polymorphic_shapes=polymorphic_shapes, buckets=buckets,
+  kw: dict[str, Any] = dict(polymorphic_shapes=polymorphic_shapes, buckets=buckets,
             constraints=constraints, static_argnums=static_argnums,
             static_argnames=static_argnames, donate_argnums=donate_argnums,
             cache_size=cache_size, background_compile=background_compile,

@@ -50,6 +50,7 @@ from ._rules import fft as _fft_rules, windows as _window_rules
 from ._refusals import jax_refusal
 from ._core import MaskEnv, eval_jaxpr_masked
 from ._errors import MaskingError, PolyjitError, ShapeError, trace_error
+from ._spec import ArgSpecs, LogicalEnv, SpecTree
 
 
 # Every change polyjit makes to JAX's tables and classes, once, here.
@@ -214,8 +215,8 @@ class Masked:
   sizes allow, selected in the program.
   """
 
-  def __init__(self, fun: Callable, in_shapes, out_shape=None, *,
-               constraints: Sequence[str] = ()):
+  def __init__(self, fun: Callable[..., Any], in_shapes: ArgSpecs,
+               out_shape: SpecTree = None, *, constraints: Sequence[str] = ()) -> None:
     if not callable(fun):
       raise TypeError(f"pj.mask expects a callable, got {type(fun).__name__}")
     self.fun = fun
@@ -369,7 +370,7 @@ class Masked:
 
   # --- calls ------------------------------------------------------------------
 
-  def logical_shapes(self, args: Sequence[Any], logical_env) -> Any:
+  def logical_shapes(self, args: Sequence[Any], logical_env: LogicalEnv) -> Any:
     """The outputs' logical shapes (a pytree of int tuples) for concrete sizes."""
     binding = self.bind(args)
     _spec.logical_values(logical_env, binding)  # validates the sizes
@@ -383,7 +384,7 @@ class Masked:
     shapes = [tuple(_dims.evaluate_dim(d, sizes) for d in a.shape) for a in traced.out_avals]
     return jax.tree.unflatten(traced.out_tree, shapes)
 
-  def unpad(self, padded_outs: Any, args: Sequence[Any], logical_env) -> Any:
+  def unpad(self, padded_outs: Any, args: Sequence[Any], logical_env: LogicalEnv) -> Any:
     """Slices padded outputs to their logical shapes (as NumPy arrays)."""
     shapes = self.logical_shapes(args, logical_env)
     leaves, tree = jax.tree.flatten(padded_outs)
@@ -404,7 +405,7 @@ class Masked:
       return jax.tree.unflatten(traced.out_tree, outs), (sizes, failed)
     return jax.tree.unflatten(traced.out_tree, outs)
 
-  def __call__(self, args: Sequence[Any], logical_env) -> Any:
+  def __call__(self, args: Sequence[Any], logical_env: LogicalEnv) -> Any:
     """The padded outputs. A function that creates data-dependent sizes
     (`x[x > 0]`, `jnp.nonzero`, `jnp.unique`) returns `(padded_outputs,
     shapes)` instead: `shapes` has one tuple per output leaf, its logical
@@ -514,7 +515,7 @@ def _fmt(shape) -> str:
   return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
-def mask(fun: Callable, in_shapes, out_shape=None, *,
+def mask(fun: Callable[..., Any], in_shapes: ArgSpecs, out_shape: SpecTree = None, *,
          constraints: Sequence[str] = ()) -> Masked:
   """Masks `fun`: run it on padded arrays, get the exact unpadded result.
 

@@ -15,7 +15,7 @@ another `pj.jit` function takes as they are when they fit its bucket.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import numpy as np
@@ -33,7 +33,7 @@ class Padded:
   """
   __slots__ = ("data", "shape")
 
-  def __init__(self, data, shape):
+  def __init__(self, data: jax.Array | np.ndarray, shape: Sequence[int]) -> None:
     self.data = data
     self.shape = tuple(int(s) for s in shape)
 

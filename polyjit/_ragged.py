@@ -105,13 +105,14 @@ from __future__ import annotations
 import functools
 import math
 import re
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeAlias
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.sharding import Sharding
+from jax.typing import ArrayLike
 
 from . import _buckets
 from . import _dims
@@ -119,6 +120,14 @@ from . import _jax_compat as jc
 from . import _sharding
 from ._errors import MaskingError, ShapeError
 from ._mask import Masked
+
+#: `pj.vmap`'s `in_axes`, as in `jax.vmap`: an int, None, or a list or tuple
+#: with one pytree prefix (of ints and Nones) per positional argument.
+InAxes: TypeAlias = "int | None | Sequence[Any]"
+
+#: `pj.vmap`'s `out_axes`, as in `jax.vmap`: a pytree prefix of the outputs
+#: whose leaves are ints or None.
+OutAxes: TypeAlias = Any
 
 
 def _is_ragged(x) -> bool:
@@ -144,7 +153,7 @@ class Ragged:
     ragged_axes: k, the number of leading example axes that vary.
   """
 
-  def __init__(self, data, lengths, num_examples=None):
+  def __init__(self, data: Any, lengths: ArrayLike, num_examples: ArrayLike | None = None) -> None:
     lengths = lengths if isinstance(lengths, jax.Array) else np.asarray(lengths)
     if lengths.ndim not in (1, 2) or not jnp.issubdtype(lengths.dtype, jnp.integer):
       raise TypeError(
@@ -186,8 +195,9 @@ class Ragged:
   # --- construction on the host ----------------------------------------------
 
   @classmethod
-  def from_list(cls, arrays: Sequence[Any], *, ragged_axes: int = 1, buckets=None,
-                batch_buckets=None, sharding: Sharding | None = None) -> "Ragged":
+  def from_list(cls, arrays: Sequence[Any], *, ragged_axes: int = 1,
+                buckets: _buckets.BucketSpec = None, batch_buckets: _buckets.BucketSpec = None,
+                sharding: Sharding | None = None) -> "Ragged":
     """Pads examples of different sizes into one `Ragged` (on the host).
 
     Args:
@@ -349,13 +359,13 @@ class Ragged:
       mask = mask & (position < size.reshape(lead))
     return mask
 
-  def sum(self):
+  def sum(self) -> Any:
     """The sum over every valid entry of every real example (per data leaf).
 
     Padding never enters, not even as 0 * NaN in gradients."""
     return jax.tree.map(lambda x: jnp.sum(x, where=self._mask_like(x)), self.data)
 
-  def mean(self):
+  def mean(self) -> Any:
     """The mean over every valid entry of every real example (per data leaf):
     the mean of the concatenated examples. For per-example scalars (what
     `pj.vmap` returns over a padded batch), the mean over real examples."""
@@ -473,7 +483,7 @@ def _unhashable(key):
 class RaggedVmapped:
   """The result of `pj.vmap`: call it like the `jax.vmap`ped function."""
 
-  def __init__(self, fun: Callable, in_axes, out_axes):
+  def __init__(self, fun: Callable[..., Any], in_axes: InAxes, out_axes: OutAxes) -> None:
     self.fun = fun
     # A list is not a prefix of the positional-argument tuple: as in jax.vmap.
     self.in_axes = tuple(in_axes) if isinstance(in_axes, list) else in_axes
@@ -979,7 +989,7 @@ def _out_lengths(aval, env, where: str) -> list:
   return [_dims.evaluate_dim(d, env) for d in shape[:lead]]
 
 
-def vmap(fun: Callable, in_axes=0, out_axes=0) -> RaggedVmapped:
+def vmap(fun: Callable[..., Any], in_axes: InAxes = 0, out_axes: OutAxes = 0) -> RaggedVmapped:
   """`jax.vmap` that also maps over `pj.Ragged` arguments, example by example.
 
   Args:

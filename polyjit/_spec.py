@@ -13,7 +13,7 @@ sizes come separately, at call time, and may be traced.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence, TypeAlias
 
 import jax
 import numpy as np
@@ -21,6 +21,23 @@ import numpy as np
 from . import _dims
 from . import _jax_compat as jc
 from ._errors import ShapeError
+
+
+#: One array's spec: a string in `jax.export`'s polymorphic-shape syntax
+#: ("n", "(n, _)", "(m+1, 2*n)", "" for a scalar), or None (every dim fixed).
+Spec: TypeAlias = "str | None"
+
+#: A pytree of `Spec`s that is a prefix of the argument (or output) it
+#: describes: one spec for a whole dict of arrays, or one per leaf.
+SpecTree: TypeAlias = Any
+
+#: `in_shapes` / `polymorphic_shapes`: one `SpecTree` per positional argument
+#: (a list or tuple), or one `Spec` (`pj.mask`: for every argument).
+ArgSpecs: TypeAlias = "Spec | Sequence[SpecTree]"
+
+#: Dimension name -> its logical size: a Python int or an int scalar array,
+#: possibly traced.
+LogicalEnv: TypeAlias = "Mapping[str, int | np.integer[Any] | np.ndarray | jax.Array]"
 
 
 def is_spec_leaf(x) -> bool:
