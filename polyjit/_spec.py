@@ -40,7 +40,7 @@ ArgSpecs: TypeAlias = "Spec | Sequence[SpecTree]"
 LogicalEnv: TypeAlias = "Mapping[str, int | np.integer[Any] | np.ndarray | jax.Array]"
 
 
-def is_spec_leaf(x) -> bool:
+def is_spec_leaf(x: object) -> bool:
   return x is None or isinstance(x, str)
 
 
@@ -56,7 +56,7 @@ class LeafSpec:
 @dataclasses.dataclass(frozen=True)
 class Binding:
   """The result of binding specs to padded arguments."""
-  scope: Any
+  scope: jc.SymbolicScope
   leaves: tuple[LeafSpec, ...]
   dim_names: tuple[str, ...]          # sorted; the order of logical values
   padded: dict[str, int]
@@ -65,10 +65,10 @@ class Binding:
     return tuple((k, self.padded[k]) for k in self.dim_names)
 
 
-_scopes: dict[tuple[str, ...], Any] = {}
+_scopes: dict[tuple[str, ...], jc.SymbolicScope] = {}
 
 
-def make_scope(constraints: Sequence[str]):
+def make_scope(constraints: str | Sequence[str]) -> jc.SymbolicScope:
   """The symbolic scope for a set of constraints, shared by every masked
   function with the same constraints: equal dimension names then give equal
   symbolic shapes, so JAX's own trace caches (jnp functions are jitted) hit
@@ -85,7 +85,8 @@ def make_scope(constraints: Sequence[str]):
   return scope
 
 
-def parse_shape(spec: str | None, like: tuple[int | None, ...], scope, where: str):
+def parse_shape(spec: str | None, like: tuple[int | None, ...], scope: jc.SymbolicScope,
+                where: str) -> tuple[Any, ...]:
   """Parses one spec against a padded shape; raises ShapeError on mismatch."""
   if spec is None:
     return tuple(like)
@@ -135,12 +136,12 @@ def spec_rank(spec: str) -> int | None:
   return len(dims)
 
 
-def _leaf_paths(tree) -> list[str]:
+def _leaf_paths(tree: Any) -> list[str]:
   paths, _ = jax.tree_util.tree_flatten_with_path(tree)
   return [jax.tree_util.keystr(p) for p, _ in paths]
 
 
-def bind(in_shapes, args: Sequence[Any], scope,
+def bind(in_shapes: ArgSpecs, args: Sequence[Any], scope: jc.SymbolicScope,
          arg_names: Sequence[str] | None = None, *, check: bool = True) -> Binding:
   """Binds `in_shapes` (one spec per argument) to padded `args`.
 
@@ -233,11 +234,11 @@ def _solve(leaves: Sequence[LeafSpec]) -> dict[str, int]:
   return solved
 
 
-def is_concrete(x) -> bool:
+def is_concrete(x: object) -> bool:
   return not isinstance(x, jc.Tracer)
 
 
-def logical_values(logical_env, binding: Binding) -> tuple:
+def logical_values(logical_env: Mapping[str, Any], binding: Binding) -> tuple[Any, ...]:
   """Logical sizes in `binding.dim_names` order, as int scalars (maybe traced).
 
   Concrete values are checked here: each must be in [1, padded], every spec
@@ -297,7 +298,7 @@ def _check_concrete(sizes: dict[str, int], binding: Binding) -> None:
   check_constraints(sizes, binding.scope)
 
 
-def violated_constraint(sizes: dict[str, int], scope) -> str | None:
+def violated_constraint(sizes: dict[str, int], scope: jc.SymbolicScope) -> str | None:
   """The first of the scope's constraints that concrete sizes violate."""
   for text, kind, diff in jc.scope_constraints(scope):
     value = _dims.evaluate_dim(diff, sizes)
@@ -306,7 +307,8 @@ def violated_constraint(sizes: dict[str, int], scope) -> str | None:
   return None
 
 
-def check_constraints(sizes: dict[str, int], scope, what: str = "logical") -> None:
+def check_constraints(sizes: dict[str, int], scope: jc.SymbolicScope,
+                      what: str = "logical") -> None:
   """Raises ShapeError when concrete sizes violate the scope's constraints."""
   text = violated_constraint(sizes, scope)
   if text is not None:
