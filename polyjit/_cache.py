@@ -83,7 +83,8 @@ class ExecutableCache:
         self._on_evict(old)
     return fut, True
 
-  def _run(self, key: Hashable, fut: concurrent.futures.Future[Any], build: Callable[[], Any]) -> None:
+  def _run(self, key: Hashable, fut: concurrent.futures.Future[Any],
+           build: Callable[[], Any]) -> None:
     try:
       fut.set_result(build())
     except BaseException as e:  # the waiters get the error; a later call retries

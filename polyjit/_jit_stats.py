@@ -78,7 +78,8 @@ class Stats:
     self.fallback_calls = 0
     self.cache_loads = 0                  # programs loaded from the persistent cache
     self.compile_events: list[CompileRecord] = []
-    self.bucket_hits: collections.Counter[tuple[Any, ...]] = collections.Counter()  # bucket key -> calls
+    # bucket key -> calls
+    self.bucket_hits: collections.Counter[tuple[Any, ...]] = collections.Counter()
     self.dims: dict[str, DimRecord] = {}
     self._waste_sum = 0.0
     self._waste_calls = 0
