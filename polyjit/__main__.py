@@ -6,6 +6,7 @@ With no subcommand, or with `--help`, it prints what each subcommand does.
 from __future__ import annotations
 
 import sys
+from typing import Sequence
 
 from . import _bench, _demo
 
@@ -23,7 +24,7 @@ def usage() -> str:
   return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   command = argv.pop(0) if argv else None
   if command in (None, "-h", "--help", "help"):

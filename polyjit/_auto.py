@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
+from . import _jax_compat as jc
 from ._spec import violated_constraint
 
 Dim = tuple[int, int]  # (leaf index, axis)
@@ -102,7 +103,8 @@ class DimTracker:
 
 # --- fitting buckets to constraints --------------------------------------------
 
-def fit_to_constraints(logical: dict[str, int], padded: dict[str, int], scope) -> dict[str, int]:
+def fit_to_constraints(logical: dict[str, int], padded: dict[str, int],
+                       scope: jc.SymbolicScope) -> dict[str, int]:
   """Padded sizes, lowered where needed so that the constraints hold.
 
   Each dimension in turn gets the largest size between its logical and its

@@ -26,6 +26,7 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, Sequence
 
 import jax
 
@@ -54,7 +55,7 @@ def _plan(quick: bool) -> list[tuple[str, str, list[str]]]:
   ]
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="python -m polyjit bench",
                                    description=__doc__.splitlines()[0])
   parser.add_argument("--quick", action="store_true", help="small sizes")
@@ -88,7 +89,7 @@ def main(argv=None) -> int:
 
 # --- summary ---------------------------------------------------------------------
 
-def _summary(results: dict, quick: bool) -> str:
+def _summary(results: dict[str, Any], quick: bool) -> str:
   lines = [f"polyjit benchmarks, {datetime.date.today()}, {platform.machine()} "
            f"({os.cpu_count()} cores), JAX {jax.__version__}, "
            f"{'quick' if quick else 'full'} run: `python -m polyjit bench{' --quick' if quick else ''}`", ""]
@@ -162,7 +163,7 @@ def _summary(results: dict, quick: bool) -> str:
 
 # --- charts ----------------------------------------------------------------------
 
-def _charts(results: dict, out: Path) -> list[Path]:
+def _charts(results: dict[str, Any], out: Path) -> list[Path]:
   try:
     import matplotlib
     matplotlib.use("Agg")
@@ -208,7 +209,7 @@ def _charts(results: dict, out: Path) -> list[Path]:
   return paths
 
 
-def _save(fig, path: Path, plt) -> Path:
+def _save(fig: Any, path: Path, plt: Any) -> Path:
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)

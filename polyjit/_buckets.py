@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
-from typing import Callable, Sequence
+from typing import Callable, Sequence, TypeAlias
 
 from ._errors import ShapeError
 
@@ -155,6 +155,16 @@ class Exact(BucketPolicy):
 
 def _round_up(x: int, k: int) -> int:
   return -(-x // k) * k
+
+
+#: What `buckets=` takes for one padded size: a policy, an int k (multiples of
+#: k), a sequence of sizes (explicit buckets), a callable size -> padded size,
+#: or None (the default, powers of two from 16). See `as_policy`.
+BucketSpec: TypeAlias = "BucketPolicy | int | Sequence[int] | Callable[[int], int] | None"
+
+#: `pj.jit`'s `buckets=`: one `BucketSpec` for every dimension, or a dict from
+#: dimension name to its `BucketSpec` ("*" for the dimensions not named).
+PerDimBucketSpec: TypeAlias = "BucketSpec | dict[str, BucketSpec]"
 
 
 def default() -> BucketPolicy:

@@ -15,7 +15,7 @@ import collections
 import concurrent.futures
 import os
 import threading
-from typing import Any, Callable, Hashable, Iterator
+from typing import Any, Callable, Hashable, Iterator, Sequence
 
 import jax
 
@@ -23,11 +23,11 @@ import jax
 class ExecutableCache:
 
   def __init__(self, maxsize: int = 64, max_workers: int | None = None,
-               on_evict: Callable[[Hashable], None] | None = None):
+               on_evict: Callable[[Any], None] | None = None):  # gets the owner's keys
     if maxsize < 1:
       raise ValueError(f"cache size must be >= 1, got {maxsize}")
     self.maxsize = maxsize
-    self._entries: "collections.OrderedDict[Hashable, concurrent.futures.Future]" = (
+    self._entries: "collections.OrderedDict[Hashable, concurrent.futures.Future[Any]]" = (
         collections.OrderedDict())
     self._lock = threading.Lock()
     self._pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -39,7 +39,7 @@ class ExecutableCache:
     with self._lock:
       return len(self._entries)
 
-  def keys(self) -> list:
+  def keys(self) -> list[Hashable]:
     with self._lock:
       return list(self._entries)
 
@@ -51,7 +51,7 @@ class ExecutableCache:
       if fut.done() and not fut.cancelled() and fut.exception() is None:
         yield key, fut.result()
 
-  def peek(self, key) -> concurrent.futures.Future | None:
+  def peek(self, key: Hashable) -> concurrent.futures.Future[Any] | None:
     with self._lock:
       return self._entries.get(key)
 
@@ -62,14 +62,14 @@ class ExecutableCache:
       self._run(key, fut, build)
     return fut.result()
 
-  def submit(self, key: Hashable, build: Callable[[], Any]) -> concurrent.futures.Future:
+  def submit(self, key: Hashable, build: Callable[[], Any]) -> concurrent.futures.Future[Any]:
     """Starts compiling `key` in the pool unless it is cached or compiling."""
     fut, owner = self._claim(key)
     if owner:
       self._executor().submit(self._run, key, fut, build)
     return fut
 
-  def _claim(self, key):
+  def _claim(self, key: Hashable) -> tuple[concurrent.futures.Future[Any], bool]:
     with self._lock:
       fut = self._entries.get(key)
       if fut is not None:
@@ -83,7 +83,8 @@ class ExecutableCache:
         self._on_evict(old)
     return fut, True
 
-  def _run(self, key, fut, build):
+  def _run(self, key: Hashable, fut: concurrent.futures.Future[Any],
+           build: Callable[[], Any]) -> None:
     try:
       fut.set_result(build())
     except BaseException as e:  # the waiters get the error; a later call retries
@@ -92,7 +93,7 @@ class ExecutableCache:
           del self._entries[key]
       fut.set_exception(e)
 
-  def _evict(self) -> list:
+  def _evict(self) -> list[Any]:
     evicted: list[Any] = []
     excess = len(self._entries) - self.maxsize
     for key in list(self._entries):
@@ -111,12 +112,12 @@ class ExecutableCache:
             max_workers=self._max_workers, thread_name_prefix="polyjit-compile")
       return self._pool
 
-  def clear(self):
+  def clear(self) -> None:
     with self._lock:
       self._entries.clear()
 
 
-def wait(futures, *, progress: bool, desc: str) -> None:
+def wait(futures: Sequence[concurrent.futures.Future[Any]], *, progress: bool, desc: str) -> None:
   """Waits for `futures`, raising the first error; a tqdm bar if asked and installed."""
   bar = None
   if progress:

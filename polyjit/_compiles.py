@@ -34,11 +34,11 @@ class CompileEvent:
   wall_time: float
 
 
-class CompileLog(list):
+class CompileLog(list[CompileEvent]):
   """The compiles recorded in a block (a list of `CompileEvent`), and apart,
   the programs loaded from the persistent cache instead (`cache_loads`)."""
 
-  def __init__(self):
+  def __init__(self) -> None:
     super().__init__()
     self.cache_loads: list[CompileEvent] = []
 
@@ -49,7 +49,7 @@ _installed = False
 _hits = threading.local()
 
 
-def _on_event(event: str, **kwargs) -> None:
+def _on_event(event: str, **kwargs: Any) -> None:
   if event == jc.CACHE_HIT_EVENT:
     _hits.pending = True
 

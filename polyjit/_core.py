@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import difflib
 import weakref
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 import jax
 import numpy as np
@@ -48,12 +48,13 @@ from ._errors import MaskingError, no_rule_message
 from ._refusals import why_unsupported
 
 Rule = Callable[..., list]
+_R = TypeVar("_R", bound=Rule)  # a rule, its signature kept by `register`
 
 #: The masking rules: primitive -> rule(ctx, *padded_args, **params) -> list.
 masking_rules: dict[jc.Primitive, Rule] = {}
 
 
-def register(*names: str, optional: bool = False):
+def register(*names: str, optional: bool = False) -> Callable[[_R], _R]:
   """Registers a rule for the primitives with these names.
 
   A name that matches no JAX primitive is a typo and raises, unless
@@ -62,7 +63,7 @@ def register(*names: str, optional: bool = False):
   programming error (import order would otherwise decide silently which one
   runs).
   """
-  def wrap(rule: Rule) -> Rule:
+  def wrap(rule: _R) -> _R:
     prims = [(name, jc.primitive(name)) for name in names]
     for name, prim in prims:
       if prim is None and not optional and name not in jc.PRIMITIVES_NEWER_THAN_THIS_JAX:

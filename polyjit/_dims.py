@@ -17,19 +17,26 @@ private name of JAX's.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
 from . import _jax_compat as jc
 
+#: A dimension: an int or a JAX symbolic dimension expression (`jc.DimExpr`,
+#: whose arithmetic JAX does not type).
+Dim: TypeAlias = Any
 
-def dim_vars(d) -> set[str]:
+#: An interval of integers, (lowest, highest).
+Interval: TypeAlias = tuple[int, int]
+
+
+def dim_vars(d: Dim) -> set[str]:
   """The dimension variables an expression mentions (empty for an int)."""
   return jc.symbolic_vars(d) if jc.is_symbolic_dim(d) else set()
 
 
-def evaluate_dim(d, env: dict[str, Any]):
+def evaluate_dim(d: Dim, env: dict[str, Any]) -> Any:
   """Evaluates a dimension expression on `env` (ints or traced int scalars).
 
   With ints in `env` the result is a Python int; with traced values it is a
@@ -45,7 +52,7 @@ def evaluate_dim(d, env: dict[str, Any]):
   return res
 
 
-def _evaluate_int(d, env: dict[str, int]) -> int:
+def _evaluate_int(d: Dim, env: dict[str, int]) -> int:
   if not jc.is_symbolic_dim(d):
     return int(d)
   total = 0
@@ -57,7 +64,7 @@ def _evaluate_int(d, env: dict[str, int]) -> int:
   return total
 
 
-def _factor_int(f, env) -> int:
+def _factor_int(f: Any, env: dict[str, int]) -> int:
   var, operation, operands = jc.factor_parts(f)
   if var is not None:
     return env[var]
@@ -67,7 +74,7 @@ def _factor_int(f, env) -> int:
           "max": lambda: max(a, b), "min": lambda: min(a, b)}[operation]()
 
 
-def linear_form(d) -> tuple[dict[str, int], int] | None:
+def linear_form(d: Dim) -> tuple[dict[str, int], int] | None:
   """`d` as `{var: coeff}, const` when it is linear in its variables, else None.
 
   Used to solve padded sizes from argument shapes: `2*n + 1` -> ({'n': 2}, 1).
@@ -87,7 +94,7 @@ def linear_form(d) -> tuple[dict[str, int], int] | None:
   return coeffs, const
 
 
-def _term_var(factors) -> str | None:
+def _term_var(factors: Any) -> str | None:
   """The variable a term is (`n`, not `n**2`, `n*m` or `mod(n, 2)`), or None."""
   if len(factors) != 1:
     return None
@@ -96,7 +103,7 @@ def _term_var(factors) -> str | None:
 
 
 @functools.lru_cache(maxsize=4096)
-def is_monotone_dim(d) -> bool:
+def is_monotone_dim(d: Dim) -> bool:
   """Whether `d` never decreases when any of its variables increases.
 
   Masking evaluates symbolic sizes twice: on the padded sizes (for array shapes)
@@ -123,7 +130,7 @@ def is_monotone_dim(d) -> bool:
   return True
 
 
-def _syntactically_monotone(d) -> bool:
+def _syntactically_monotone(d: Dim) -> bool:
   for factors, k in jc.dim_terms(d):
     if not factors:
       continue
@@ -135,7 +142,7 @@ def _syntactically_monotone(d) -> bool:
   return True
 
 
-def _factor_is_monotone(f) -> bool:
+def _factor_is_monotone(f: Any) -> bool:
   var, op, operands = jc.factor_parts(f)
   if var is not None:
     return True
@@ -147,7 +154,7 @@ def _factor_is_monotone(f) -> bool:
   return False  # mod, and anything newer we do not know about
 
 
-def dim_upper_bound(d, var_bounds: dict[str, int]) -> int | None:
+def dim_upper_bound(d: Dim, var_bounds: dict[str, int]) -> int | None:
   """An upper bound of `d` over every assignment with 1 <= v <= var_bounds[v].
 
   For sizes that are not monotone (`n - mod(-2, n)`, from `jnp.roll`), where
@@ -158,7 +165,7 @@ def dim_upper_bound(d, var_bounds: dict[str, int]) -> int | None:
   return None if interval is None else interval[1]
 
 
-def _dim_interval(d, bounds):
+def _dim_interval(d: Dim, bounds: dict[str, int]) -> Interval | None:
   if not jc.is_symbolic_dim(d):
     return int(d), int(d)
   lo = hi = 0
@@ -174,17 +181,18 @@ def _dim_interval(d, bounds):
   return lo, hi
 
 
-def _interval_mul(a, b):
+def _interval_mul(a: Interval, b: Interval) -> Interval:
   corners = [x * y for x in a for y in b]
   return min(corners), max(corners)
 
 
-def _factor_interval(f, bounds):
+def _factor_interval(f: Any, bounds: dict[str, int]) -> Interval | None:
   var, operation, operands = jc.factor_parts(f)
   if var is not None:
     return (1, bounds[var]) if var in bounds else None
-  ops = [_dim_interval(o, bounds) for o in operands]
-  if any(o is None for o in ops):
+  found = [_dim_interval(o, bounds) for o in operands]
+  ops = [o for o in found if o is not None]
+  if len(ops) != len(found):
     return None
   if operation in ("max", "min"):
     pick = max if operation == "max" else min

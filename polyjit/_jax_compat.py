@@ -25,6 +25,7 @@ import os
 import re
 import sys
 import threading
+import types
 from typing import Any, Callable, Iterable
 
 import jax
@@ -208,7 +209,7 @@ def _generated_eq(code) -> bool:
 def _user_frame() -> str | None:
   """'file:line' of the code that asked a comparison, or None when it was JAX
   or polyjit itself, or a cache comparing its keys."""
-  frame = sys._getframe(2)
+  frame: types.FrameType | None = sys._getframe(2)
   through_generated_eq = False
   while frame is not None:  # `!=` calls `==`, `>` calls `_geq_decision`
     if _generated_eq(frame.f_code):
@@ -268,8 +269,9 @@ def _install_decision_hooks() -> None:
         raise
       return oracle(SizeDecision("ge", e1 - e2, cmp_str(), where))
 
-  __eq__._polyjit = True
-  DimExpr.__eq__ = __eq__  # (assigning __eq__ later leaves __hash__ as it was)
+  setattr(__eq__, "_polyjit", True)  # (setattr: mypy forbids new attributes on functions)
+  # (assigning __eq__ later leaves __hash__ as it was; setattr: a method replaced on purpose)
+  setattr(DimExpr, "__eq__", __eq__)
   _shape_poly._geq_decision = _geq_decision
 
 
@@ -455,7 +457,7 @@ def wrap_jvp_rule(name: str, rule: Callable) -> None:
   if getattr(original, "_polyjit_wrapped", False):
     return
   wrapped = functools.partial(rule, original)
-  wrapped._polyjit_wrapped = True
+  setattr(wrapped, "_polyjit_wrapped", True)
   _ad.primitive_jvps[prim] = wrapped
 
 
@@ -469,13 +471,15 @@ def wrap_transpose_rules(name: str, wrap: Callable) -> None:
   (see `_rules/windows.py`, `_rules/fft.py`). Idempotent.
   """
   prim = primitive(name)
+  if prim is None:
+    return
   for table in (_ad.primitive_transposes, getattr(_ad, "fancy_transposes", {})):
     entry = table.get(prim)
     if not isinstance(entry, functools.partial) or getattr(entry, "_polyjit_wrapped", False):
       continue
     rules = [wrap(i, rule) for i, rule in enumerate(entry.args)]
     wrapped = functools.partial(entry.func, *rules, **entry.keywords)
-    wrapped._polyjit_wrapped = True
+    setattr(wrapped, "_polyjit_wrapped", True)
     table[prim] = wrapped
 
 
@@ -502,7 +506,7 @@ def wrap_custom_jvp_rule(module: str, name: str, rule: Callable) -> None:
   if not isinstance(fn, jax.custom_jvp) or getattr(fn.jvp, "_polyjit_wrapped", False):
     return
   wrapped = functools.partial(rule, fn.jvp)
-  wrapped._polyjit_wrapped = True
+  setattr(wrapped, "_polyjit_wrapped", True)
   fn.jvp = wrapped
 
 
@@ -744,7 +748,7 @@ def _spelling_wrapper(original: Callable, replacement: Callable) -> Callable:
     if getattr(_spelling_local, "depth", 0) > 0:
       return replacement(original, *args, **kwargs)
     return original(*args, **kwargs)
-  wrapper._polyjit_spelling = original
+  setattr(wrapper, "_polyjit_spelling", original)
   return wrapper
 
 

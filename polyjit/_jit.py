@@ -54,7 +54,8 @@ import functools
 import itertools
 import logging
 import time
-from typing import Any, Callable, Sequence
+from concurrent.futures import Future
+from typing import Any, Callable, Sequence, TypeAlias, overload
 
 import jax
 import numpy as np
@@ -63,7 +64,7 @@ from . import _annotations, _jit_aot
 from . import _jax_compat as jc
 from . import _sharding
 from ._auto import DimTracker, fit_to_constraints, sanitize
-from ._buckets import BucketPolicy, as_policy
+from ._buckets import BucketPolicy, PerDimBucketSpec, as_policy
 from ._cache import ExecutableCache, wait
 from ._compiles import count_compiles
 from . import _data_dependent_jit as data_dependent
@@ -72,12 +73,17 @@ from ._jit_args import ArgLayout, aval_key, call_signature, strip_padded
 from ._jit_plans import (Plan, ProgramKey, Structure, Template, borrow, exact_body,
                          bucket_key, logical_values, lower_and_compile, masked_body,
                          out_shapes, padded_shapes, waste, zero_sized)
-from ._jit_stats import Cause, Stats
+from ._jit_stats import Cause, CauseKind, Stats
 from ._mask import Masked
 from ._policy import Borrow, CostAware, Rental
 from ._padding import Padded, logical_shape
+from ._spec import ArgSpecs, Binding
+from ._variants import Variant
 
 HOT_PLANS = 4096  # call signatures kept for the hot path (then it starts over)
+
+#: Per argument leaf, its logical (unpadded) shape.
+Shapes: TypeAlias = tuple[tuple[int, ...], ...]
 
 logger = logging.getLogger("polyjit")
 logger.addHandler(logging.NullHandler())  # a library prints nothing unless asked
@@ -86,11 +92,13 @@ logger.addHandler(logging.NullHandler())  # a library prints nothing unless aske
 class JitFunction:
   """A function compiled by `pj.jit`."""
 
-  def __init__(self, fun: Callable, *, polymorphic_shapes=None, buckets=None,
-               constraints: Sequence[str] = (), static_argnums=None,
-               static_argnames=None, donate_argnums=None, cache_size: int = 64,
+  def __init__(self, fun: Callable[..., Any], *, polymorphic_shapes: ArgSpecs | None = None,
+               buckets: PerDimBucketSpec = None, constraints: Sequence[str] = (),
+               static_argnums: int | Sequence[int] | None = None,
+               static_argnames: str | Sequence[str] | None = None,
+               donate_argnums: int | Sequence[int] | None = None, cache_size: int = 64,
                background_compile: bool = False, fallback: str = "warn",
-               in_shardings: Any = None, out_shardings: Any = None):
+               in_shardings: Any = None, out_shardings: Any = None) -> None:
     if not callable(fun):
       raise TypeError(f"pj.jit expects a callable, got {type(fun).__name__}")
     if fallback not in ("warn", "error", "silent"):
@@ -112,7 +120,8 @@ class JitFunction:
     self._args.specs_per_parameter = annotated is not None
     self._cache = ExecutableCache(cache_size, on_evict=self._forget_program)
     self._structures: dict[Any, Structure] = {}
-    self._hot: dict[tuple, Plan] = {}   # call_signature -> plan (the hot path)
+    # call_signature -> plan (the hot path); None (no signature) is looked up, never stored
+    self._hot: dict[tuple[Any, ...] | None, Plan] = {}
     self._shardings = _sharding.ShardingLayout(in_shardings, out_shardings)
     self._warned: set[str] = set()
     # Deterministic across processes: the name is part of the persistent
@@ -128,10 +137,10 @@ class JitFunction:
   static_argnames = property(lambda self: self._args.static_argnames)
   donate_argnums = property(lambda self: self._args.donate_argnums)
 
-  def __repr__(self):
+  def __repr__(self) -> str:
     return f"pj.jit({getattr(self.fun, '__name__', self.fun)})"
 
-  def __get__(self, obj, objtype=None):  # methods: bind like a function would
+  def __get__(self, obj: Any, objtype: type | None = None) -> Any:  # methods: bind like a function
     return self if obj is None else functools.partial(self, obj)
 
   def bucket_policy(self, dim: str) -> BucketPolicy:
@@ -143,7 +152,7 @@ class JitFunction:
 
   # --- calls -----------------------------------------------------------------
 
-  def __call__(self, *args, **kwargs):
+  def __call__(self, *args: Any, **kwargs: Any) -> Any:
     # The hot path: positional arrays and scalars whose signature was seen.
     key = None if kwargs or self._args.has_static else call_signature(args)
     plan = self._hot.get(key)
@@ -158,7 +167,7 @@ class JitFunction:
     plan, outs = done
     return plan.unpad_outputs(outs)
 
-  def call_padded(self, *args, **kwargs):
+  def call_padded(self, *args: Any, **kwargs: Any) -> Any:
     """Like calling the function, but outputs with dynamic dims come back as
     `pj.Padded` (padded data on the device plus logical shape): no host round
     trip, and another `pj.jit` function takes them as they are."""
@@ -169,7 +178,8 @@ class JitFunction:
     plan, outs = done
     return plan.map_outputs(outs, lambda o, s: o if tuple(o.shape) == s else Padded(o, s))
 
-  def _execute(self, args, kwargs, hot_key=None):
+  def _execute(self, args: Sequence[Any], kwargs: dict[str, Any],
+               hot_key: tuple[Any, ...] | None = None) -> tuple[Plan, Any] | None:
     """(plan, padded outputs) for a call, or None under a transformation.
     With `hot_key` (the call's `call_signature`), the plan is kept for the
     hot path of the next call with that signature."""
@@ -198,14 +208,15 @@ class JitFunction:
     rental.record_time(plan.bucket, time.perf_counter() - t0)
     return plan, outs
 
-  def _prepare(self, args, kwargs):
+  def _prepare(self, args: Sequence[Any], kwargs: dict[str, Any]
+               ) -> tuple[Structure, list[Any], Shapes] | None:
     """(structure, leaves, logical shapes), or None when a leaf is a tracer."""
     static_key, leaves, treedef = self._args.flatten(args, kwargs)
     avals = tuple(aval_key(x) for x in leaves)
     if None in avals:
       return None
     shapes = tuple(logical_shape(x) for x in leaves)
-    key = (static_key, treedef, avals, tuple(len(s) for s in shapes))
+    key: tuple[Any, ...] = (static_key, treedef, avals, tuple(len(s) for s in shapes))
     shardings = self._shardings.leaf_shardings(leaves, treedef)
     if shardings is not None:
       key += (shardings,)
@@ -214,7 +225,8 @@ class JitFunction:
       struct = self._structures[key] = self._new_structure(key, treedef, avals, shapes)
     return struct, leaves, shapes
 
-  def _new_structure(self, key, treedef, avals, shapes) -> Structure:
+  def _new_structure(self, key: tuple[Any, ...], treedef: Any, avals: tuple[Any, ...],
+                     shapes: Shapes) -> Structure:
     static_key = key[0]
     names = self._args.leaf_names(treedef, static_key)
     struct = Structure(key, treedef, avals, names)
@@ -226,25 +238,25 @@ class JitFunction:
       struct.tracker = DimTracker(names, shapes)
     return struct
 
-  def _plan_for(self, struct: Structure, shapes) -> Plan:
+  def _plan_for(self, struct: Structure, shapes: Shapes) -> Plan:
     plan = struct.plan(shapes)
     if plan is None:
       plan = self._new_plan(struct, shapes)
       struct.remember(shapes, plan)
     return plan
 
-  def _forget_program(self, key: ProgramKey):
+  def _forget_program(self, key: ProgramKey) -> None:
     """Drops the plans that run an evicted program, so that it can be freed."""
     for struct in list(self._structures.values()):
       struct.forget(key)
 
   # --- new plans -----------------------------------------------------------------
 
-  def _new_plan(self, struct: Structure, shapes) -> Plan:
+  def _new_plan(self, struct: Structure, shapes: Shapes) -> Plan:
     changed, became = struct.observe(shapes)
     why = functools.partial(Cause, shapes=shapes, changed=changed, became_dynamic=became)
     if struct.specs is None or struct.exact_only:
-      kind = "fallback" if struct.exact_only else ("exact" if changed else "first call")
+      kind: CauseKind = "fallback" if struct.exact_only else ("exact" if changed else "first call")
       return self._exact_plan(struct, shapes, why(kind, error=struct.fallback_reason))
     if zero_sized(struct.specs, shapes):
       # A masked trace assumes sizes >= 1; jax.jit's own program for the empty
@@ -258,7 +270,7 @@ class JitFunction:
       self._fall_back(struct, e)
       return self._exact_plan(struct, shapes, why("fallback", error=struct.fallback_reason))
 
-  def _fall_back(self, struct: Structure, error: Exception):
+  def _fall_back(self, struct: Structure, error: Exception) -> None:
     """Automatic mode cannot mask this structure: run exact shapes, and say so."""
     name = getattr(self.fun, "__name__", "fun")
     text = str(error).strip()
@@ -279,7 +291,7 @@ class JitFunction:
       self._warned.add(reason)
       warn_user(message, FallbackWarning)
 
-  def _exact_plan(self, struct: Structure, shapes, why: Cause) -> Plan:
+  def _exact_plan(self, struct: Structure, shapes: Shapes, why: Cause) -> Plan:
     fun = self._args.bind_static(struct.static_key)
     if not struct.data_dependent:
       key = ProgramKey.exact_shapes(struct, shapes)
@@ -296,7 +308,7 @@ class JitFunction:
     return data_dependent.exact_plan(struct, shapes, fun, lambda key, body: self._cache.get(
         key, lambda: self._compile(key, body, struct, why)))
 
-  def _fast_plan(self, struct: Structure, shapes) -> Plan | None:
+  def _fast_plan(self, struct: Structure, shapes: Shapes) -> Plan | None:
     """The plan for new sizes in a bucket that already has one, or None.
 
     The common case on the call path (every call with a new length): the
@@ -328,7 +340,7 @@ class JitFunction:
       return plan
     return None
 
-  def _masked_plan(self, struct: Structure, shapes, why: Cause) -> Plan:
+  def _masked_plan(self, struct: Structure, shapes: Shapes, why: Cause) -> Plan:
     """A plan that runs the masked program of the bucket these sizes fall in."""
     fast = self._fast_plan(struct, shapes)
     if fast is not None:
@@ -369,14 +381,16 @@ class JitFunction:
         rental.bump()  # a new program: plans borrowing a larger one look again
     return plan
 
-  def _plan_in(self, struct, key, program, binding, variant, logical, shapes,
-               provisional=None) -> Plan:
+  def _plan_in(self, struct: Structure, key: ProgramKey, program: Any, binding: Binding,
+               variant: Variant, logical: dict[str, int], shapes: Shapes,
+               provisional: Future[Any] | None = None) -> Plan:
     out_dims = tuple(aval.shape for aval in variant.traced.out_avals)
     return Plan(key, program, struct.dtypes, logical_values(binding, logical),
                 out_shapes(out_dims, logical), waste(shapes, key.padded_shapes), provisional,
                 shapes=shapes)
 
-  def _keep_template(self, struct, plan, binding, variant) -> None:
+  def _keep_template(self, struct: Structure, plan: Plan, binding: Binding,
+                     variant: Variant) -> None:
     out_dims = tuple(aval.shape for aval in variant.traced.out_avals)
     template = Template.of(plan, binding, variant, out_dims)
     if template is not None:
@@ -384,7 +398,7 @@ class JitFunction:
 
   # --- the cost-aware policy (`_policy.py`) ----------------------------------------
 
-  def _rental(self, struct: Structure, logical) -> Rental | None:
+  def _rental(self, struct: Structure, logical: dict[str, int]) -> Rental | None:
     """The structure's ski-rental state when every dimension's policy is cost-aware.
     On a mesh the policies are the fixed ones: the processes must pick the
     same buckets, and the cost-aware choice depends on timings."""
@@ -406,7 +420,9 @@ class JitFunction:
           pass  # first shapes this variant cannot bind: only later sizes count
     return struct.rental
 
-  def _borrowed_plan(self, struct, shapes, rental, binding, variant, logical, tight):
+  def _borrowed_plan(self, struct: Structure, shapes: Shapes, rental: Rental, binding: Binding,
+                     variant: Variant, logical: dict[str, int],
+                     tight: dict[str, int]) -> Plan | None:
     """A plan in the smallest compiled bucket that holds `logical`, or None."""
     for bucket in rental.candidates(logical):
       env = rental.envs[bucket]
@@ -423,7 +439,8 @@ class JitFunction:
       return plan
     return None
 
-  def _rent(self, struct, rental, plan, logical, tight, binding, variant) -> None:
+  def _rent(self, struct: Structure, rental: Rental, plan: Plan, logical: dict[str, int],
+            tight: dict[str, int], binding: Binding, variant: Variant) -> None:
     """When `plan` runs in a larger bucket than its own, its calls pay what
     they waste into the accounts of the smaller buckets that would hold
     them; an account compiles its bucket once it has paid for it."""
@@ -431,7 +448,7 @@ class JitFunction:
     tight_key = bucket_key(tight)
     if plan.key.bucket == tight_key:
       return
-    key = (variant.key, tight_key, plan.key.bucket)
+    key: tuple[Any, ...] | None = (variant.key, tight_key, plan.key.bucket)
     accounts = rental.borrow_accounts.get(key) if not variant.constraints else None
     if accounts is None:
       accounts = []
@@ -446,10 +463,13 @@ class JitFunction:
         key = None
     plan.borrow = plan.provisional = Borrow(rental, plan.key.bucket, accounts, key)
 
-  def _compile_for_waste(self, struct, binding, variant, env, wasted, compile_cost):
+  def _compile_for_waste(self, struct: Structure, binding: Binding, variant: Variant,
+                         env: dict[str, int], wasted: float,
+                         compile_cost: float) -> Future[Any]:
     """Starts compiling the bucket `env`, whose account has paid for it."""
     cause = Cause("bucket", bucket=dict(env),
                   reason=f"waste {wasted:.3g} s > compile {compile_cost:.3g} s")
+    assert struct.masked is not None  # (a bucket of a masked plan)
     key, build = self._masked_program(struct, struct.masked, binding, variant, env, cause)
     return self._cache.submit(key, build)
 
@@ -460,7 +480,8 @@ class JitFunction:
     multiple = struct.shard_multiples.get(dim, 1)
     return bucket if multiple == 1 else _sharding.round_up(bucket, multiple)
 
-  def _program(self, key: ProgramKey, build, shapes):
+  def _program(self, key: ProgramKey, build: Callable[[], Any], shapes: Shapes
+               ) -> tuple[ProgramKey, Any, Future[Any] | None]:
     """(key, program, provisional): the program for `key`, compiled here if
     needed; or, with `background_compile`, a larger compiled bucket's program
     while `key` compiles in a thread (`provisional` is that future)."""
@@ -472,7 +493,7 @@ class JitFunction:
           return (*borrowed, self._cache.submit(key, build))
     return key, self._cache.get(key, build), None
 
-  def _variant(self, struct: Structure, shapes):
+  def _variant(self, struct: Structure, shapes: Shapes) -> tuple[Masked, Binding, Variant]:
     """The masked function, its binding at these (logical) shapes, and the
     variant of `fun` that these sizes select (`_variants.py`): one per side
     of each size comparison `fun` makes, traced on first use."""
@@ -481,18 +502,22 @@ class JitFunction:
       fun = self._args.bind_static(struct.static_key)
       struct.masked = Masked(lambda a, k: fun(*a, **k), struct.spec_tree(),
                              constraints=self.constraints)
-      struct.masked.__name__ = getattr(self.fun, "__name__", "fun")
+      # (setattr: a Masked instance has no declared __name__; named like `fun` for JAX)
+      setattr(struct.masked, "__name__", getattr(self.fun, "__name__", "fun"))
     binding = struct.masked.bind(args)
     return struct.masked, binding, struct.masked.variant_for(args, binding.padded, binding)
 
-  def _masked_program(self, struct, masked, binding, variant, env, cause: Cause):
+  def _masked_program(self, struct: Structure, masked: Masked, binding: Binding,
+                      variant: Variant, env: dict[str, int],
+                      cause: Cause) -> tuple[ProgramKey, Callable[[], Any]]:
     """(key, build) of the program of `variant` at the padded sizes `env`."""
     key = ProgramKey.masked(struct, variant, padded_shapes(binding, env), env)
     body = masked_body(struct.treedef, masked, variant, env)
     return key, functools.partial(self._compile, key, body, struct, cause,
                                   len(binding.dim_names))
 
-  def _compile(self, key: ProgramKey, body, struct: Structure, cause: Cause, n_dims=0):
+  def _compile(self, key: ProgramKey, body: Callable[..., Any], struct: Structure,
+               cause: Cause, n_dims: int = 0) -> Any:
     donate = self._args.donated_leaves(struct.treedef, struct.static_key)
     t0 = time.perf_counter()
     if struct.shardings is not None:
@@ -534,8 +559,8 @@ class JitFunction:
     self._hot.clear()
     self._cache.clear()
 
-  def precompile(self, *args, sizes: dict[str, Sequence[int]] | None = None,
-                 progress: bool = True, **kwargs) -> list[dict[str, int]]:
+  def precompile(self, *args: Any, sizes: dict[str, Sequence[int]] | None = None,
+                 progress: bool = True, **kwargs: Any) -> list[dict[str, int]]:
     """Compiles the buckets that serve `sizes`, in parallel threads.
 
     `args`/`kwargs` are example arguments (arrays or `jax.ShapeDtypeStruct`s)
@@ -545,7 +570,9 @@ class JitFunction:
     """
     examples = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jax.typeof(x).dtype)
                             if not isinstance(x, jax.ShapeDtypeStruct) else x, (args, kwargs))
-    struct, _, shapes = self._prepare(*examples)
+    prepared = self._prepare(*examples)
+    assert prepared is not None  # (abstract examples, no tracers)
+    struct, _, shapes = prepared
     if struct.tracker is not None and sizes and struct.tracker.force_dynamic(list(sizes)):
       struct.reset(tuple(struct.tracker.specs()))
     if struct.specs is None or not sizes:
@@ -574,10 +601,34 @@ def _sizes(logical: dict[str, int]) -> str:
   return ", ".join(f"{v}={n}" for v, n in sorted(logical.items()))
 
 
-def jit(fun: Callable | None = None, *, polymorphic_shapes=None, buckets=None,
-        constraints: Sequence[str] = (), static_argnums=None, static_argnames=None,
-        donate_argnums=None, cache_size: int = 64, background_compile: bool = False,
-        fallback: str = "warn", in_shardings: Any = None, out_shardings: Any = None):
+@overload
+def jit(fun: Callable[..., Any], *, polymorphic_shapes: ArgSpecs | None = None,
+        buckets: PerDimBucketSpec = None, constraints: Sequence[str] = (),
+        static_argnums: int | Sequence[int] | None = None,
+        static_argnames: str | Sequence[str] | None = None,
+        donate_argnums: int | Sequence[int] | None = None, cache_size: int = 64,
+        background_compile: bool = False, fallback: str = "warn",
+        in_shardings: Any = None, out_shardings: Any = None) -> JitFunction: ...
+
+
+@overload
+def jit(fun: None = None, *, polymorphic_shapes: ArgSpecs | None = None,
+        buckets: PerDimBucketSpec = None, constraints: Sequence[str] = (),
+        static_argnums: int | Sequence[int] | None = None,
+        static_argnames: str | Sequence[str] | None = None,
+        donate_argnums: int | Sequence[int] | None = None, cache_size: int = 64,
+        background_compile: bool = False, fallback: str = "warn",
+        in_shardings: Any = None,
+        out_shardings: Any = None) -> Callable[[Callable[..., Any]], JitFunction]: ...
+
+
+def jit(fun: Callable[..., Any] | None = None, *, polymorphic_shapes: ArgSpecs | None = None,
+        buckets: PerDimBucketSpec = None, constraints: Sequence[str] = (),
+        static_argnums: int | Sequence[int] | None = None,
+        static_argnames: str | Sequence[str] | None = None,
+        donate_argnums: int | Sequence[int] | None = None, cache_size: int = 64,
+        background_compile: bool = False, fallback: str = "warn", in_shardings: Any = None,
+        out_shardings: Any = None) -> JitFunction | Callable[[Callable[..., Any]], JitFunction]:
   """A drop-in for `jax.jit` that pads to size buckets and masks.
 
   Usable as `pj.jit(f)`, `@pj.jit`, `@pj.jit(buckets=...)` or through
@@ -608,7 +659,7 @@ def jit(fun: Callable | None = None, *, polymorphic_shapes=None, buckets=None,
       sharded dynamic axis gets buckets that split evenly over its shards,
       and outputs keep their shardings (see `_sharding.py`).
   """
-  kw = dict(polymorphic_shapes=polymorphic_shapes, buckets=buckets,
+  kw: dict[str, Any] = dict(polymorphic_shapes=polymorphic_shapes, buckets=buckets,
             constraints=constraints, static_argnums=static_argnums,
             static_argnames=static_argnames, donate_argnums=donate_argnums,
             cache_size=cache_size, background_compile=background_compile,

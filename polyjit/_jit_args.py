@@ -20,7 +20,7 @@ shape) each, and `pj.jit` maps that key straight to the call's plan.
 from __future__ import annotations
 
 import inspect
-from typing import Callable
+from typing import Any, Callable, Sequence, TypeAlias
 
 import jax
 import numpy as np
@@ -30,14 +30,23 @@ from . import _spec
 from ._errors import ShapeError
 from ._padding import Padded, is_padded
 
-NO_STATIC = ((), ())  # the static key of a call without static arguments
+#: The static arguments of a call: ((position, value), ...), ((name, value), ...).
+StaticKey: TypeAlias = tuple[tuple[tuple[int, Any], ...], tuple[tuple[str, Any], ...]]
+
+NO_STATIC: StaticKey = ((), ())  # the static key of a call without static arguments
 
 
 class ArgLayout:
   """The argument options of one `pj.jit` function, applied to its calls."""
 
-  def __init__(self, fun: Callable, label: str, *, polymorphic_shapes=None,
-               static_argnums=None, static_argnames=None, donate_argnums=None):
+  #: Whether `polymorphic_shapes` has one spec per parameter (from annotations,
+  #: padded with None to the call's positional arguments); set by `pj.jit`.
+  specs_per_parameter: bool = False
+
+  def __init__(self, fun: Callable[..., Any], label: str, *, polymorphic_shapes: Any = None,
+               static_argnums: int | Sequence[int] | None = None,
+               static_argnames: str | Sequence[str] | None = None,
+               donate_argnums: int | Sequence[int] | None = None) -> None:
     self.fun = fun
     self.label = label                  # `pj.jit(name)`, for messages
     self.polymorphic_shapes = (None if polymorphic_shapes is None
@@ -49,13 +58,15 @@ class ArgLayout:
 
   # --- every call ------------------------------------------------------------
 
-  def flatten(self, args, kwargs):
+  def flatten(self, args: Sequence[Any], kwargs: dict[str, Any]
+              ) -> tuple[StaticKey, list[Any], Any]:
     """(static key, leaves, treedef) of a call; the static key is hashable."""
     static_key, dyn_args, dyn_kwargs = self._split(args, kwargs)
     leaves, treedef = jax.tree.flatten((dyn_args, dyn_kwargs), is_leaf=is_padded)
     return static_key, leaves, treedef
 
-  def _split(self, args, kwargs):
+  def _split(self, args: Sequence[Any], kwargs: dict[str, Any]
+             ) -> tuple[StaticKey, Sequence[Any], dict[str, Any]]:
     if not self.static_argnums and not self.static_argnames:
       return NO_STATIC, args, kwargs
     nums = {a % len(args) if a < 0 else a for a in self.static_argnums if -len(args) <= a < len(args)}
@@ -78,18 +89,18 @@ class ArgLayout:
 
   # --- once per structure ----------------------------------------------------
 
-  def bind_static(self, static_key) -> Callable:
+  def bind_static(self, static_key: StaticKey) -> Callable[..., Any]:
     """`fun` with the static arguments filled in, taking the dynamic ones."""
     static_args, static_kwargs = dict(static_key[0]), dict(static_key[1])
 
-    def bound(*dyn_args, **dyn_kwargs):
+    def bound(*dyn_args: Any, **dyn_kwargs: Any) -> Any:
       it = iter(dyn_args)
       n = len(dyn_args) + len(static_args)
       args = [static_args[i] if i in static_args else next(it) for i in range(n)]
       return self.fun(*args, **static_kwargs, **dyn_kwargs)
     return bound
 
-  def leaf_names(self, treedef, static_key) -> list[str]:
+  def leaf_names(self, treedef: Any, static_key: StaticKey) -> list[str]:
     """Each leaf's name: its parameter (or keyword) and its path inside it."""
     dummy = treedef.unflatten(list(range(treedef.num_leaves)))
     paths = jax.tree_util.tree_flatten_with_path(dummy)[0]
@@ -105,12 +116,13 @@ class ArgLayout:
       names.append(base + jax.tree_util.keystr(rest))
     return names
 
-  def explicit_specs(self, treedef, static_key) -> tuple:
+  def explicit_specs(self, treedef: Any, static_key: StaticKey) -> tuple[Any, ...]:
     """Per-leaf specs from `polymorphic_shapes` (keyword arguments: fixed)."""
     specs = self.polymorphic_shapes
+    assert specs is not None, "explicit mode only"
     positions = _dynamic_positions(treedef, static_key)
     n_positional = len(positions) + len(static_key[0])
-    if getattr(self, "specs_per_parameter", False):  # one per parameter (annotations)
+    if self.specs_per_parameter:  # one per parameter (annotations)
       specs = (tuple(specs) + (None,) * n_positional)[:n_positional]
     if len(specs) != n_positional:
       raise ShapeError(
@@ -118,20 +130,22 @@ class ArgLayout:
           f"{n_positional} positional argument(s); give one spec per positional "
           "argument (None for an argument with a fixed shape).")
     args_tree, kwargs_tree = treedef.children()
-    leaf_specs = []
+    leaf_specs: list[Any] = []
     for pos, sub in zip(positions, args_tree.children()):
       dummy = sub.unflatten([0] * sub.num_leaves)
       leaf_specs.extend(sub.flatten_up_to(
           jax.tree.broadcast(specs[pos], dummy, is_leaf=_spec.is_spec_leaf)))
-    return tuple(leaf_specs) + (None,) * kwargs_tree.num_leaves
+    n_kwargs: int = kwargs_tree.num_leaves
+    return tuple(leaf_specs) + (None,) * n_kwargs
 
-  def donated_leaves(self, treedef, static_key) -> tuple[int, ...]:
+  def donated_leaves(self, treedef: Any, static_key: StaticKey) -> tuple[int, ...]:
     """The indices of the leaves of the donated positional arguments."""
     if not self.donate_argnums:
       return ()
     static_nums = {i for i, _ in static_key[0]}
     positions = _dynamic_positions(treedef, static_key)
-    out, start = [], 0
+    out: list[int] = []
+    start = 0
     for child, pos in zip(treedef.children()[0].children(), positions):
       if pos in self.donate_argnums and pos not in static_nums:
         out.extend(range(start, start + child.num_leaves))
@@ -139,7 +153,7 @@ class ArgLayout:
     return tuple(out)
 
 
-def _dynamic_positions(treedef, static_key) -> list[int]:
+def _dynamic_positions(treedef: Any, static_key: StaticKey) -> list[int]:
   """The original positions of the dynamic positional arguments."""
   static_nums = {i for i, _ in static_key[0]}
   n_dynamic = len(treedef.children()[0].children())
@@ -147,17 +161,17 @@ def _dynamic_positions(treedef, static_key) -> list[int]:
   return [i for i in range(total) if i not in static_nums]
 
 
-def _as_tuple(x):
+def _as_tuple(x: Any) -> tuple[Any, ...]:
   return tuple(x) if isinstance(x, (list, tuple)) else (x,)
 
 
-def _normalize_argnums(nums) -> tuple[int, ...]:
+def _normalize_argnums(nums: int | Sequence[int] | None) -> tuple[int, ...]:
   if nums is None:
     return ()
   return tuple(int(n) for n in _as_tuple(nums))
 
 
-def _positional_params(fun) -> list[str]:
+def _positional_params(fun: Callable[..., Any]) -> list[str]:
   try:
     params = inspect.signature(fun).parameters.values()
   except (TypeError, ValueError):
@@ -173,12 +187,12 @@ _NUMPY_SCALARS = tuple(np.dtype(c).type for c in "?bhilqBHILQefdgFD")
 _SCALAR_TYPES = frozenset(_PYTHON_SCALARS + _NUMPY_SCALARS)
 
 
-def call_signature(args: tuple) -> tuple | None:
+def call_signature(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
   """A hashable key of positional arguments that are all arrays or scalars,
   one entry per argument, or None (containers, `pj.Padded`, tracers, other
   types): the general path then. Equal keys mean equal shapes and equally
   typed leaves, so they mean the same structure and the same plan."""
-  key: list = []
+  key: list[Any] = []
   for x in args:
     t = type(x)
     if t is np.ndarray:
@@ -194,10 +208,10 @@ def call_signature(args: tuple) -> tuple | None:
 
 # --- leaves --------------------------------------------------------------------
 
-_canonical_dtypes: dict = {}
+_canonical_dtypes: dict[Any, np.dtype[Any]] = {}
 
 
-def _canonical(dtype) -> np.dtype:
+def _canonical(dtype: Any) -> np.dtype[Any]:
   """JAX's dtype for a NumPy dtype (float64 -> float32 without x64), cached."""
   out = _canonical_dtypes.get(dtype)
   if out is None:
@@ -205,7 +219,7 @@ def _canonical(dtype) -> np.dtype:
   return out
 
 
-def aval_key(x):
+def aval_key(x: Any) -> tuple[np.dtype[Any], bool] | None:
   """(dtype, weak_type) of an argument as jax.jit sees it; None for a tracer.
 
   The hot path of every call: the common types are handled without building
@@ -223,7 +237,7 @@ def aval_key(x):
   return (np.dtype(aval.dtype), bool(aval.weak_type))
 
 
-def strip_padded(tree):
+def strip_padded(tree: Any) -> Any:
   """`tree` with each `pj.Padded` replaced by its logical slice."""
   return jax.tree.map(
       lambda x: x.data[tuple(slice(0, s) for s in x.shape)] if is_padded(x) else x,

@@ -19,6 +19,7 @@ leaves and a tuple of int32 logical sizes, one per dimension in binding order.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import math
 from typing import Any, Callable, Hashable, NamedTuple
 
@@ -30,6 +31,7 @@ from . import _jax_compat as jc
 from ._auto import DimTracker
 from ._mask import Masked
 from ._padding import pad, pad_into, unpad
+from ._policy import Borrow, Rental
 
 PLANS_PER_STRUCTURE = 4096
 EXACT = "exact"   # `ProgramKey.specs` of jax.jit's own program at exact shapes
@@ -78,7 +80,8 @@ class Plan:
     self.logical = tuple(jc.host_to_device(v, jc.default_sharding()) for v in logical)
     self.out_shapes = out_shapes        # per output leaf logical shape, or None
     self.waste = waste                  # fraction of input elements that are padding
-    self.provisional = provisional      # future of the tighter bucket, if borrowing
+    # future of the tighter bucket, if borrowing (a cost-aware policy: its `Borrow`)
+    self.provisional: concurrent.futures.Future[Any] | Borrow | None = provisional
     self.fallback = fallback            # exact shapes because masking failed
     self.bucket = None if key.exact else key.bucket
     shapes = key.padded_shapes if shapes is None else shapes
@@ -89,7 +92,7 @@ class Plan:
     self.dynamic_outputs = out_shapes is not None and any(
         tuple(o) != tuple(p) for o, p in zip(out_shapes, self.padded_out))
     self.live = True                    # False once its structure dropped it
-    self.borrow = None                  # a cost-aware policy's `Borrow`: pays per call
+    self.borrow: Borrow | None = None   # a cost-aware policy's `Borrow`: pays per call
     self.unpad_leaf = unpad             # `_sharding.unpad` on a mesh (keeps shardings)
 
   @property
@@ -212,7 +215,9 @@ class Structure:
     self.fallback_reason: str | None = None   # why exact_only, for messages
     self.plans: collections.OrderedDict = collections.OrderedDict()
     self.templates: dict = {}           # bucket key -> Template
-    self.rental = None                  # `_policy.Rental` under a cost-aware policy
+    self.rental: Rental | None = None   # under a cost-aware policy
+    self.shardings: tuple | None = None  # per leaf on a mesh; None: one device (set by pj.jit)
+    self.shard_multiples: dict[str, int] = {}  # dim -> its buckets' multiple (on a mesh)
 
   @property
   def static_key(self):

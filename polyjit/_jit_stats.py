@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Literal
+from typing import Any, Literal, Sequence
 
 from . import _dims
 from ._compiles import CompileLog
 from ._jit_plans import ProgramKey
+from ._spec import Binding
 
 CauseKind = Literal["first call", "exact", "bucket", "fallback", "zero size", "precompile"]
 
@@ -34,7 +35,7 @@ class Cause:
   dynamic axis is empty), "precompile" (asked for ahead of time).
   """
   kind: CauseKind
-  shapes: tuple | None = None            # the call's argument shapes (None: precompile)
+  shapes: tuple[tuple[int, ...], ...] | None = None  # the call's argument shapes (None: precompile)
   changed: tuple[tuple[str, int, int, int], ...] = ()  # (argument, axis, old, new size)
   became_dynamic: tuple[str, ...] = ()   # dimensions this call made dynamic
   bucket: dict[str, int] | None = None   # dimension -> padded size compiled
@@ -54,7 +55,7 @@ class CompileRecord:
   wall_seconds: float   # lowering and compiling, as the caller waited
 
   @property
-  def padded_shapes(self) -> tuple:
+  def padded_shapes(self) -> tuple[tuple[int, ...], ...]:
     return self.key.padded_shapes
 
   @property
@@ -72,12 +73,13 @@ class DimRecord:
 class Stats:
   """What a `pj.jit` function has done; see `pj.stats` and `pj.explain`."""
 
-  def __init__(self):
+  def __init__(self) -> None:
     self.calls = 0
     self.fallback_calls = 0
     self.cache_loads = 0                  # programs loaded from the persistent cache
     self.compile_events: list[CompileRecord] = []
-    self.bucket_hits: collections.Counter = collections.Counter()  # bucket key -> calls
+    # bucket key -> calls
+    self.bucket_hits: collections.Counter[tuple[Any, ...]] = collections.Counter()
     self.dims: dict[str, DimRecord] = {}
     self._waste_sum = 0.0
     self._waste_calls = 0
@@ -95,7 +97,7 @@ class Stats:
     """The mean fraction of a bucketed call's argument elements that were padding."""
     return self._waste_sum / self._waste_calls if self._waste_calls else 0.0
 
-  def record_call(self, bucket: tuple | None, waste: float, fallback: bool) -> None:
+  def record_call(self, bucket: tuple[Any, ...] | None, waste: float, fallback: bool) -> None:
     """A call ran in `bucket` (None: at exact shapes) with `waste` of padding."""
     self.calls += 1
     if fallback:
@@ -114,7 +116,8 @@ class Stats:
     self.compile_events.append(CompileRecord(
         key, cause, len(mine), sum(e.seconds for e in mine), wall_seconds))
 
-  def record_sizes(self, binding, leaf_names, logical: dict[str, int]) -> None:
+  def record_sizes(self, binding: Binding, leaf_names: Sequence[str],
+                   logical: dict[str, int]) -> None:
     for dim, size in logical.items():
       entry = self.dims.get(dim)
       if entry is None:
@@ -122,7 +125,7 @@ class Stats:
       entry.sizes.add(size)
 
 
-def _where(binding, leaf_names, dim) -> tuple[str, int] | None:
+def _where(binding: Binding, leaf_names: Sequence[str], dim: str) -> tuple[str, int] | None:
   """(argument name, axis) of the first axis whose size is exactly `dim`."""
   for leaf, name in zip(binding.leaves, leaf_names):
     for axis, d in enumerate(leaf.symbolic_shape):

@@ -46,14 +46,16 @@ from . import _jax_compat as jc
 from . import _rules  # noqa: F401  (registers the masking rules)
 from . import _spellings  # noqa: F401  (registers the replacements used while tracing)
 from . import _data_dependent, _spec, _symbolic_ad, _variants
+from ._rules import fft as _fft_rules, windows as _window_rules
 from ._refusals import jax_refusal
 from ._core import MaskEnv, eval_jaxpr_masked
-from ._errors import MaskingError, ShapeError, trace_error
+from ._errors import MaskingError, PolyjitError, ShapeError, trace_error
+from ._spec import ArgSpecs, LogicalEnv, SpecTree
 
 
 # Every change polyjit makes to JAX's tables and classes, once, here.
-jc.install_patches(_symbolic_ad.install, _rules.windows.install_transpose,
-                   _rules.fft.install_transpose)
+jc.install_patches(_symbolic_ad.install, _window_rules.install_transpose,
+                   _fft_rules.install_transpose)
 
 
 @dataclasses.dataclass(eq=False)
@@ -63,12 +65,12 @@ class Traced:
   `jaxpr` takes the consts first, then the flat arguments: `inputs`.
   """
   jaxpr: jc.Jaxpr
-  consts: list
-  in_avals: list            # of `inputs` (consts first); symbolic shapes
-  out_avals: list
+  consts: list[Any]
+  in_avals: list[Any]       # of `inputs` (consts first); symbolic shapes
+  out_avals: list[Any]
   out_tree: Any
   dim_names: tuple[str, ...]
-  cache: dict = dataclasses.field(default_factory=dict)
+  cache: dict[Any, Any] = dataclasses.field(default_factory=dict)
   _vjp: "VJP | None" = None
   # Whether its masked evaluation checks for empty selections (known once it
   # was evaluated; `_data_dependent.extra_outputs`).
@@ -97,12 +99,12 @@ class VJP:
   diff_out: list[int]       # which outputs carry cotangents
 
 
-def _inexact(aval) -> bool:
+def _inexact(aval: Any) -> bool:
   return jnp.issubdtype(aval.dtype, jnp.inexact)
 
 
-def trace_flat(flat_fun: Callable, avals: Sequence[Any], dim_names,
-               out_tree=None) -> Traced:
+def trace_flat(flat_fun: Callable[..., list[Any]], avals: Sequence[Any],
+               dim_names: Sequence[str], out_tree: Any = None) -> Traced:
   """Traces `flat_fun(*leaves) -> list` at symbolic `avals`."""
   with jc.trace_spellings(), _data_dependent.tracing(avals):
     closed = jc.make_closed_jaxpr(flat_fun, list(avals))
@@ -123,10 +125,10 @@ def _trace_vjp(traced: Traced) -> VJP:
   diff_out = [j for j, a in enumerate(traced.out_avals) if _inexact(a)]
   primal_fun = jc.jaxpr_as_fun(traced.jaxpr)
 
-  def vjp_fun(*flat):
+  def vjp_fun(*flat: Any) -> list[Any]:
     inputs, cts = list(flat[:n_in]), list(flat[n_in:])
 
-    def primal(*diff_values):
+    def primal(*diff_values: Any) -> list[Any]:
       full = list(inputs)
       for i, v in zip(diff_in, diff_values):
         full[i] = v
@@ -169,7 +171,7 @@ def _trace_vjp(traced: Traced) -> VJP:
 
 
 def apply(traced: Traced, padded: dict[str, int], args: Sequence[Any],
-          logical: Sequence[Any]) -> list:
+          logical: Sequence[Any]) -> list[Any]:
   """Runs `traced` masked on padded `args` (without its consts).
 
   A custom_vjp: its backward pass is the masked evaluation of the traced VJP.
@@ -177,19 +179,22 @@ def apply(traced: Traced, padded: dict[str, int], args: Sequence[Any],
   return _apply_inputs(traced, padded, [*traced.consts, *args], tuple(logical))
 
 
-def _apply_inputs(traced: Traced, padded, inputs: list, logical: tuple) -> list:
+def _apply_inputs(traced: Traced, padded: dict[str, int], inputs: list[Any],
+                  logical: tuple[Any, ...]) -> list[Any]:
   @jax.custom_vjp
-  def run(inputs, logical):
+  def run(inputs: list[Any], logical: tuple[Any, ...]) -> list[Any]:
     env = MaskEnv(traced.dim_names, padded, logical, traced.cache)
     outs = eval_jaxpr_masked(traced.jaxpr, (), inputs, env)
     return outs + _data_dependent.extra_outputs(env, traced)
 
-  def fwd(inputs, logical):
+  def fwd(inputs: list[Any], logical: tuple[Any, ...]
+          ) -> tuple[list[Any], tuple[list[Any], tuple[Any, ...]]]:
     return run(inputs, logical), (inputs, logical)
 
-  def bwd(res, cts):
+  def bwd(res: tuple[list[Any], tuple[Any, ...]], cts: Sequence[Any]
+          ) -> tuple[list[Any], None]:
     inputs, logical = res
-    grads = [None] * len(inputs)
+    grads: list[Any] = [None] * len(inputs)
     if any(_inexact(a) for a in traced.in_avals):
       vjp = traced.vjp()
       diff_cts = [cts[j] for j in vjp.diff_out]
@@ -201,7 +206,8 @@ def _apply_inputs(traced: Traced, padded, inputs: list, logical: tuple) -> list:
     return grads, None
 
   run.defvjp(fwd, bwd)
-  return run(inputs, logical)
+  outs: list[Any] = run(inputs, logical)
+  return outs
 
 
 class Masked:
@@ -213,8 +219,8 @@ class Masked:
   sizes allow, selected in the program.
   """
 
-  def __init__(self, fun: Callable, in_shapes, out_shape=None, *,
-               constraints: Sequence[str] = ()):
+  def __init__(self, fun: Callable[..., Any], in_shapes: ArgSpecs,
+               out_shape: SpecTree = None, *, constraints: Sequence[str] = ()) -> None:
     if not callable(fun):
       raise TypeError(f"pj.mask expects a callable, got {type(fun).__name__}")
     self.fun = fun
@@ -228,7 +234,7 @@ class Masked:
     self._lock = threading.RLock()
     functools.update_wrapper(self, fun, updated=())
 
-  def __repr__(self):
+  def __repr__(self) -> str:
     return f"pj.mask({getattr(self.fun, '__name__', self.fun)!r}, {self.in_shapes!r})"
 
   @property
@@ -249,19 +255,19 @@ class Masked:
 
   # --- variants -------------------------------------------------------------
 
-  def _structure(self, args, binding) -> tuple:
+  def _structure(self, args: Sequence[Any], binding: _spec.Binding) -> tuple[Any, ...]:
     """The key of everything a trace depends on: tree, symbolic shapes, dtypes."""
     leaves, in_tree = jax.tree.flatten(tuple(args))
     return (in_tree, tuple((tuple(map(str, leaf.symbolic_shape)), jc.typeof(x).dtype,
                             jc.typeof(x).weak_type)
                            for leaf, x in zip(binding.leaves, leaves)))
 
-  def _tracer(self, args, binding) -> Callable:
+  def _tracer(self, args: Sequence[Any], binding: _spec.Binding) -> _variants.TraceFn:
     """(constraints, oracle) -> Traced: `fun` traced in the scope of those
     constraints, its size comparisons answered by `oracle`."""
     leaves, in_tree = jax.tree.flatten(tuple(args))
 
-    def trace(constraints, oracle):
+    def trace(constraints: tuple[str, ...], oracle: Callable[..., bool]) -> Traced:
       scope = _spec.make_scope(constraints)
       bound = (binding if constraints == self.constraints
                else _spec.bind(self.in_shapes, args, scope, check=False))
@@ -296,7 +302,8 @@ class Masked:
       raise self._trace_error(variant.error, variant)
     return variant
 
-  def _known_variant(self, key, sizes):
+  def _known_variant(self, key: tuple[Any, ...], sizes: dict[str, int]
+                     ) -> _variants.Variant | None:
     return next((v for v in self._variants.get(key, ()) if v.holds(sizes)), None)
 
   def variants(self, args: Sequence[Any],
@@ -323,19 +330,20 @@ class Masked:
             self._variants[structure] = [*self._variants.get(structure, []), found[0]]
     return found
 
-  def _is_universal(self, variant) -> bool:
+  def _is_universal(self, variant: _variants.Variant) -> bool:
     return (variant.error is None and not variant.decisions
             and variant.constraints == self.constraints)
 
   def trace(self, args: Sequence[Any], binding: _spec.Binding | None = None) -> Traced:
     """A symbolic trace of `fun` for `args`' structure and dtypes: the first
     variant (every variant has the same output shapes)."""
-    return self.variants(args, binding)[0].traced
+    traced: Traced = self.variants(args, binding)[0].traced
+    return traced
 
-  def _trace(self, in_tree, avals, dim_names) -> Traced:
-    out_tree_box = []
+  def _trace(self, in_tree: Any, avals: list[Any], dim_names: Sequence[str]) -> Traced:
+    out_tree_box: list[Any] = []
 
-    def flat_fun(*leaves):
+    def flat_fun(*leaves: Any) -> list[Any]:
       args = jax.tree.unflatten(in_tree, leaves)
       out = self.fun(*args)
       out_leaves, out_tree = jax.tree.flatten(out)
@@ -346,8 +354,10 @@ class Masked:
     traced.out_tree = out_tree_box[0]
     return traced
 
-  def _trace_error(self, error: BaseException, variant=None, traced_sizes=False):
+  def _trace_error(self, error: BaseException, variant: _variants.Variant | None = None,
+                   traced_sizes: bool = False) -> PolyjitError:
     """`error` from tracing `fun`, as a polyjit error that explains itself."""
+    out: PolyjitError
     if isinstance(error, (MaskingError, ShapeError)):
       # A copy: the variant keeps its error and raises it on every call, and
       # each raise gets notes of its own.
@@ -367,7 +377,7 @@ class Masked:
 
   # --- calls ------------------------------------------------------------------
 
-  def logical_shapes(self, args: Sequence[Any], logical_env) -> Any:
+  def logical_shapes(self, args: Sequence[Any], logical_env: LogicalEnv) -> Any:
     """The outputs' logical shapes (a pytree of int tuples) for concrete sizes."""
     binding = self.bind(args)
     _spec.logical_values(logical_env, binding)  # validates the sizes
@@ -381,11 +391,12 @@ class Masked:
     shapes = [tuple(_dims.evaluate_dim(d, sizes) for d in a.shape) for a in traced.out_avals]
     return jax.tree.unflatten(traced.out_tree, shapes)
 
-  def unpad(self, padded_outs: Any, args: Sequence[Any], logical_env) -> Any:
+  def unpad(self, padded_outs: Any, args: Sequence[Any], logical_env: LogicalEnv) -> Any:
     """Slices padded outputs to their logical shapes (as NumPy arrays)."""
     shapes = self.logical_shapes(args, logical_env)
     leaves, tree = jax.tree.flatten(padded_outs)
-    shape_leaves = tree.flatten_up_to(shapes)
+    # (ignore: jaxlib ships no type stub for PyTreeDef, mypy sees none of its methods)
+    shape_leaves = tree.flatten_up_to(shapes)  # type: ignore[attr-defined]
     return jax.tree.unflatten(tree, [
         np.asarray(x)[tuple(slice(0, s) for s in shape)]
         for x, shape in zip(leaves, shape_leaves)])
@@ -401,7 +412,7 @@ class Masked:
       return jax.tree.unflatten(traced.out_tree, outs), (sizes, failed)
     return jax.tree.unflatten(traced.out_tree, outs)
 
-  def __call__(self, args: Sequence[Any], logical_env) -> Any:
+  def __call__(self, args: Sequence[Any], logical_env: LogicalEnv) -> Any:
     """The padded outputs. A function that creates data-dependent sizes
     (`x[x > 0]`, `jnp.nonzero`, `jnp.unique`) returns `(padded_outputs,
     shapes)` instead: `shapes` has one tuple per output leaf, its logical
@@ -418,7 +429,8 @@ class Masked:
     binding = self.bind(args)
     if all(_spec.is_concrete(logical_env[k]) for k in binding.dim_names):
       sizes = {k: int(logical_env[k]) for k in binding.dim_names}
-      return self.variant_for(args, sizes, binding).traced
+      traced: Traced = self.variant_for(args, sizes, binding).traced
+      return traced
     return self.trace(args, binding)
 
   def call_with_sizes(self, args: Sequence[Any], logical_env: Mapping[str, Any]
@@ -451,7 +463,8 @@ class Masked:
     return jax.tree.unflatten(traced.out_tree, outs), {**logical_env, **sizes}
 
 
-def _apply_selected(variants, binding, leaves, logical) -> list:
+def _apply_selected(variants: Sequence[_variants.Variant], binding: _spec.Binding,
+                    leaves: Sequence[Any], logical: Sequence[Any]) -> list[Any]:
   """Runs the variant the (traced) sizes select: `lax.switch` over them.
 
   Under `vmap` the switch evaluates every variant and selects; a variant on
@@ -469,24 +482,27 @@ def _apply_selected(variants, binding, leaves, logical) -> list:
   selected = [v.holds_traced(env) for v in variants]
   index = jnp.argmax(jnp.stack(selected)).astype(np.int32)
 
-  def branch(i):
-    def run(leaves, env):
+  def branch(i: int) -> Callable[[list[Any], dict[str, Any]], list[Any]]:
+    def run(leaves: list[Any], env: dict[str, Any]) -> list[Any]:
       guarded = [jnp.where(selected[i], x, jax.lax.stop_gradient(x))
                  if jnp.issubdtype(jnp.result_type(x), jnp.inexact) else x for x in leaves]
       return _apply_variant(variants[i], padded, guarded, env)
     return run
 
-  return jax.lax.switch(index, [branch(i) for i in range(len(variants))], list(leaves), env)
+  outs: list[Any] = jax.lax.switch(index, [branch(i) for i in range(len(variants))],
+                                   list(leaves), env)
+  return outs
 
 
-def _apply_variant(variant, padded, leaves, env: dict[str, Any]) -> list:
+def _apply_variant(variant: _variants.Variant, padded: dict[str, int], leaves: Sequence[Any],
+                   env: dict[str, Any]) -> list[Any]:
   """`apply` with the sizes a variant's trace names (an equality constraint
   such as 'm == n' leaves only `n`)."""
   traced = variant.traced
   return apply(traced, padded, leaves, [env[k] for k in traced.dim_names])
 
 
-def check_out_shape(out_shape, traced: Traced, scope) -> None:
+def check_out_shape(out_shape: SpecTree, traced: Traced, scope: jc.SymbolicScope) -> None:
   """Raises ShapeError when the traced output shapes differ from `out_shape`."""
   example = jax.tree.unflatten(traced.out_tree, traced.out_avals)
   try:
@@ -507,11 +523,11 @@ def check_out_shape(out_shape, traced: Traced, scope) -> None:
           f"{_fmt(declared)} (spec {spec!r}).")
 
 
-def _fmt(shape) -> str:
+def _fmt(shape: Sequence[Any]) -> str:
   return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
-def mask(fun: Callable, in_shapes, out_shape=None, *,
+def mask(fun: Callable[..., Any], in_shapes: ArgSpecs, out_shape: SpecTree = None, *,
          constraints: Sequence[str] = ()) -> Masked:
   """Masks `fun`: run it on padded arrays, get the exact unpadded result.
 

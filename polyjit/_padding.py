@@ -15,7 +15,7 @@ another `pj.jit` function takes as they are when they fit its bucket.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import numpy as np
@@ -33,12 +33,12 @@ class Padded:
   """
   __slots__ = ("data", "shape")
 
-  def __init__(self, data, shape):
+  def __init__(self, data: jax.Array, shape: Sequence[int]) -> None:
     self.data = data
     self.shape = tuple(int(s) for s in shape)
 
   @property
-  def dtype(self):
+  def dtype(self) -> np.dtype[Any]:
     return self.data.dtype
 
   @property
@@ -49,30 +49,30 @@ class Padded:
     """The logical array (a host round trip, no compile)."""
     return unpad(self.data, self.shape)
 
-  def __array__(self, dtype=None, copy=None):
+  def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
     return np.asarray(self.unpad(), dtype=dtype)
 
-  def __repr__(self):
+  def __repr__(self) -> str:
     return f"Padded(shape={self.shape}, padded={tuple(self.data.shape)}, dtype={self.dtype})"
 
-  def tree_flatten(self):
+  def tree_flatten(self) -> tuple[tuple[jax.Array], tuple[int, ...]]:
     return (self.data,), self.shape
 
   @classmethod
-  def tree_unflatten(cls, shape, children):
+  def tree_unflatten(cls, shape: tuple[int, ...], children: Sequence[Any]) -> Padded:
     return cls(children[0], shape)
 
 
-def is_padded(x) -> bool:
+def is_padded(x: object) -> bool:
   return isinstance(x, Padded)
 
 
-def logical_shape(x) -> tuple[int, ...]:
+def logical_shape(x: Any) -> tuple[int, ...]:
   shape = getattr(x, "shape", None)  # arrays, NumPy scalars and Padded have one
   return tuple(np.shape(x)) if shape is None else tuple(shape)
 
 
-def pad(x, padded_shape: tuple[int, ...], dtype) -> Any:
+def pad(x: Any, padded_shape: tuple[int, ...], dtype: Any) -> Any:
   """`x` (array, scalar or Padded) as an array of `padded_shape` and `dtype`.
 
   Arguments that already have the padded shape and dtype pass through
@@ -90,7 +90,8 @@ def pad(x, padded_shape: tuple[int, ...], dtype) -> Any:
   return out
 
 
-def pad_into(x, padded_shape: tuple[int, ...], dtype, region: tuple[slice, ...]):
+def pad_into(x: Any, padded_shape: tuple[int, ...], dtype: Any,
+             region: tuple[slice, ...]) -> np.ndarray:
   """A zeroed host buffer of `padded_shape` with `x` (array or scalar, not
   `Padded`) copied into `region`, its leading corner: `pad`'s hot path."""
   out = np.zeros(padded_shape, dtype)
@@ -98,12 +99,12 @@ def pad_into(x, padded_shape: tuple[int, ...], dtype, region: tuple[slice, ...])
   return out
 
 
-def _dtype_of(x):
+def _dtype_of(x: Any) -> np.dtype[Any] | None:
   dtype = getattr(x, "dtype", None)
   return None if dtype is None else np.dtype(dtype)
 
 
-def unpad(x, shape: tuple[int, ...]) -> jax.Array:
+def unpad(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
   """The leading `shape` corner of a padded device array, as a device array."""
   if tuple(x.shape) == tuple(shape):
     return x

@@ -105,13 +105,14 @@ from __future__ import annotations
 import functools
 import math
 import re
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeAlias
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.sharding import Sharding
+from jax.typing import ArrayLike
 
 from . import _buckets
 from . import _dims
@@ -120,12 +121,23 @@ from . import _sharding
 from ._errors import MaskingError, ShapeError
 from ._mask import Masked
 
+#: `pj.vmap`'s `in_axes`, as in `jax.vmap`: an int, None, or a list or tuple
+#: with one pytree prefix (of ints and Nones) per positional argument.
+InAxes: TypeAlias = "int | None | Sequence[Any]"
 
-def _is_ragged(x) -> bool:
+#: `pj.vmap`'s `out_axes`, as in `jax.vmap`: a pytree prefix of the outputs
+#: whose leaves are ints or None.
+OutAxes: TypeAlias = Any
+
+#: Groups of Ragged arguments (by number) that share their size variables.
+Groups: TypeAlias = tuple[tuple[int, ...], ...]
+
+
+def _is_ragged(x: object) -> bool:
   return isinstance(x, Ragged)
 
 
-def _is_concrete(x) -> bool:
+def _is_concrete(x: object) -> bool:
   return not isinstance(x, jc.Tracer)
 
 
@@ -144,7 +156,7 @@ class Ragged:
     ragged_axes: k, the number of leading example axes that vary.
   """
 
-  def __init__(self, data, lengths, num_examples=None):
+  def __init__(self, data: Any, lengths: ArrayLike, num_examples: ArrayLike | None = None) -> None:
     lengths = lengths if isinstance(lengths, jax.Array) else np.asarray(lengths)
     if lengths.ndim not in (1, 2) or not jnp.issubdtype(lengths.dtype, jnp.integer):
       raise TypeError(
@@ -158,14 +170,14 @@ class Ragged:
     self._set(data, lengths, num_examples, k)
     _validate(self)
 
-  def _set(self, data, lengths, count, k):
+  def _set(self, data: Any, lengths: Any, count: Any, k: int) -> None:
     self.data = data
     self.lengths = lengths
     self._count = count
     self.ragged_axes = k
 
   @classmethod
-  def _make(cls, data, lengths, count, k) -> "Ragged":
+  def _make(cls, data: Any, lengths: Any, count: Any, k: int) -> "Ragged":
     """Builds without validation (traced parts, pytree unflattening)."""
     r = object.__new__(cls)
     r._set(data, lengths, count, k)
@@ -173,21 +185,23 @@ class Ragged:
 
   # --- pytree ----------------------------------------------------------------
 
-  def tree_flatten_with_keys(self):
+  def tree_flatten_with_keys(self) -> tuple[tuple[tuple[Any, Any], ...], int]:
     key = jax.tree_util.GetAttrKey
     children = ((key("data"), self.data), (key("lengths"), self.lengths),
                 (key("num_examples"), self._count))
     return children, self.ragged_axes
 
   @classmethod
-  def tree_unflatten(cls, k, children):
-    return cls._make(*children, k)
+  def tree_unflatten(cls, k: int, children: Sequence[Any]) -> "Ragged":
+    data, lengths, count = children
+    return cls._make(data, lengths, count, k)
 
   # --- construction on the host ----------------------------------------------
 
   @classmethod
-  def from_list(cls, arrays: Sequence[Any], *, ragged_axes: int = 1, buckets=None,
-                batch_buckets=None, sharding: Sharding | None = None) -> "Ragged":
+  def from_list(cls, arrays: Sequence[Any], *, ragged_axes: int = 1,
+                buckets: _buckets.BucketSpec = None, batch_buckets: _buckets.BucketSpec = None,
+                sharding: Sharding | None = None) -> "Ragged":
     """Pads examples of different sizes into one `Ragged` (on the host).
 
     Args:
@@ -274,7 +288,7 @@ class Ragged:
     return cls._make(jax.tree.unflatten(tree, [put(d) for d in data]), put(lengths), None,
                      ragged_axes)
 
-  def to_list(self) -> list:
+  def to_list(self) -> list[Any]:
     """The examples, unpadded, as NumPy arrays (or pytrees of them)."""
     leaves, tree = jax.tree.flatten(self.data)
     if not all(_is_concrete(x) for x in [*leaves, self.lengths, self._count]):
@@ -293,7 +307,8 @@ class Ragged:
   @property
   def batch_size(self) -> int:
     """The padded number of rows (static)."""
-    return jax.tree.leaves(self.data)[0].shape[0]
+    rows: int = jax.tree.leaves(self.data)[0].shape[0]
+    return rows
 
   @property
   def padded_lengths(self) -> tuple[int, ...]:
@@ -306,7 +321,7 @@ class Ragged:
     return self._count is not None
 
   @property
-  def num_examples(self):
+  def num_examples(self) -> int | jax.Array:
     """The number of examples: an int, or an int32 scalar (traced inside
     `jax.jit`) when the batch is padded."""
     return self.batch_size if self._count is None else self._count
@@ -320,7 +335,7 @@ class Ragged:
           "inside jax.jit; use r.num_examples (a scalar) or r.example_mask.")
     return int(self._count)
 
-  def length_columns(self) -> list:
+  def length_columns(self) -> list[Any]:
     """The logical size of each ragged axis, one `(batch,)` array each."""
     if self.ragged_axes == 1:
       return [self.lengths]
@@ -329,18 +344,18 @@ class Ragged:
   # --- masks and reductions over valid entries --------------------------------
 
   @property
-  def example_mask(self):
+  def example_mask(self) -> jax.Array:
     """`(batch,)` bool: True for real examples, False for padded-out rows."""
     rows = jnp.arange(self.batch_size)
     return rows < (self.batch_size if self._count is None else self._count)
 
   @property
-  def mask(self):
+  def mask(self) -> Any:
     """Bool, shaped like `data` (a pytree of masks for pytree data): True on
     the valid entries of real examples."""
     return jax.tree.map(self._mask_like, self.data)
 
-  def _mask_like(self, x):
+  def _mask_like(self, x: Any) -> jax.Array:
     lead = (x.shape[0],) + (1,) * (x.ndim - 1)
     mask = jnp.broadcast_to(self.example_mask.reshape(lead), x.shape)
     for j, size in enumerate(self.length_columns()):
@@ -349,19 +364,19 @@ class Ragged:
       mask = mask & (position < size.reshape(lead))
     return mask
 
-  def sum(self):
+  def sum(self) -> Any:
     """The sum over every valid entry of every real example (per data leaf).
 
     Padding never enters, not even as 0 * NaN in gradients."""
     return jax.tree.map(lambda x: jnp.sum(x, where=self._mask_like(x)), self.data)
 
-  def mean(self):
+  def mean(self) -> Any:
     """The mean over every valid entry of every real example (per data leaf):
     the mean of the concatenated examples. For per-example scalars (what
     `pj.vmap` returns over a padded batch), the mean over real examples."""
     return jax.tree.map(lambda x: jnp.mean(x, where=self._mask_like(x)), self.data)
 
-  def __repr__(self):
+  def __repr__(self) -> str:
     leaf = jax.tree.leaves(self.data)[0]
     parts = [f"padded shape {tuple(leaf.shape)}", str(leaf.dtype)]
     if all(_is_concrete(x) for x in (self.lengths, self._count)):
@@ -377,7 +392,7 @@ def _validate(r: Ragged) -> None:
   batch, k = r.lengths.shape[0], r.ragged_axes
   if not leaves:
     raise TypeError("Ragged data must hold at least one array.")
-  padded = None
+  padded: tuple[int, ...] | None = None
   for path, x in jax.tree_util.tree_flatten_with_path(r.data)[0]:
     where = "Ragged data" + jax.tree_util.keystr(path)
     shape = tuple(np.shape(x))
@@ -391,6 +406,7 @@ def _validate(r: Ragged) -> None:
       raise ShapeError(
           f"{where} has padded sizes {shape[1:1 + k]} on its ragged axes, but an "
           f"earlier data leaf has {padded}: leaves sharing lengths need equal padding.")
+  assert padded is not None  # (there is a leaf)
   real = batch
   if r._count is not None and _is_concrete(r._count):
     real = int(np.asarray(r._count))
@@ -409,11 +425,14 @@ def _validate(r: Ragged) -> None:
             f"must be between 1 and its padded size {size}{empty}.")
 
 
-def _host_examples(examples, k):
+def _host_examples(examples: Sequence[Any], k: int
+                   ) -> tuple[list[list[np.ndarray]], Any, list[Any]]:
   """Flattens examples on the host: (per-leaf lists of arrays, tree, sizes)."""
+  tree: Any  # (a PyTreeDef, which jaxlib ships no type stub for)
+  t: Any
   _, tree = jax.tree.flatten(examples[0])
   columns: list[list[np.ndarray]] = [[] for _ in range(tree.num_leaves)]
-  sizes = []
+  sizes: list[Any] = []
   for i, example in enumerate(examples):
     leaves, t = jax.tree.flatten(example)
     if t != tree:
@@ -421,7 +440,7 @@ def _host_examples(examples, k):
           f"example {i} has the structure {t}, but example 0 has {tree}: every "
           "example must have the same pytree structure.")
     arrays = [np.asarray(x) for x in leaves]
-    size = None
+    size: Any = None
     for leaf, (column, x) in enumerate(zip(columns, arrays)):
       where = f"example {i}" + (f" leaf {leaf}" if len(arrays) > 1 else "")
       if x.ndim < k:
@@ -452,18 +471,19 @@ def _host_pad(arrays: list[np.ndarray], padded: tuple[int, ...], batch: int) -> 
   dtype = jax.dtypes.canonicalize_dtype(np.result_type(*{a.dtype for a in arrays}))
   out = np.zeros((batch, *padded, *arrays[0].shape[k:]), dtype)
   for i, x in enumerate(arrays):
-    out[(i, *(slice(0, s) for s in x.shape[:k]))] = x
+    index: tuple[int | slice, ...] = (i, *(slice(0, s) for s in x.shape[:k]))
+    out[index] = x
   return out
 
 
 # --- pj.vmap -----------------------------------------------------------------
 
-def _hashable(tree):
+def _hashable(tree: Any) -> tuple[tuple[Any, ...], Any]:
   leaves, treedef = jax.tree.flatten(tree, is_leaf=lambda x: x is None)
   return tuple(leaves), treedef
 
 
-def _unhashable(key):
+def _unhashable(key: tuple[tuple[Any, ...], Any]) -> Any:
   leaves, treedef = key
   return treedef.unflatten(leaves)
 
@@ -471,7 +491,7 @@ def _unhashable(key):
 class RaggedVmapped:
   """The result of `pj.vmap`: call it like the `jax.vmap`ped function."""
 
-  def __init__(self, fun: Callable, in_axes, out_axes):
+  def __init__(self, fun: Callable[..., Any], in_axes: InAxes, out_axes: OutAxes) -> None:
     self.fun = fun
     # A list is not a prefix of the positional-argument tuple: as in jax.vmap.
     self.in_axes = tuple(in_axes) if isinstance(in_axes, list) else in_axes
@@ -480,17 +500,17 @@ class RaggedVmapped:
     self._plans: dict[Any, _Plan] = {}
     functools.update_wrapper(self, fun, updated=())
 
-    def run(*args):
+    def run(*args: Any) -> Any:
       return self._run(*args)
 
     # Compile events and profiles then name the user's function.
     run.__name__ = run.__qualname__ = f"vmap_{getattr(fun, '__name__', 'fun')}"
     self._jitted = jax.jit(run)
 
-  def __repr__(self):
+  def __repr__(self) -> str:
     return f"pj.vmap({getattr(self.fun, '__name__', self.fun)!r})"
 
-  def __call__(self, *args):
+  def __call__(self, *args: Any) -> Any:
     leaves = jax.tree.leaves(args, is_leaf=_is_ragged)
     raggeds = [x for x in leaves if _is_ragged(x)]
     if not raggeds:
@@ -505,19 +525,22 @@ class RaggedVmapped:
         plan.check_on_host(_host_lengths([x for x in leaves if _is_ragged(x)]))
     return self._jitted(*args)
 
-  def _flatten(self, args):
+  def _flatten(self, args: tuple[Any, ...]) -> tuple[Any, list[Any], list[str], list[Any]]:
     flat, treedef = jax.tree_util.tree_flatten_with_path(args, is_leaf=_is_ragged)
     paths, leaves = [_describe(p) for p, _ in flat], [x for _, x in flat]
     return treedef, leaves, paths, _leaf_axes(self.in_axes, args, len(leaves))
 
-  def _run(self, *args):
+  def _run(self, *args: Any) -> Any:
     treedef, leaves, paths, axes = self._flatten(args)
     batch, count = _batch(leaves, axes, paths)
     keep = None if count is None else jnp.arange(batch) < count
     plan = self._plan(treedef, leaves, axes, paths)
     masked, names = plan.masked, plan.names
 
-    datas, lengths, plains, plain_axes = [], [], [], []
+    datas: list[Any] = []
+    lengths: list[Any] = []
+    plains: list[Any] = []
+    plain_axes: list[Any] = []
     for x, axis in zip(leaves, axes):
       if _is_ragged(x):
         data = _first_for_padded(x.data, 0, keep)
@@ -533,7 +556,8 @@ class RaggedVmapped:
              for l, r in zip(lengths, [x for x in leaves if _is_ragged(x)])]
     kinds = [_is_ragged(x) for x in leaves]
 
-    def per_example(datas, sizes, plains):
+    def per_example(datas: list[Any], sizes: list[list[Any]], plains: list[Any]
+                    ) -> tuple[Any, list[list[Any]]]:
       sources = (iter(datas), iter(plains))
       example = treedef.unflatten([next(sources[0] if r else sources[1]) for r in kinds])
       env = {name: s for ns, ss in zip(names, sizes) for name, s in zip(ns, ss)}
@@ -553,8 +577,8 @@ class RaggedVmapped:
       raise
     return self._assemble(outs, out_lengths, count, keep)
 
-  def _masked_for(self, treedef, ks, groups,
-                  constraints=()) -> tuple[Masked, list[list[str]]]:
+  def _masked_for(self, treedef: Any, ks: tuple[int | None, ...], groups: Groups,
+                  constraints: tuple[str, ...] = ()) -> tuple[Masked, list[list[str]]]:
     """`pj.mask(fun)` for this argument structure and sharing (cached), and
     the dim names of each Ragged argument: `n{i}_{j}`, i the first member of
     its group."""
@@ -572,7 +596,8 @@ class RaggedVmapped:
         self._masked[key] = masked
     return masked, names
 
-  def _plan(self, treedef, leaves, axes, paths) -> "_Plan":
+  def _plan(self, treedef: Any, leaves: list[Any], axes: list[Any],
+            paths: list[str]) -> "_Plan":
     """Which Ragged arguments share their size variables (cached per argument
     structure, shapes and dtypes): none, unless `fun` needs their lengths
     equal (the module docstring says how that is found)."""
@@ -582,8 +607,9 @@ class RaggedVmapped:
     plan = self._plans.get(key)
     if plan is not None:
       return plan
-    separate = groups = tuple((o,) for o in range(len(raggeds)))
-    first_error = None
+    groups: Groups = tuple((o,) for o in range(len(raggeds)))
+    separate = groups
+    first_error: BaseException | None = None
     probe = functools.partial(self._probe, treedef, leaves, axes)
     while _may_share(raggeds):
       error = probe(groups)
@@ -602,8 +628,9 @@ class RaggedVmapped:
     self._plans[key] = plan
     return plan
 
-  def _probe(self, treedef, leaves, axes, groups, constraints=(),
-             padded=None) -> BaseException | None:
+  def _probe(self, treedef: Any, leaves: list[Any], axes: list[Any], groups: Groups,
+             constraints: Sequence[str] = (),
+             padded: list[tuple[int, ...]] | None = None) -> BaseException | None:
     """Traces `fun` with these groups, constraints and padded sizes (no
     program is built): its error, or None."""
     ks = tuple(x.ragged_axes if _is_ragged(x) else None for x in leaves)
@@ -612,9 +639,9 @@ class RaggedVmapped:
     it = iter(padded)
     example = [_example_struct(x, a, next(it) if _is_ragged(x) else None)
                for x, a in zip(leaves, axes)]
-    box = []
+    box: list[BaseException] = []
 
-    def probe(example):
+    def probe(example: Any) -> tuple[()]:
       try:
         masked.trace(list(treedef.unflatten(example)))
       except Exception as e:  # noqa: BLE001  (the real call raises it again)
@@ -624,10 +651,12 @@ class RaggedVmapped:
     jax.eval_shape(probe, example)
     return box[0] if box else None
 
-  def _assemble(self, outs, out_lengths, count, keep):
+  def _assemble(self, outs: Any, out_lengths: list[list[Any]], count: Any,
+                keep: jax.Array | None) -> Any:
+    tree: Any  # (a PyTreeDef, which jaxlib ships no type stub for)
     leaves, tree = jax.tree.flatten(outs)
     axes = _broadcast(self.out_axes, outs, len(leaves), "out_axes")
-    result = []
+    result: list[Any] = []
     for x, lengths, axis in zip(leaves, out_lengths, axes):
       if not lengths and keep is None:
         result.append(x)
@@ -650,15 +679,15 @@ class RaggedVmapped:
 _DIM_NAME = re.compile(r"\bn(\d+)_(\d+)\b")
 
 
-def _may_share(raggeds) -> bool:
+def _may_share(raggeds: Sequence[Ragged]) -> bool:
   """Whether two of these Ragged arguments could share size variables."""
   ks = [r.ragged_axes for r in raggeds if r.ragged_axes]
   return len(ks) != len(set(ks))
 
 
-def _aval_key(x, axis) -> tuple:
+def _aval_key(x: Any, axis: Any) -> tuple[Any, ...]:
   """What a trace of `fun` depends on in one flat argument (concrete or traced)."""
-  def one(a):
+  def one(a: Any) -> tuple[tuple[int, ...], str, bool]:
     t = jc.typeof(a)
     return tuple(t.shape), str(t.dtype), bool(t.weak_type)
   if _is_ragged(x):
@@ -667,9 +696,9 @@ def _aval_key(x, axis) -> tuple:
   return one(x), axis
 
 
-def _example_struct(x, axis, padded):
+def _example_struct(x: Any, axis: int | None, padded: Any) -> Any:
   """The abstract value of one example of a flat argument (for tracing)."""
-  def struct(shape, a):
+  def struct(shape: Sequence[int], a: Any) -> jax.ShapeDtypeStruct:
     t = jc.typeof(a)
     return jax.ShapeDtypeStruct(tuple(shape), t.dtype, weak_type=t.weak_type)
   if _is_ragged(x):
@@ -681,9 +710,9 @@ def _example_struct(x, axis, padded):
   return struct(shape, x)
 
 
-def _group_padded(groups, raggeds) -> list[tuple[int, ...]]:
+def _group_padded(groups: Groups, raggeds: Sequence[Ragged]) -> list[tuple[int, ...]]:
   """The padded sizes each Ragged argument runs at: a group's largest."""
-  out: list = [None] * len(raggeds)
+  out: list[Any] = [None] * len(raggeds)
   for g in groups:
     padded = tuple(max(sizes) for sizes in zip(*[raggeds[o].padded_lengths for o in g]))
     for o in g:
@@ -691,9 +720,9 @@ def _group_padded(groups, raggeds) -> list[tuple[int, ...]]:
   return out
 
 
-def _pad_ragged_axes(data, padded):
+def _pad_ragged_axes(data: Any, padded: tuple[int, ...]) -> Any:
   """`data` with its ragged axes padded (with zeros) up to `padded`."""
-  def pad(x):
+  def pad(x: Any) -> Any:
     have = x.shape[1:1 + len(padded)]
     if tuple(have) == tuple(padded):
       return x
@@ -703,11 +732,11 @@ def _pad_ragged_axes(data, padded):
   return jax.tree.map(pad, data)
 
 
-def _columns(lengths, k: int) -> list:
+def _columns(lengths: Any, k: int) -> list[Any]:
   return [lengths] if k == 1 else [lengths[:, j] for j in range(k)]
 
 
-def _host_lengths(raggeds) -> list[np.ndarray]:
+def _host_lengths(raggeds: Sequence[Ragged]) -> list[np.ndarray]:
   """Concrete lengths on the host, padded-out rows replaced by row 0's (as
   the program does)."""
   out = [np.array(r.lengths) for r in raggeds]
@@ -719,11 +748,13 @@ def _host_lengths(raggeds) -> list[np.ndarray]:
 
 
 def _error_chain(error: BaseException) -> list[BaseException]:
-  chain, seen = [], set()
-  while error is not None and id(error) not in seen:
-    seen.add(id(error))
-    chain.append(error)
-    error = error.__cause__ or error.__context__
+  chain: list[BaseException] = []
+  seen: set[int] = set()
+  current: BaseException | None = error
+  while current is not None and id(current) not in seen:
+    seen.add(id(current))
+    chain.append(current)
+    current = current.__cause__ or current.__context__
   return chain
 
 
@@ -732,7 +763,8 @@ def _error_texts(error: BaseException) -> list[str]:
           for t in [str(e), *getattr(e, "__notes__", ())]]
 
 
-def _suspects(error, groups, raggeds) -> list[tuple[tuple, tuple]]:
+def _suspects(error: BaseException, groups: Groups, raggeds: Sequence[Ragged]
+              ) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
   """Pairs of groups of Ragged arguments (as many ragged axes) whose sizes
   `error`, from tracing `fun` with `groups`, names (`mul got incompatible
   shapes: (n0_0, 3), (n1_0, 1)`, or a note 'n0_0 != n1_0'). An error that
@@ -749,7 +781,8 @@ def _suspects(error, groups, raggeds) -> list[tuple[tuple, tuple]]:
   return [(a, b) for i, a in enumerate(hit) for b in hit[i + 1:] if k(a) == k(b) and k(a)]
 
 
-def _needs_equal(probe, groups, a, b, raggeds) -> bool:
+def _needs_equal(probe: Callable[..., BaseException | None], groups: Groups,
+                 a: tuple[int, ...], b: tuple[int, ...], raggeds: Sequence[Ragged]) -> bool:
   """Whether `fun` fails when either of groups `a`, `b` is the longer (on
   every ragged axis), so that it needs their lengths equal. A function that
   needs only an order (`k[:q.shape[0]]`: keys at least as long as queries)
@@ -785,7 +818,9 @@ class _Plan:
   """How one argument structure runs: the masked function, each Ragged
   argument's dim names and padded sizes, and the groups that share them."""
 
-  def __init__(self, vmapped, treedef, ks, groups, raggeds, error):
+  def __init__(self, vmapped: RaggedVmapped, treedef: Any, ks: tuple[int | None, ...],
+               groups: Groups, raggeds: list[tuple[Ragged, str]],
+               error: BaseException | None) -> None:
     self.groups = groups
     self.masked, self.names = vmapped._masked_for(treedef, ks, groups)
     self.padded = _group_padded(groups, [x for x, _ in raggeds])
@@ -793,7 +828,8 @@ class _Plan:
     self.shared = [g for g in groups if len(g) > 1]
     self.shares = bool(self.shared)
     self.fun_name = getattr(vmapped.fun, "__name__", None) or repr(vmapped.fun)
-    self.reason = _root_cause(error) if self.shares else None
+    # (sharing only ever follows an error)
+    self.reason = _root_cause(error) if self.shares and error is not None else None
     named = [f"{n} is {p} axis {j}" for ns, p in zip(self.names, self.paths)
              for j, n in enumerate(ns)]
     self.note = (f"(pj.vmap names the lengths of the pj.Ragged arguments: "
@@ -810,7 +846,7 @@ class _Plan:
           return self._error(g[0], o, int(bad[0]), a[bad[0]], b[bad[0]])
     return None
 
-  def _error(self, i, o, row, la, lb) -> ShapeError:
+  def _error(self, i: int, o: int, row: int, la: Any, lb: Any) -> ShapeError:
     pa, pb = self.paths[i], self.paths[o]
     show = lambda l: (f"length {int(l)}" if np.ndim(l) == 0
                       else f"lengths {tuple(int(v) for v in l)}")
@@ -826,12 +862,12 @@ class _Plan:
         f"give every example equal lengths in both, or write {self.fun_name} for "
         "different ones.")
 
-  def check_on_host(self, lengths) -> None:
+  def check_on_host(self, lengths: Sequence[Any]) -> None:
     error = self.mismatch(lengths)
     if error is not None:
       raise error
 
-  def check_in_program(self, lengths: list) -> list:
+  def check_in_program(self, lengths: list[Any]) -> list[Any]:
     """The lengths, each shared group's replaced by its first member's after
     a check that they are equal: `lax.cond` on the comparison, whose taken
     side calls back to the host to raise the pj.ShapeError, so equal lengths
@@ -842,11 +878,11 @@ class _Plan:
     differ = jnp.any(jnp.stack([jnp.any(lengths[o] != lengths[g[0]])
                                 for g in self.shared for o in g[1:]]))
 
-    def host(*values):
+    def host(*values: Any) -> list[np.ndarray]:
       self.check_on_host(values)
       return [np.asarray(values[g[0]]) for g in self.shared]
 
-    def fail(lengths):
+    def fail(lengths: list[Any]) -> Any:
       shapes = [jax.ShapeDtypeStruct(h.shape, h.dtype) for h in heads]
       return jax.pure_callback(host, shapes, *lengths, vmap_method="sequential")
 
@@ -859,7 +895,7 @@ class _Plan:
     return out
 
 
-def _why(lengths) -> str:
+def _why(lengths: Sequence[Any]) -> str:
   return ("depends on the example's length" if lengths
           else "is per example, and the batch is padded")
 
@@ -868,7 +904,7 @@ def _spec(names: list[str]) -> str | None:
   return "(" + ", ".join([*names, "..."]) + ")" if names else None
 
 
-def _describe(path) -> str:
+def _describe(path: tuple[Any, ...]) -> str:
   """'argument 1', 'argument 0 at ['x']' from a path into the args tuple."""
   if not path:
     return "the output"
@@ -877,9 +913,9 @@ def _describe(path) -> str:
   return name + (f" at {jax.tree_util.keystr(rest)}" if rest else "")
 
 
-def _broadcast(prefix, tree, n_leaves: int, what: str) -> list:
+def _broadcast(prefix: Any, tree: Any, n_leaves: int, what: str) -> list[Any]:
   """`prefix` (ints and None) broadcast over `tree`'s leaves, Ragged as leaves."""
-  out: list = []
+  out: list[Any] = []
   extend = lambda ax, sub: out.extend([ax] * len(jax.tree.leaves(sub, is_leaf=_is_ragged)))
   try:
     jax.tree.map(extend, prefix, tree, is_leaf=lambda x: x is None)
@@ -892,7 +928,7 @@ def _broadcast(prefix, tree, n_leaves: int, what: str) -> list:
   return out
 
 
-def _leaf_axes(in_axes, args, n_leaves: int) -> list:
+def _leaf_axes(in_axes: Any, args: tuple[Any, ...], n_leaves: int) -> list[Any]:
   if not isinstance(in_axes, tuple):
     in_axes = (in_axes,) * len(args)
   elif len(in_axes) != len(args):
@@ -902,7 +938,7 @@ def _leaf_axes(in_axes, args, n_leaves: int) -> list:
   return _broadcast(in_axes, args, n_leaves, "in_axes")
 
 
-def _batch(leaves, axes, paths) -> tuple[int, Any]:
+def _batch(leaves: list[Any], axes: list[Any], paths: list[str]) -> tuple[int, Any]:
   """The padded batch size and the number of examples (None: not padded)."""
   raggeds = [(x, a, p) for x, a, p in zip(leaves, axes, paths) if _is_ragged(x)]
   first, _, first_path = raggeds[0]
@@ -938,7 +974,7 @@ def _check_counts(raggeds: list[Ragged]) -> None:
         f"({sorted(counts)}): pad every argument of one batch from the same examples.")
 
 
-def _first_for_padded(x, axis, keep):
+def _first_for_padded(x: Any, axis: int | None, keep: jax.Array | None) -> Any:
   """`x` (a pytree) with the padded-out rows along `axis` replaced by row 0.
 
   Padded-out examples then compute finite values whatever their padding holds,
@@ -947,7 +983,7 @@ def _first_for_padded(x, axis, keep):
   if keep is None or axis is None:
     return x
 
-  def fill(a):
+  def fill(a: Any) -> Any:
     shape = [1] * a.ndim
     shape[axis] = a.shape[axis]
     # Row 0 as a sum over the batch axis of the rows where it is kept alone,
@@ -961,7 +997,7 @@ def _first_for_padded(x, axis, keep):
   return jax.tree.map(fill, x)
 
 
-def _out_lengths(aval, env, where: str) -> list:
+def _out_lengths(aval: Any, env: dict[str, Any], where: str) -> list[Any]:
   """Per example: the logical size of each leading dynamic axis of an output."""
   shape = aval.shape
   lead = next((a for a, d in enumerate(shape) if not jc.is_symbolic_dim(d)), len(shape))
@@ -975,7 +1011,7 @@ def _out_lengths(aval, env, where: str) -> list:
   return [_dims.evaluate_dim(d, env) for d in shape[:lead]]
 
 
-def vmap(fun: Callable, in_axes=0, out_axes=0) -> RaggedVmapped:
+def vmap(fun: Callable[..., Any], in_axes: InAxes = 0, out_axes: OutAxes = 0) -> RaggedVmapped:
   """`jax.vmap` that also maps over `pj.Ragged` arguments, example by example.
 
   Args:
@@ -1022,5 +1058,5 @@ def vmap(fun: Callable, in_axes=0, out_axes=0) -> RaggedVmapped:
 # and recompile: instances are shared. Bounded, like JAX's own trace caches,
 # because each holds its function and compiled programs.
 @functools.lru_cache(maxsize=128)
-def _cached_vmap(fun, in_axes, out_axes) -> RaggedVmapped:
+def _cached_vmap(fun: Callable[..., Any], in_axes: Any, out_axes: Any) -> RaggedVmapped:
   return RaggedVmapped(fun, _unhashable(in_axes), _unhashable(out_axes))

@@ -32,7 +32,7 @@ from . import _data_dependent as dd
 from . import _jax_compat as jc
 
 
-def _traced(*arrays) -> bool:
+def _traced(*arrays: Any) -> bool:
   """Traced by plain JAX: `size=` semantics (inside pj.jit: polyjit's trace)."""
   traced = any(isinstance(a, jc.Tracer) for a in arrays)
   if traced and dd.in_plain_jit_trace():

@@ -13,7 +13,7 @@ sizes come separately, at call time, and may be traced.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence, TypeAlias
 
 import jax
 import numpy as np
@@ -23,7 +23,24 @@ from . import _jax_compat as jc
 from ._errors import ShapeError
 
 
-def is_spec_leaf(x) -> bool:
+#: One array's spec: a string in `jax.export`'s polymorphic-shape syntax
+#: ("n", "(n, _)", "(m+1, 2*n)", "" for a scalar), or None (every dim fixed).
+Spec: TypeAlias = "str | None"
+
+#: A pytree of `Spec`s that is a prefix of the argument (or output) it
+#: describes: one spec for a whole dict of arrays, or one per leaf.
+SpecTree: TypeAlias = Any
+
+#: `in_shapes` / `polymorphic_shapes`: one `SpecTree` per positional argument
+#: (a list or tuple), or one `Spec` (`pj.mask`: for every argument).
+ArgSpecs: TypeAlias = "Spec | Sequence[SpecTree]"
+
+#: Dimension name -> its logical size: a Python int or an int scalar array,
+#: possibly traced.
+LogicalEnv: TypeAlias = "Mapping[str, int | np.integer[Any] | np.ndarray | jax.Array]"
+
+
+def is_spec_leaf(x: object) -> bool:
   return x is None or isinstance(x, str)
 
 
@@ -39,7 +56,7 @@ class LeafSpec:
 @dataclasses.dataclass(frozen=True)
 class Binding:
   """The result of binding specs to padded arguments."""
-  scope: Any
+  scope: jc.SymbolicScope
   leaves: tuple[LeafSpec, ...]
   dim_names: tuple[str, ...]          # sorted; the order of logical values
   padded: dict[str, int]
@@ -48,10 +65,10 @@ class Binding:
     return tuple((k, self.padded[k]) for k in self.dim_names)
 
 
-_scopes: dict[tuple[str, ...], Any] = {}
+_scopes: dict[tuple[str, ...], jc.SymbolicScope] = {}
 
 
-def make_scope(constraints: Sequence[str]):
+def make_scope(constraints: str | Sequence[str]) -> jc.SymbolicScope:
   """The symbolic scope for a set of constraints, shared by every masked
   function with the same constraints: equal dimension names then give equal
   symbolic shapes, so JAX's own trace caches (jnp functions are jitted) hit
@@ -68,7 +85,8 @@ def make_scope(constraints: Sequence[str]):
   return scope
 
 
-def parse_shape(spec: str | None, like: tuple[int, ...], scope, where: str):
+def parse_shape(spec: str | None, like: tuple[int | None, ...], scope: jc.SymbolicScope,
+                where: str) -> tuple[Any, ...]:
   """Parses one spec against a padded shape; raises ShapeError on mismatch."""
   if spec is None:
     return tuple(like)
@@ -118,12 +136,12 @@ def spec_rank(spec: str) -> int | None:
   return len(dims)
 
 
-def _leaf_paths(tree) -> list[str]:
+def _leaf_paths(tree: Any) -> list[str]:
   paths, _ = jax.tree_util.tree_flatten_with_path(tree)
   return [jax.tree_util.keystr(p) for p, _ in paths]
 
 
-def bind(in_shapes, args: Sequence[Any], scope,
+def bind(in_shapes: ArgSpecs, args: Sequence[Any], scope: jc.SymbolicScope,
          arg_names: Sequence[str] | None = None, *, check: bool = True) -> Binding:
   """Binds `in_shapes` (one spec per argument) to padded `args`.
 
@@ -149,6 +167,7 @@ def bind(in_shapes, args: Sequence[Any], scope,
           f"argument: {e}") from None
     # Up to the argument's structure: a None in the argument (an optional
     # bias) is an empty subtree, not a spec.
+    # (ignore: jaxlib ships no type stub for PyTreeDef, mypy sees none of its methods)
     spec_leaves = jax.tree.structure(arg).flatten_up_to(specs)  # type: ignore[attr-defined]
     arg_leaves = jax.tree.leaves(arg)
     paths = _leaf_paths(arg)
@@ -215,11 +234,11 @@ def _solve(leaves: Sequence[LeafSpec]) -> dict[str, int]:
   return solved
 
 
-def is_concrete(x) -> bool:
+def is_concrete(x: object) -> bool:
   return not isinstance(x, jc.Tracer)
 
 
-def logical_values(logical_env, binding: Binding) -> tuple:
+def logical_values(logical_env: Mapping[str, Any], binding: Binding) -> tuple[Any, ...]:
   """Logical sizes in `binding.dim_names` order, as int scalars (maybe traced).
 
   Concrete values are checked here: each must be in [1, padded], every spec
@@ -279,7 +298,7 @@ def _check_concrete(sizes: dict[str, int], binding: Binding) -> None:
   check_constraints(sizes, binding.scope)
 
 
-def violated_constraint(sizes: dict[str, int], scope) -> str | None:
+def violated_constraint(sizes: dict[str, int], scope: jc.SymbolicScope) -> str | None:
   """The first of the scope's constraints that concrete sizes violate."""
   for text, kind, diff in jc.scope_constraints(scope):
     value = _dims.evaluate_dim(diff, sizes)
@@ -288,7 +307,8 @@ def violated_constraint(sizes: dict[str, int], scope) -> str | None:
   return None
 
 
-def check_constraints(sizes: dict[str, int], scope, what: str = "logical") -> None:
+def check_constraints(sizes: dict[str, int], scope: jc.SymbolicScope,
+                      what: str = "logical") -> None:
   """Raises ShapeError when concrete sizes violate the scope's constraints."""
   text = violated_constraint(sizes, scope)
   if text is not None:

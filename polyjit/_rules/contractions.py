@@ -8,13 +8,16 @@ their padding lands in the padding of the result.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from .._core import register
+from .._core import RuleContext, register
 
 
 @register("dot_general")
-def _dot_general(ctx, lhs, rhs, *, dimension_numbers, **params):
+def _dot_general(ctx: RuleContext, lhs: Any, rhs: Any, *, dimension_numbers: Any,
+                 **params: Any) -> list[Any]:
   (lhs_contract, rhs_contract), _ = dimension_numbers
   lhs_aval, rhs_aval = ctx.in_avals
   lhs = ctx.fill_padding(lhs, lhs_aval, np.zeros((), lhs.dtype)[()], axes=lhs_contract)

@@ -7,7 +7,9 @@ integer division by zero: XLA never traps, so none of it escapes.
 
 from __future__ import annotations
 
-from .._core import register
+from typing import Any
+
+from .._core import RuleContext, register
 
 UNARY = (
     "abs", "acos", "acosh", "asin", "asinh", "atan", "atanh", "bessel_i0e",
@@ -33,5 +35,5 @@ ELEMENTWISE = UNARY + BINARY + NARY
 
 
 @register(*ELEMENTWISE)
-def _elementwise(ctx, *args, **params):
+def _elementwise(ctx: RuleContext, *args: Any, **params: Any) -> list[Any]:
   return ctx.bind(*args, **params)
