@@ -30,6 +30,8 @@ from typing import Any, Sequence
 
 import jax
 
+from ._demo import pyplot as _pyplot
+
 
 def _benchmarks_dir() -> Path:
   here = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -164,11 +166,8 @@ def _summary(results: dict[str, Any], quick: bool) -> str:
 # --- charts ----------------------------------------------------------------------
 
 def _charts(results: dict[str, Any], out: Path) -> list[Path]:
-  try:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-  except ImportError:
+  plt = _pyplot()
+  if plt is None:
     print("charts skipped: pip install matplotlib", file=sys.stderr)
     return []
   paths = []

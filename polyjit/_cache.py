@@ -19,6 +19,11 @@ from typing import Any, Callable, Hashable, Iterator, Sequence
 
 import jax
 
+try:  # optional: a progress bar for precompile
+  from tqdm.auto import tqdm as _tqdm
+except ImportError:
+  _tqdm = None
+
 
 class ExecutableCache:
 
@@ -121,11 +126,8 @@ def wait(futures: Sequence[concurrent.futures.Future[Any]], *, progress: bool, d
   """Waits for `futures`, raising the first error; a tqdm bar if asked and installed."""
   bar = None
   if progress:
-    try:
-      from tqdm.auto import tqdm  # optional
-      bar = tqdm(total=len(futures), desc=desc, unit="program")
-    except ImportError:
-      bar = None
+    if _tqdm is not None:
+      bar = _tqdm(total=len(futures), desc=desc, unit="program")
   try:
     for fut in concurrent.futures.as_completed(futures):
       fut.result()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -28,13 +28,27 @@ from jax import lax
 
 import polyjit as pj
 
+try:  # optional (the `demo` extra): progress bars and the figure
+  from tqdm.auto import tqdm as _tqdm
+except ImportError:
+  _tqdm = None
+try:  # this module serves the command line only: figures go to files (Agg)
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as _plt
+except ImportError:
+  _plt = None  # type: ignore[assignment]
+
+
+def pyplot() -> Any:
+  """matplotlib's pyplot on the Agg backend (files only), or None without matplotlib."""
+  return _plt
+
 
 def _progress(iterable, desc: str, total: int):
-  try:
-    from tqdm.auto import tqdm
-  except ImportError:  # the bar is a nicety: run without it
+  if _tqdm is None:  # the bar is a nicety: run without it
     return iterable
-  return tqdm(iterable, desc=desc, total=total, unit="call", leave=False)
+  return _tqdm(iterable, desc=desc, total=total, unit="call", leave=False)
 
 
 def _timed(fn: Callable, inputs: list, desc: str):
@@ -172,11 +186,8 @@ def table(results: dict) -> str:
 
 def plot(results: dict, path: str) -> str | None:
   """Writes the figure to `path` and returns it; None without matplotlib."""
-  try:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-  except ImportError:
+  plt = pyplot()
+  if plt is None:
     return None
   fig = figure(results, plt)
   fig.savefig(path, dpi=110)
