@@ -31,9 +31,6 @@ from tools import coverage
 
 REGENERATE = f".venv/bin/{coverage.REGENERATE}"
 
-# One worker runs this module (`--dist loadgroup`): its module fixture is costly.
-pytestmark = pytest.mark.xdist_group("coverage_tables")
-
 
 def case_tables() -> dict[str, list[Case]]:
   """The `Case`s of each tests/test_rules*.py module, in table order."""

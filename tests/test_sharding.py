@@ -27,9 +27,6 @@ HERE = pathlib.Path(__file__).parent
 ROOT = HERE.parent
 TIMEOUT_S = 240
 
-# One worker runs this module (`--dist loadgroup`): its module fixture is costly.
-pytestmark = pytest.mark.xdist_group("eight_devices")
-
 
 def _env(devices: int) -> dict:
   env = dict(os.environ, JAX_PLATFORMS="cpu",
@@ -46,8 +43,7 @@ def _last_json(stdout: str) -> dict:
   return json.loads(stdout.strip().splitlines()[-1])
 
 
-@pytest.fixture(scope="module")
-def eight_devices() -> dict:
+def _run_eight_device_worker() -> dict:
   try:
     r = subprocess.run([sys.executable, str(HERE / "sharding_worker.py")], capture_output=True,
                        text=True, env=_env(8), timeout=TIMEOUT_S)
@@ -57,8 +53,16 @@ def eight_devices() -> dict:
   return _last_json(r.stdout)
 
 
-def test_sharded_dynamic_axis_pads_in_multiples_of_the_shards(eight_devices):
-  r = eight_devices["sharded_dynamic_axis"]
+def test_on_eight_devices():
+  """One subprocess with 8 host devices runs the three scenarios below (its
+  start-up and compiles are the cost, so it runs once, not once per check)."""
+  results = _run_eight_device_worker()
+  _check_sharded_dynamic_axis_pads_in_multiples_of_the_shards(results["sharded_dynamic_axis"])
+  _check_data_parallel_training_step_matches_jax_jit(results["training_step"])
+  _check_vmap_over_a_sharded_ragged_batch(results["ragged_vmap"])
+
+
+def _check_sharded_dynamic_axis_pads_in_multiples_of_the_shards(r: dict) -> None:
   assert all(n % 8 for n in r["lengths"])                  # no length splits evenly
   assert max(r["errors"]) < 1e-5 and max(r["per_element_errors"]) < 1e-5
   assert max(r["moved_errors"]) < 1e-5                      # already-sharded x, re-laid out
@@ -70,8 +74,7 @@ def test_sharded_dynamic_axis_pads_in_multiples_of_the_shards(eight_devices):
   assert r["compiles"] == 2 * len(set(r["padded"])) < 2 * len(r["lengths"])
 
 
-def test_data_parallel_training_step_matches_jax_jit(eight_devices):
-  r = eight_devices["training_step"]
+def _check_data_parallel_training_step_matches_jax_jit(r: dict) -> None:
   assert max(r["errors"]) < 1e-5                            # loss, predictions, gradients
   assert r["devices"] == [8] * 2 * len(r["lengths"])        # per-example/token outputs spread
   assert all(r["same_sharding"])                            # as jax.jit places them
@@ -79,8 +82,7 @@ def test_data_parallel_training_step_matches_jax_jit(eight_devices):
   assert r["pj_compiles"] <= r["jax_compiles"] // 2          # buckets, not lengths
 
 
-def test_vmap_over_a_sharded_ragged_batch(eight_devices):
-  r = eight_devices["ragged_vmap"]
+def _check_vmap_over_a_sharded_ragged_batch(r: dict) -> None:
   assert max(r["errors"]) < 1e-5                            # loss and gradients
   assert r["data_devices"] == [8] * 3 and r["out_devices"] == [8] * 3
   assert all(shape[0] % 8 == 0 for shape in r["out_shapes"])  # 13 examples: 16 rows
