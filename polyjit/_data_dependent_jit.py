@@ -19,7 +19,7 @@ axis), it runs the masked program with every axis fixed instead
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 
@@ -37,8 +37,9 @@ class DataDependentPlan(Plan):
   """A plan whose output shapes are known only after its program ran."""
   __slots__ = ("out_dims", "sizes", "blocking", "sized")
 
-  def __init__(self, key, program, dtypes, logical, out_dims, sizes: dict[str, int],
-               waste, provisional=None, *, has_checks: bool | None = None, shapes=None):
+  def __init__(self, key: ProgramKey, program: Any, dtypes: Any, logical: Any,
+               out_dims: Any, sizes: dict[str, int], waste: float, provisional: Any = None,
+               *, has_checks: bool | None = None, shapes: Any = None) -> None:
     super().__init__(key, program, dtypes, logical, None, waste, provisional, shapes=shapes)
     self.out_dims = out_dims            # per output leaf, its symbolic shape
     self.sizes = dict(sizes)            # the logical sizes of the inputs' dims
@@ -47,14 +48,15 @@ class DataDependentPlan(Plan):
     self.sized = any(mentions_size(d) for dims in out_dims for d in dims)
     self.blocking = has_checks is not False or self.sized
 
-  def unpad_outputs(self, outs):
+  def unpad_outputs(self, outs: Any) -> Any:
     return self.map_outputs(outs, self.unpad_leaf)   # shapes known only now: always look
 
-  def map_outputs(self, outs, convert):
+  def map_outputs(self, outs: Any, convert: Callable[[Any, Any], Any]) -> Any:
     if not self.blocking:  # no output depends on a computed size: no transfer
       outs, _ = outs
       leaves, tree = jax.tree.flatten(outs)
-      return tree.unflatten([convert(o, s) for o, s in
+      # jaxlib's PyTreeDef is not visible to mypy (a stub gap): its methods are unknown.
+      return tree.unflatten([convert(o, s) for o, s in  # type: ignore[attr-defined]
                              zip(leaves, out_shapes(self.out_dims, self.sizes))])
     outs, (created, failed) = outs
     if not self.sized:  # only checks: read the one code
@@ -66,7 +68,9 @@ class DataDependentPlan(Plan):
     leaves, tree = jax.tree.flatten(outs)
     # A size that would be negative on an empty selection (`y[1:]`) is 0.
     shapes = [tuple(max(0, d) for d in s) for s in out_shapes(self.out_dims, sizes)]
-    return tree.unflatten([convert(o, s) for o, s in zip(leaves, shapes)])
+    # jaxlib's PyTreeDef is not visible to mypy (a stub gap): its methods are unknown.
+    return tree.unflatten(  # type: ignore[attr-defined]
+        [convert(o, s) for o, s in zip(leaves, shapes)])
 
 
 def is_data_dependent_error(error: BaseException) -> bool:
@@ -80,7 +84,8 @@ def is_data_dependent_error(error: BaseException) -> bool:
   return False
 
 
-def exact_plan(struct, shapes, fun: Callable, compile_program: Callable) -> Plan:
+def exact_plan(struct: Any, shapes: Any, fun: Callable[..., Any],
+               compile_program: Callable[..., Any]) -> Plan:
   """The plan that runs `fun` masked with every axis fixed at `shapes`.
 
   `compile_program(key, body) -> program` compiles (and records) it.
@@ -98,9 +103,9 @@ def exact_plan(struct, shapes, fun: Callable, compile_program: Callable) -> Plan
                            has_checks=variant.traced.has_checks, shapes=shapes)
 
 
-def plan_for(variant, key, program, dtypes, logical_values: tuple,
-             logical: dict[str, int], waste: float, provisional,
-             shapes=None) -> Plan | None:
+def plan_for(variant: Any, key: ProgramKey, program: Any, dtypes: Any,
+             logical_values: tuple[Any, ...], logical: dict[str, int], waste: float,
+             provisional: Any, shapes: Any = None) -> Plan | None:
   """The plan of a masked program that creates sizes; None when it creates none."""
   if not variant.traced.size_names:
     return None

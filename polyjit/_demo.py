@@ -45,31 +45,33 @@ def pyplot() -> Any:
   return _plt
 
 
-def _progress(iterable, desc: str, total: int):
+def _progress(iterable: Any, desc: str, total: int) -> Any:
   if _tqdm is None:  # the bar is a nicety: run without it
     return iterable
   return _tqdm(iterable, desc=desc, total=total, unit="call", leave=False)
 
 
-def _timed(fn: Callable, inputs: list, desc: str):
+def _timed(fn: Callable[..., Any], inputs: list[Any], desc: str) -> tuple[list[Any], list[float], Any]:
   """Runs fn on every input; returns outputs, cumulative seconds, compiles."""
-  outs, times = [], []
+  outs: list[Any] = []
+  times: list[float] = []
   start = time.perf_counter()
   with pj.diagnostics.count_compiles() as compiles:
     for x in _progress(inputs, desc, len(inputs)):
-      outs.append(jax.block_until_ready(fn(*x)))
+      # jax.block_until_ready is unannotated in JAX (a stub gap).
+      outs.append(jax.block_until_ready(fn(*x)))  # type: ignore[no-untyped-call, unused-ignore]
       times.append(time.perf_counter() - start)
   return outs, times, compiles
 
 
 # --- the seed: a likelihood over a vector of changing length ------------------------
 
-def loglik(x, mu, log_sigma):
+def loglik(x: Any, mu: Any, log_sigma: Any) -> Any:
   z = (x - mu) * jnp.exp(-log_sigma)
   return jnp.sum(-0.5 * z * z - log_sigma) - 0.5 * x.shape[0] * jnp.log(2 * jnp.pi)
 
 
-def seed_inputs(calls: int, rng):
+def seed_inputs(calls: int, rng: np.random.Generator) -> list[tuple[Any, Any, Any]]:
   lengths = rng.choice(np.arange(100, 10_001), calls, replace=False)
   return [(rng.standard_normal(n).astype(np.float32), np.float32(0.3), np.float32(0.1))
           for n in lengths]
@@ -80,11 +82,11 @@ def seed_inputs(calls: int, rng):
 HIDDEN = 16
 
 
-def rnn_loss(params, seq):
+def rnn_loss(params: Any, seq: Any) -> Any:
   """Mean squared prediction error of a tanh RNN over one unpadded sequence."""
   w, u, v = params
 
-  def step(h, x):
+  def step(h: Any, x: Any) -> tuple[Any, Any]:
     h = jnp.tanh(h @ w + x * u)
     return h, h @ v
 
@@ -92,12 +94,12 @@ def rnn_loss(params, seq):
   return jnp.mean((preds - seq[1:]) ** 2)
 
 
-def handmasked_batch_loss(params, padded, lengths):
+def handmasked_batch_loss(params: Any, padded: Any, lengths: Any) -> Any:
   """What people write by hand: pad to the batch's longest, mask every step."""
   w, u, v = params
 
-  def one(seq, n):
-    def step(h, inp):
+  def one(seq: Any, n: Any) -> Any:
+    def step(h: Any, inp: Any) -> tuple[Any, Any]:
       x, t = inp
       h_new = jnp.tanh(h @ w + x * u)
       return jnp.where(t < n - 1, h_new, h), jnp.where(t < n - 1, h_new @ v, 0.0)
@@ -109,12 +111,12 @@ def handmasked_batch_loss(params, padded, lengths):
   return jnp.mean(jax.vmap(one)(padded, lengths))
 
 
-def ragged_inputs(steps: int, batch: int, rng):
+def ragged_inputs(steps: int, batch: int, rng: np.random.Generator) -> list[list[Any]]:
   return [[np.sin(np.linspace(0, rng.uniform(1, 20), n)).astype(np.float32)
            for n in rng.integers(10, 257, batch)] for _ in range(steps)]
 
 
-def params_for(rng):
+def params_for(rng: np.random.Generator) -> tuple[Any, Any, Any]:
   return (rng.standard_normal((HIDDEN, HIDDEN)).astype(np.float32) * 0.3,
           rng.standard_normal(HIDDEN).astype(np.float32) * 0.3,
           rng.standard_normal(HIDDEN).astype(np.float32) * 0.3)
@@ -122,10 +124,10 @@ def params_for(rng):
 
 # --- running it ---------------------------------------------------------------------
 
-def _max_rel_diff(a_outs, b_outs) -> float:
+def _max_rel_diff(a_outs: Any, b_outs: Any) -> float:
   """Largest |a - b| / max(|b|) over every output leaf: float32 sums of different
   lengths round differently, so the relative difference is the honest measure."""
-  diffs = []
+  diffs: list[float] = []
   for a, b in zip(a_outs, b_outs):
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
       x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
@@ -133,9 +135,9 @@ def _max_rel_diff(a_outs, b_outs) -> float:
   return max(diffs) if diffs else 0.0
 
 
-def run(calls: int = 240, steps: int = 30, batch: int = 16, seed: int = 0) -> dict:
+def run(calls: int = 240, steps: int = 30, batch: int = 16, seed: int = 0) -> dict[str, Any]:
   rng = np.random.default_rng(seed)
-  results = {}
+  results: dict[str, Any] = {}
 
   data = seed_inputs(calls, rng)
   jit_outs, jit_t, jit_c = _timed(jax.jit(loglik), data, "seed: jax.jit")
@@ -149,7 +151,7 @@ def run(calls: int = 240, steps: int = 30, batch: int = 16, seed: int = 0) -> di
   batches = ragged_inputs(steps, batch, rng)
   hand = jax.jit(jax.value_and_grad(handmasked_batch_loss))
 
-  def jit_step(seqs):
+  def jit_step(seqs: Any) -> Any:
     n_max = max(len(s) for s in seqs)
     padded = np.zeros((len(seqs), n_max), np.float32)
     for i, s in enumerate(seqs):
@@ -168,7 +170,7 @@ def run(calls: int = 240, steps: int = 30, batch: int = 16, seed: int = 0) -> di
   return results
 
 
-def table(results: dict) -> str:
+def table(results: dict[str, Any]) -> str:
   head = (f"{'workload':<22}{'contender':<18}{'calls':>6}{'shapes':>8}{'compiles':>10}"
           f"{'compile s':>11}{'total s':>9}{'speedup':>9}{'rel diff':>10}")
   lines = [head, "-" * len(head)]
@@ -184,7 +186,7 @@ def table(results: dict) -> str:
   return "\n".join(lines)
 
 
-def plot(results: dict, path: str) -> str | None:
+def plot(results: dict[str, Any], path: str) -> str | None:
   """Writes the figure to `path` and returns it; None without matplotlib."""
   plt = pyplot()
   if plt is None:
@@ -195,7 +197,7 @@ def plot(results: dict, path: str) -> str | None:
   return path
 
 
-def figure(results: dict, plt):
+def figure(results: dict[str, Any], plt: Any) -> Any:
   """Cumulative seconds against calls, one panel per workload: both axes from
   0 (the gap is the cost), and the speedup written on each panel."""
   fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4))
@@ -219,7 +221,7 @@ def figure(results: dict, plt):
   return fig
 
 
-def main(argv=None) -> dict:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
   parser = argparse.ArgumentParser(prog="python -m polyjit demo", description=__doc__.splitlines()[0])
   parser.add_argument("--calls", type=int, default=240, help="seed workload calls")
   parser.add_argument("--steps", type=int, default=30, help="ragged training steps")

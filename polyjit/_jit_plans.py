@@ -33,6 +33,9 @@ from ._mask import Masked
 from ._padding import pad, pad_into, unpad
 from ._policy import Borrow, Rental
 
+#: Per leaf, a shape (padded or logical).
+Shapes = tuple[tuple[int, ...], ...]
+
 PLANS_PER_STRUCTURE = 4096
 EXACT = "exact"   # `ProgramKey.specs` of jax.jit's own program at exact shapes
 
@@ -42,20 +45,21 @@ class ProgramKey(NamedTuple):
   structure: Hashable     # `Structure.key`
   specs: Any              # the structure's per-leaf specs, or EXACT
   variant: Hashable       # the variant's key (None at exact shapes)
-  padded_shapes: tuple    # per leaf, the shape the program takes
-  bucket: tuple           # `bucket_key` of the padded sizes (() at exact shapes)
+  padded_shapes: Shapes   # per leaf, the shape the program takes
+  bucket: tuple[Any, ...] # `bucket_key` of the padded sizes (() at exact shapes)
 
   @classmethod
-  def exact_shapes(cls, struct: Structure, shapes) -> ProgramKey:
+  def exact_shapes(cls, struct: Structure, shapes: Any) -> ProgramKey:
     return cls(struct.key, EXACT, None, shapes, ())
 
   @classmethod
-  def masked(cls, struct: Structure, variant, padded_shapes, env) -> ProgramKey:
+  def masked(cls, struct: Structure, variant: Any, padded_shapes: Any,
+             env: dict[str, int]) -> ProgramKey:
     return cls(struct.key, struct.specs, variant.key, padded_shapes, bucket_key(env))
 
   @property
   def exact(self) -> bool:
-    return self.specs == EXACT
+    return bool(self.specs == EXACT)
 
 
 class Plan:
@@ -70,8 +74,9 @@ class Plan:
                "provisional", "fallback", "bucket", "pads", "dynamic_outputs", "live",
                "borrow", "padded_out", "unpad_leaf")
 
-  def __init__(self, key: ProgramKey, program, dtypes, logical, out_shapes, waste,
-               provisional=None, fallback=False, shapes=None, padded_out=None):
+  def __init__(self, key: ProgramKey, program: Any, dtypes: Any, logical: Any,
+               out_shapes: Any, waste: float, provisional: Any = None,
+               fallback: bool = False, shapes: Any = None, padded_out: Any = None) -> None:
     self.key = key
     self.program = program
     self.dtypes = dtypes
@@ -96,7 +101,7 @@ class Plan:
     self.unpad_leaf = unpad             # `_sharding.unpad` on a mesh (keeps shardings)
 
   @property
-  def padded_shapes(self) -> tuple:
+  def padded_shapes(self) -> Shapes:
     return self.key.padded_shapes
 
   @property
@@ -109,13 +114,13 @@ class Plan:
     """Still the plan for its shapes (the hot path checks this every call)."""
     return self.live and (self.provisional is None or not self.provisional.done())
 
-  def run(self, leaves):
+  def run(self, leaves: Any) -> Any:
     """The padded outputs: pads the leaves on the host and runs the program.
     Leaves may be `pj.Padded`, device or host arrays, or scalars."""
     ins = [pad(x, s, d) for x, s, d in zip(leaves, self.padded_shapes, self.dtypes)]
     return self.program(*ins, self.logical)
 
-  def run_plain(self, leaves):
+  def run_plain(self, leaves: Any) -> Any:
     """`run` for leaves that are arrays or scalars (never `pj.Padded`): only
     the leaves this plan pads are touched."""
     if self.pads:
@@ -124,21 +129,23 @@ class Plan:
         leaves[i] = pad_into(leaves[i], padded, dtype, region)
     return self.program(*leaves, self.logical)
 
-  def unpad_outputs(self, outs):
+  def unpad_outputs(self, outs: Any) -> Any:
     """The outputs at their logical shapes (host slices only where needed)."""
     if not self.dynamic_outputs:
       return outs
     return self.map_outputs(outs, self.unpad_leaf)
 
-  def map_outputs(self, outs, convert):
+  def map_outputs(self, outs: Any, convert: Callable[[Any, Any], Any]) -> Any:
     """Applies `convert(output, logical shape)` to outputs that have dynamic dims."""
     if self.out_shapes is None:
       return outs
     leaves, tree = jax.tree.flatten(outs)
-    return tree.unflatten([convert(o, s) for o, s in zip(leaves, self.out_shapes)])
+    # jaxlib's PyTreeDef is not visible to mypy (a stub gap): its methods are unknown.
+    return tree.unflatten(  # type: ignore[attr-defined]
+        [convert(o, s) for o, s in zip(leaves, self.out_shapes)])
 
 
-def program_out_shapes(program) -> list[tuple[int, ...]]:
+def program_out_shapes(program: Any) -> list[tuple[int, ...]]:
   """The padded shape of each output leaf of a compiled program."""
   return [tuple(o.shape) for o in jax.tree.leaves(program.out_info)]
 
@@ -148,7 +155,8 @@ class Template:
   tracing or constraint solving: only its logical sizes change."""
   __slots__ = ("plan", "binding", "variant", "out_dims", "places", "fixed")
 
-  def __init__(self, plan, binding, variant, out_dims, places, fixed):
+  def __init__(self, plan: Plan, binding: Any, variant: Any, out_dims: Any,
+               places: dict[str, list[tuple[int, int]]], fixed: Any) -> None:
     self.plan = plan
     self.binding = binding
     self.variant = variant              # the sizes it serves must select it
@@ -157,11 +165,11 @@ class Template:
     self.fixed = fixed                  # [((leaf, axis), size)] of the fixed axes
 
   @classmethod
-  def of(cls, plan: Plan, binding, variant, out_dims) -> Template | None:
+  def of(cls, plan: Plan, binding: Any, variant: Any, out_dims: Any) -> Template | None:
     """The template of `plan`, or None when an axis is an expression (`2*n`,
     `n + 1`) whose sizes only binding can solve."""
-    places: dict[str, list] = {}
-    fixed = []
+    places: dict[str, list[tuple[int, int]]] = {}
+    fixed: list[tuple[tuple[int, int], int]] = []
     for i, leaf in enumerate(binding.leaves):
       for axis, d in enumerate(leaf.symbolic_shape):
         if not jc.is_symbolic_dim(d):
@@ -175,7 +183,7 @@ class Template:
       return None
     return cls(plan, binding, variant, out_dims, places, tuple(fixed))
 
-  def sizes(self, shapes) -> dict[str, int] | None:
+  def sizes(self, shapes: Any) -> dict[str, int] | None:
     """Each dimension's size read off `shapes`; None when two places disagree
     or a size is 0 (empty: jax.jit's exact program serves it)."""
     logical: dict[str, int] = {}
@@ -187,10 +195,10 @@ class Template:
         return None
     return logical
 
-  def fits(self, shapes) -> bool:
+  def fits(self, shapes: Any) -> bool:
     return all(shapes[i][a] == n for (i, a), n in self.fixed)
 
-  def plan_at(self, shapes, logical: dict[str, int]) -> Plan:
+  def plan_at(self, shapes: Any, logical: dict[str, int]) -> Plan:
     """The plan of this template's program for `shapes` with sizes `logical`."""
     plan = self.plan
     return Plan(plan.key, plan.program, plan.dtypes, logical_values(self.binding, logical),
@@ -201,42 +209,43 @@ class Template:
 class Structure:
   """Everything known about one call structure (static values, tree, dtypes)."""
 
-  def __init__(self, key, treedef, avals, leaf_names):
+  def __init__(self, key: Any, treedef: Any, avals: Any, leaf_names: Any) -> None:
     self.key = key
     self.treedef = treedef
     self.avals = avals                  # per leaf: (dtype, weak_type)
     self.leaf_names = leaf_names
     self.tracker: DimTracker | None = None
-    self.specs: tuple | None = None     # per-leaf specs in use (None: exact)
+    self.specs: tuple[Any, ...] | None = None  # per-leaf specs in use (None: exact)
     self.masked: Masked | None = None   # `fun` masked with the specs in use
-    self.last_shapes = None             # shapes of the latest new plan
+    self.last_shapes: Any = None        # shapes of the latest new plan
     self.exact_only = False
     self.data_dependent = False         # jax.jit cannot trace it (x[x > 0])
     self.fallback_reason: str | None = None   # why exact_only, for messages
-    self.plans: collections.OrderedDict = collections.OrderedDict()
-    self.templates: dict = {}           # bucket key -> Template
+    self.plans: collections.OrderedDict[Any, Plan] = collections.OrderedDict()
+    self.templates: dict[Any, Template] = {}  # bucket key -> Template
     self.rental: Rental | None = None   # under a cost-aware policy
-    self.shardings: tuple | None = None  # per leaf on a mesh; None: one device (set by pj.jit)
+    self.shardings: tuple[Any, ...] | None = None  # per leaf on a mesh; None: one device (set by pj.jit)
     self.shard_multiples: dict[str, int] = {}  # dim -> its buckets' multiple (on a mesh)
 
   @property
-  def static_key(self):
+  def static_key(self) -> Any:
     return self.key[0]
 
   @property
-  def dtypes(self) -> tuple:
+  def dtypes(self) -> tuple[Any, ...]:
     return tuple(a[0] for a in self.avals)
 
-  def abstract_args(self, shapes) -> list:
+  def abstract_args(self, shapes: Any) -> list[Any]:
     """The (args, kwargs) pair of abstract arguments at `shapes`."""
     return list(self.treedef.unflatten(abstract_leaves(shapes, self.avals)))
 
-  def spec_tree(self):
-    return list(self.treedef.unflatten(list(self.specs)))
+  def spec_tree(self) -> list[Any]:
+    # Only called once specs are set (never None here).
+    return list(self.treedef.unflatten(list(self.specs)))  # type: ignore[arg-type]
 
   # --- plans ---------------------------------------------------------------------
 
-  def plan(self, shapes) -> Plan | None:
+  def plan(self, shapes: Any) -> Plan | None:
     """The plan for `shapes`, unless there is none or it is superseded."""
     plan = self.plans.get(shapes)
     if plan is None or plan.superseded:
@@ -244,7 +253,7 @@ class Structure:
     self.plans.move_to_end(shapes)
     return plan
 
-  def remember(self, shapes, plan: Plan) -> None:
+  def remember(self, shapes: Any, plan: Plan) -> None:
     if not plan.superseded:
       self.plans[shapes] = plan
       if len(self.plans) > PLANS_PER_STRUCTURE:
@@ -257,19 +266,19 @@ class Structure:
     for bucket in [b for b, t in self.templates.items() if t.plan.key == key]:
       del self.templates[bucket]
 
-  def template_sizes(self, shapes) -> dict[str, int] | None:
+  def template_sizes(self, shapes: Any) -> dict[str, int] | None:
     """Each dimension's size read off `shapes` by a template; None without one."""
     first = next(iter(self.templates.values()), None)
     return None if first is None else first.sizes(shapes)
 
-  def template(self, shapes, bucket: tuple) -> Template | None:
+  def template(self, shapes: Any, bucket: tuple[Any, ...]) -> Template | None:
     """The template of `bucket` when its fixed axes agree with `shapes`."""
     template = self.templates.get(bucket)
     return template if template is not None and template.fits(shapes) else None
 
   # --- what the calls teach ----------------------------------------------------------
 
-  def observe(self, shapes) -> tuple[tuple, tuple]:
+  def observe(self, shapes: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """Notes a new plan at `shapes`: (the axes that changed since the last new
     plan, the dimensions that became dynamic). In automatic mode the tracker
     learns from the shapes, and new specs reset the structure."""
@@ -283,7 +292,7 @@ class Structure:
       return changed, tuple(sorted({tracker.symbol(d) for d in tracker.dynamic}))
     return changed, ()
 
-  def _changed_axes(self, shapes) -> tuple[tuple[str, int, int, int], ...]:
+  def _changed_axes(self, shapes: Any) -> tuple[tuple[str, int, int, int], ...]:
     """(argument, axis, old size, new size) against the last new plan."""
     previous = self.last_shapes
     if previous is None:
@@ -292,7 +301,7 @@ class Structure:
                  for name, p, s in zip(self.leaf_names, previous, shapes)
                  for axis, (old, new) in enumerate(zip(p, s)) if old != new)
 
-  def reset(self, specs) -> None:
+  def reset(self, specs: tuple[Any, ...] | None) -> None:
     """New specs: what was traced, planned or templated for the old ones goes."""
     self.specs = specs
     self.masked = None
@@ -311,42 +320,45 @@ class Structure:
 
 # --- programs ------------------------------------------------------------------
 
-def masked_body(treedef, masked: Masked, variant, padded_env) -> Callable:
+def masked_body(treedef: Any, masked: Masked, variant: Any,
+                padded_env: dict[str, int]) -> Callable[..., Any]:
   """The program of `variant` at the padded sizes `padded_env`."""
   padded_env = dict(padded_env)
   names = sorted(padded_env)  # the order of `logical_values`
 
-  def body(*leaves_and_logical):
+  def body(*leaves_and_logical: Any) -> Any:
     *leaves, logical = leaves_and_logical
     return masked.call_variant(variant, treedef.unflatten(leaves), padded_env,
                                dict(zip(names, logical)))
   return body
 
 
-def exact_body(treedef, fun: Callable) -> Callable:
+def exact_body(treedef: Any, fun: Callable[..., Any]) -> Callable[..., Any]:
   """The program of `fun` itself (taking the dynamic arguments), as jax.jit runs it."""
 
-  def body(*leaves_and_logical):
+  def body(*leaves_and_logical: Any) -> Any:
     *leaves, _ = leaves_and_logical
     dyn_args, dyn_kwargs = treedef.unflatten(leaves)
     return fun(*dyn_args, **dyn_kwargs)
   return body
 
 
-def lower_and_compile(body: Callable, name: str, padded_shapes, avals, n_dims: int,
-                      donate: tuple[int, ...]):
+def lower_and_compile(body: Callable[..., Any], name: str, padded_shapes: Any, avals: Any,
+                      n_dims: int, donate: tuple[int, ...]) -> Any:
   """`jax.jit(body)` compiled for the leaves at `padded_shapes` and `n_dims`
   logical sizes; `name` names it for JAX (and the persistent cache's key)."""
   body.__name__ = name
-  logical_avals = tuple(jax.ShapeDtypeStruct((), jc.dim_value_dtype()) for _ in range(n_dims))
+  # jax.ShapeDtypeStruct's __init__ is unannotated in JAX (a stub gap).
+  logical_avals = tuple(jax.ShapeDtypeStruct((), jc.dim_value_dtype())  # type: ignore[no-untyped-call, unused-ignore]
+                        for _ in range(n_dims))
   return jax.jit(body, donate_argnums=donate).lower(
       *abstract_leaves(padded_shapes, avals), logical_avals).compile()
 
 
-def borrow(done, key: ProgramKey, shapes):
+def borrow(done: Any, key: ProgramKey, shapes: Any) -> Any:
   """(key, program) among `done` (compiled programs) of the same structure,
   specs and variant as `key` whose padded shapes hold `shapes`: the smallest."""
-  best = None
+  best: Any = None
   for other, program in done:
     if other[:3] != key[:3]:  # structure, specs, variant
       continue
@@ -360,38 +372,40 @@ def borrow(done, key: ProgramKey, shapes):
 
 # --- sizes ---------------------------------------------------------------------
 
-def abstract_leaves(shapes, avals) -> list[jax.ShapeDtypeStruct]:
+def abstract_leaves(shapes: Any, avals: Any) -> list[jax.ShapeDtypeStruct]:
   """Abstract arguments: `avals` ((dtype, weak_type) per leaf) at `shapes`."""
-  return [jax.ShapeDtypeStruct(s, a[0], weak_type=a[1]) for s, a in zip(shapes, avals)]
+  # jax.ShapeDtypeStruct's __init__ is unannotated in JAX (a stub gap).
+  return [jax.ShapeDtypeStruct(s, a[0], weak_type=a[1])  # type: ignore[no-untyped-call, unused-ignore]
+          for s, a in zip(shapes, avals)]
 
 
-def bucket_key(bucket: dict) -> tuple:
+def bucket_key(bucket: dict[str, int]) -> tuple[tuple[str, int], ...]:
   """A bucket ({dimension: padded size}) as a hashable, ordered key."""
   return tuple(sorted(bucket.items()))
 
 
-def zero_sized(specs, shapes) -> bool:
+def zero_sized(specs: Any, shapes: Any) -> bool:
   """Whether an argument with dynamic axes has an empty axis in this call."""
   return any(spec is not None and 0 in shape for spec, shape in zip(specs, shapes))
 
 
-def padded_shapes(binding, env) -> tuple:
+def padded_shapes(binding: Any, env: dict[str, int]) -> Shapes:
   return tuple(tuple(_dims.evaluate_dim(d, env) for d in leaf.symbolic_shape)
                for leaf in binding.leaves)
 
 
-def logical_values(binding, logical) -> tuple:
+def logical_values(binding: Any, logical: dict[str, int]) -> tuple[np.ndarray[Any, Any], ...]:
   """The program's size arguments: one int scalar per dim, in binding order."""
   dtype = jc.dim_value_dtype()
   return tuple(np.asarray(logical[v], dtype) for v in binding.dim_names)
 
 
-def out_shapes(out_dims, logical) -> tuple:
+def out_shapes(out_dims: Any, logical: dict[str, int]) -> tuple[tuple[int, ...], ...]:
   """Each output's logical shape: its symbolic shape at these sizes."""
   return tuple(tuple(_dims.evaluate_dim(d, logical) for d in dims) for dims in out_dims)
 
 
-def waste(shapes, padded_shapes) -> float:
+def waste(shapes: Any, padded_shapes: Any) -> float:
   logical = sum(math.prod(s) for s in shapes)
   padded = sum(math.prod(p) for p in padded_shapes)
   return 1.0 - logical / padded if padded else 0.0

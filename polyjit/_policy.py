@@ -46,7 +46,7 @@ import concurrent.futures
 import dataclasses
 import math
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 from ._buckets import BucketPolicy, Geometric, as_policy
 
@@ -54,6 +54,11 @@ SAMPLES = 3          # run-time samples of each program from its first new shape
 SAMPLE_EVERY = 64    # then one sample every this many new shapes
 MAX_ACCOUNTS = 8     # smaller buckets a borrowing call pays into
 ROOMY_CALLS = 32     # headroom must not waste a compile's run time in fewer calls
+
+#: A bucket's key (hashable; built by the caller).
+BucketKey = tuple[Any, ...]
+#: [(account, seconds per call)] a call wastes against smaller buckets.
+Charges = list[tuple["Account", float]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +73,7 @@ class CostAware(BucketPolicy):
   grid: BucketPolicy = Geometric(ratio=1.25, minimum=16, align=8)
   headroom: float = 2.0
 
-  def __post_init__(self):
+  def __post_init__(self) -> None:
     if not self.headroom >= 1:
       raise ValueError(f"headroom must be >= 1, got {self.headroom}")
     object.__setattr__(self, "grid", as_policy(self.grid))  # a list, an int k, ...
@@ -109,11 +114,11 @@ class Account:
   """The run time that calls have wasted for want of one bucket's program."""
   __slots__ = ("rental", "env", "waste", "future", "start")
 
-  def __init__(self, rental: Rental, env: dict[str, int], start: Callable):
+  def __init__(self, rental: Rental, env: dict[str, int], start: Callable[..., Any]) -> None:
     self.rental = rental
     self.env = env
     self.waste = 0.0
-    self.future: concurrent.futures.Future | None = None
+    self.future: concurrent.futures.Future[Any] | None = None
     self.start = start          # start(waste, compile_estimate) -> Future
 
   def add(self, seconds: float) -> None:
@@ -138,12 +143,13 @@ class Borrow:
   """
   __slots__ = ("rental", "generation", "running", "candidates", "charges", "key")
 
-  def __init__(self, rental: Rental, running: tuple, candidates: list[Account], key):
+  def __init__(self, rental: Rental, running: BucketKey, candidates: list[Account],
+               key: Any) -> None:
     self.rental = rental
     self.generation = rental.generation
     self.running = running
     self.candidates = candidates
-    self.charges = None         # [(account, seconds per call)], once times are known
+    self.charges: Charges | None = None  # [(account, seconds per call)], once times are known
     self.key = key              # (variant, tight bucket, running bucket): shared charges
 
   def done(self) -> bool:
@@ -168,14 +174,14 @@ class Rental:
     self.generation = 0                               # bumped by each new program
     self.busy = False                                 # a background compile running
     self.largest: dict[str, int] = {}
-    self.envs: dict[tuple, dict[str, int]] = {}       # bucket key -> env, compiled ones
-    self.times: dict[tuple, list[float]] = {}         # bucket key -> run-time samples
-    self.new_shapes: dict[tuple, int] = {}            # bucket key -> new shapes run there
-    self.accounts: dict[tuple, Account] = {}          # bucket key -> its account
+    self.envs: dict[BucketKey, dict[str, int]] = {}   # bucket key -> env, compiled ones
+    self.times: dict[BucketKey, list[float]] = {}     # bucket key -> run-time samples
+    self.new_shapes: dict[BucketKey, int] = {}        # bucket key -> new shapes run there
+    self.accounts: dict[BucketKey, Account] = {}      # bucket key -> its account
     self.compile_seconds: list[float] = []
     self.compile_estimate = math.inf
-    self.borrow_accounts: dict = {}                   # Borrow.key -> its accounts
-    self.charge_cache: dict = {}                      # Borrow.key -> charges
+    self.borrow_accounts: dict[Any, Any] = {}         # Borrow.key -> its accounts
+    self.charge_cache: dict[Any, Charges] = {}        # Borrow.key -> charges
 
   # --- sizes and buckets --------------------------------------------------------
 
@@ -199,7 +205,7 @@ class Rental:
       return tight
     return roomy
 
-  def candidates(self, logical: dict[str, int]) -> list[tuple]:
+  def candidates(self, logical: dict[str, int]) -> list[BucketKey]:
     """Bucket keys of compiled programs that hold `logical`, smallest first."""
     fits = [(volume(env), key) for key, env in list(self.envs.items())
             if all(env.get(v, 0) >= n for v, n in logical.items())]
@@ -221,7 +227,7 @@ class Rental:
 
   # --- measurements --------------------------------------------------------------
 
-  def compiled(self, bucket: tuple, env: dict[str, int], wall_seconds: float) -> None:
+  def compiled(self, bucket: BucketKey, env: dict[str, int], wall_seconds: float) -> None:
     self.charge_cache = {}
     self.envs[bucket] = dict(env)
     self.compile_seconds.append(wall_seconds)
@@ -231,21 +237,21 @@ class Rental:
     """A new program is ready: borrowing plans look again."""
     self.generation += 1
 
-  def finished(self, _future) -> None:
+  def finished(self, _future: concurrent.futures.Future[Any]) -> None:
     self.busy = False
     self.bump()
 
-  def wants_sample(self, bucket: tuple) -> bool:
+  def wants_sample(self, bucket: BucketKey) -> bool:
     """Whether the first run of a new shape in `bucket` should be timed."""
     seen = self.new_shapes.get(bucket, 0)
     self.new_shapes[bucket] = seen + 1
     return seen < SAMPLES or seen % SAMPLE_EVERY == 0
 
-  def record_time(self, bucket: tuple, seconds: float) -> None:
+  def record_time(self, bucket: BucketKey, seconds: float) -> None:
     self.charge_cache = {}
     self.times.setdefault(bucket, []).append(seconds)
 
-  def run_time(self, bucket: tuple) -> float | None:
+  def run_time(self, bucket: BucketKey) -> float | None:
     samples = self.times.get(bucket)
     return min(samples) if samples else None
 
@@ -269,11 +275,12 @@ class Rental:
     slope = max(t1 - t0, 0.0) / (v1 - v0) if v1 != v0 else 0.0
     return max(t0 + slope * (v - v0), 0.0)
 
-  def charges(self, running: tuple, accounts: list[Account], key=None):
+  def charges(self, running: BucketKey, accounts: list[Account],
+              key: Any = None) -> Charges | None:
     """[(account, seconds)] a call in bucket `running` wastes against each
     smaller bucket; None until `running` has a measured run time. Kept per
     `key` until the next measurement."""
-    out = self.charge_cache.get(key) if key is not None else None
+    out: Charges | None = self.charge_cache.get(key) if key is not None else None
     if out is not None:
       return out
     have = self.run_time(running)
@@ -288,7 +295,7 @@ class Rental:
       self.charge_cache[key] = out
     return out
 
-  def account(self, env: dict[str, int], start: Callable) -> Account:
+  def account(self, env: dict[str, int], start: Callable[..., Any]) -> Account:
     key = tuple(sorted(env.items()))
     with self.lock:
       acc = self.accounts.get(key)
