@@ -26,7 +26,8 @@ import re
 import sys
 import threading
 import types
-from typing import Any, Callable, Iterable
+import typing
+from typing import Any, Callable, Iterable, Iterator
 
 import jax
 import jax.extend.core as jex_core
@@ -81,15 +82,17 @@ def default_sharding() -> jax.sharding.SingleDeviceSharding:
   return jax.sharding.SingleDeviceSharding(jax.devices()[0])
 
 
-def host_to_device(host: np.ndarray, sharding) -> jax.Array:
+def host_to_device(host: np.ndarray[Any, Any], sharding: jax.sharding.Sharding) -> jax.Array:
   """`host` copied to the device of a single-device `sharding`, without
   `jax.device_put`'s per-call overhead (about 30 us against 5 us); other
   shardings go through `jax.device_put` (to the default device)."""
   if isinstance(sharding, jax.sharding.SingleDeviceSharding):
     aval = _core.ShapedArray(host.shape, host.dtype)
-    return _pxla.batched_device_put(aval, sharding, [host], list(sharding.device_set),
-                                    committed=False)
-  return jax.device_put(host)
+    out: jax.Array = _pxla.batched_device_put(aval, sharding, [host],
+                                              list(sharding.device_set), committed=False)
+    return out
+  placed: jax.Array = jax.device_put(host)
+  return placed
 
 # --- symbolic dimensions (jax.export) ---------------------------------------
 
@@ -99,27 +102,30 @@ is_symbolic_dim = _export.is_symbolic_dim
 DimExpr = _shape_poly._DimExpr
 
 
-def dim_value_dtype():
+def dim_value_dtype() -> np.dtype[Any]:
   """The dtype of `dim_as_value` results: int32, or int64 under x64."""
-  return _core.dim_value_dtype()
+  # JAX leaves this function unannotated (a stub gap).
+  dtype: np.dtype[Any] = _core.dim_value_dtype()  # type: ignore[no-untyped-call, unused-ignore]
+  return dtype
 
 
 # The structure of a dimension expression, for polyjit's own algebra on it
 # (`_dims.py`): a sum of terms, each `coeff * f1**e1 * f2**e2 ...`, each factor
 # a variable or an operation (floordiv, mod, max, min) on expressions.
 
-def symbolic_vars(d) -> set[str]:
+def symbolic_vars(d: Any) -> set[str]:
   """The dimension variables a symbolic dimension expression mentions."""
-  return d._get_vars()
+  names: set[str] = d._get_vars()
+  return names
 
 
-def dim_terms(d) -> list[tuple[list[tuple[Any, int]], int]]:
+def dim_terms(d: Any) -> list[tuple[list[tuple[Any, int]], int]]:
   """A symbolic expression's terms as `[([(factor, exp), ...], coeff), ...]`
   in JAX's order; a constant term has no factors."""
   return [(list(term._factors), k) for term, k in d._sorted_terms]
 
 
-def factor_parts(f) -> tuple[str | None, str | None, tuple]:
+def factor_parts(f: Any) -> tuple[str | None, str | None, tuple[Any, ...]]:
   """A factor of a term as `(var, operation, operands)`: `(name, None, ())`
   for a variable, else `(None, 'floordiv' | 'mod' | 'max' | 'min' | ..., operands)`."""
   if f.var is not None:
@@ -127,14 +133,14 @@ def factor_parts(f) -> tuple[str | None, str | None, tuple]:
   return None, f.operation, tuple(f.operands)
 
 
-def evaluate_symbolic(d, env: dict[str, Any]):
+def evaluate_symbolic(d: Any, env: dict[str, Any]) -> Any:
   """JAX's evaluation of a symbolic expression on `env`, whose values may be
   ints, traced scalars or dimension expressions (for `_dims.evaluate_dim`,
   which evaluates on ints itself)."""
   return d._evaluate(env)
 
 
-def dim_variable(name: str, like):
+def dim_variable(name: str, like: Any) -> Any:
   """The variable `name` as a dimension expression of `like`'s scope."""
   return _shape_poly._DimExpr._from_var(name, like.scope)
 
@@ -162,7 +168,8 @@ class SizeDecision:
   """A comparison of sizes asked by user code: `expr == 0` or `expr >= 0`."""
   __slots__ = ("kind", "expr", "text", "where", "sides")
 
-  def __init__(self, kind: str, expr, text: str, where: str, sides=None):
+  def __init__(self, kind: str, expr: Any, text: str, where: str,
+               sides: tuple[str, str] | None = None) -> None:
     self.kind = kind      # "eq" or "ge"
     self.expr = expr      # a dimension expression (of the trace's scope)
     self.text = text      # the comparison as written: "'n' == '1'"
@@ -190,7 +197,7 @@ class SizeDecision:
     """Identifies the comparison across traces (whose scopes differ)."""
     return self.kind, str(self.expr)
 
-  def __repr__(self):
+  def __repr__(self) -> str:
     return f"{self.text} at {self.where}"
 
 
@@ -202,7 +209,7 @@ class SizeDecision:
 _COMPARISONS = {dis.opmap[name] for name in ("COMPARE_OP", "CONTAINS_OP") if name in dis.opmap}
 
 
-def _generated_eq(code) -> bool:
+def _generated_eq(code: types.CodeType) -> bool:
   return code.co_name == "__eq__" and code.co_filename.startswith("<")
 
 
@@ -227,7 +234,7 @@ def _user_frame() -> str | None:
   return f"{path}:{frame.f_lineno}"
 
 
-def dim_bounds(d) -> tuple[float, float]:
+def dim_bounds(d: Any) -> tuple[float, float]:
   """Lower and upper bounds of a dimension expression (dims are >= 1)."""
   if not is_symbolic_dim(d):
     return int(d), int(d)
@@ -240,9 +247,9 @@ def _install_decision_hooks() -> None:
   original_eq = DimExpr.__eq__
   original_geq = _shape_poly._geq_decision
 
-  def __eq__(self, other):
+  def __eq__(self: Any, other: Any) -> Any:
     result = original_eq(self, other)
-    oracle = getattr(_decisions, "oracle", None)
+    oracle: Any = getattr(_decisions, "oracle", None)
     if oracle is None or result is not False or not (
         is_symbolic_dim(other) or isinstance(other, (int, np.integer))):
       return result
@@ -259,11 +266,11 @@ def _install_decision_hooks() -> None:
     return oracle(SizeDecision("eq", diff, f"'{self}' == '{other}'", where,
                                (str(self), str(other))))
 
-  def _geq_decision(e1, e2, cmp_str):
+  def _geq_decision(e1: Any, e2: Any, cmp_str: Callable[[], str]) -> Any:
     try:
       return original_geq(e1, e2, cmp_str)
     except InconclusiveDimensionOperation:
-      oracle = getattr(_decisions, "oracle", None)
+      oracle: Any = getattr(_decisions, "oracle", None)
       where = _user_frame() if oracle is not None else None
       if where is None:
         raise
@@ -276,7 +283,7 @@ def _install_decision_hooks() -> None:
 
 
 @contextlib.contextmanager
-def size_decisions(oracle: Callable[[SizeDecision], bool]):
+def size_decisions(oracle: Callable[[SizeDecision], bool]) -> Iterator[None]:
   """Within the block, user code's undecidable size comparisons are answered
   by `oracle(decision) -> bool` (which records them). The hooks that ask it
   are installed by `install_patches()` when polyjit is imported."""
@@ -288,7 +295,7 @@ def size_decisions(oracle: Callable[[SizeDecision], bool]):
     _decisions.oracle = previous
 
 
-def scope_constraints(scope) -> list[tuple[str, str, Any]]:
+def scope_constraints(scope: Any) -> list[tuple[str, str, Any]]:
   """The explicit constraints of a scope as (text, 'eq'|'geq', e1 - e2)."""
   out = []
   for c in scope._explicit_constraints:
@@ -335,10 +342,13 @@ def all_primitives() -> list[Primitive]:
 
 def bind_params(eqn: JaxprEqn) -> dict[str, Any]:
   """The params to re-bind an equation's primitive with, as `eval_jaxpr` does."""
-  return eqn.primitive.get_bind_params(eqn.params)
+  # JAX leaves Primitive.get_bind_params unannotated (a stub gap).
+  params: dict[str, Any] = eqn.primitive.get_bind_params(  # type: ignore[no-untyped-call, unused-ignore]
+      eqn.params)
+  return params
 
 
-def eqn_context(eqn: JaxprEqn):
+def eqn_context(eqn: JaxprEqn) -> _EqnContext:
   """Context that gives ops emitted for `eqn` its source location and ctx."""
   name_stack = _siu.current_name_stack() + eqn.source_info.name_stack
   return _EqnContext(eqn, name_stack)
@@ -347,12 +357,12 @@ def eqn_context(eqn: JaxprEqn):
 class _EqnContext:
   __slots__ = ("_eqn", "_name_stack", "_managers")
 
-  def __init__(self, eqn, name_stack):
+  def __init__(self, eqn: JaxprEqn, name_stack: Any) -> None:
     self._eqn = eqn
     self._name_stack = name_stack
-    self._managers = None
+    self._managers: Any = None
 
-  def __enter__(self):
+  def __enter__(self) -> None:
     self._managers = (
         _siu.user_context(self._eqn.source_info.traceback,
                           name_stack=self._name_stack),
@@ -360,7 +370,7 @@ class _EqnContext:
     for m in self._managers:
       m.__enter__()
 
-  def __exit__(self, *exc):
+  def __exit__(self, *exc: Any) -> typing.Literal[False]:
     for m in reversed(self._managers):
       m.__exit__(*exc)
     return False
@@ -444,7 +454,7 @@ def current_user_line() -> str:
 
 # --- differentiation rules ---------------------------------------------------
 
-def wrap_jvp_rule(name: str, rule: Callable) -> None:
+def wrap_jvp_rule(name: str, rule: Callable[..., Any]) -> None:
   """Installs `rule(original, primals, tangents, **params)` as `name`'s JVP.
 
   The rule receives JAX's own JVP rule as `original` and must defer to it
@@ -461,7 +471,7 @@ def wrap_jvp_rule(name: str, rule: Callable) -> None:
   _ad.primitive_jvps[prim] = wrapped
 
 
-def wrap_transpose_rules(name: str, wrap: Callable) -> None:
+def wrap_transpose_rules(name: str, wrap: Callable[[int, Any], Any]) -> None:
   """Wraps the rule functions behind `name`'s transpose.
 
   JAX stores a linear or bilinear primitive's transpose as
@@ -483,19 +493,24 @@ def wrap_transpose_rules(name: str, wrap: Callable) -> None:
     table[prim] = wrapped
 
 
-def instantiate_zeros(t, like):
+def instantiate_zeros(t: Any, like: Any) -> Any:
   """A tangent as an array: symbolic zeros become zeros shaped like `like`."""
-  if isinstance(t, _ad.Zero):
-    return jax.numpy.zeros(like.shape, _core.primal_dtype_to_tangent_dtype(like.dtype))
+  # `ad.Zero` is re-exported by JAX implicitly, and primal_dtype_to_tangent_dtype
+  # is unannotated (stub gaps).
+  if isinstance(t, _ad.Zero):  # type: ignore[attr-defined, unused-ignore]
+    return jax.numpy.zeros(
+        like.shape,
+        _core.primal_dtype_to_tangent_dtype(like.dtype))  # type: ignore[no-untyped-call, unused-ignore]
   return t
 
 
-def is_zero_tangent(t) -> bool:
+def is_zero_tangent(t: Any) -> bool:
   """Whether a tangent is JAX's symbolic zero."""
-  return isinstance(t, _ad.Zero)
+  # `ad.Zero` is re-exported by JAX implicitly (a stub gap).
+  return isinstance(t, _ad.Zero)  # type: ignore[attr-defined, unused-ignore]
 
 
-def wrap_custom_jvp_rule(module: str, name: str, rule: Callable) -> None:
+def wrap_custom_jvp_rule(module: str, name: str, rule: Callable[..., Any]) -> None:
   """Installs `rule(original, primals, tangents)` as the JVP of the private
   `jax.custom_jvp` function `module.name` (e.g. jax._src.numpy.linalg._det).
 
@@ -547,7 +562,7 @@ def install_patches(*rule_installers: Callable[[], None]) -> None:
 
 # --- recompilation explanations ------------------------------------------------
 
-def explain_cache_misses():
+def explain_cache_misses() -> Any:
   """Context manager: JAX logs why each tracing cache miss happened."""
   return _config.explain_cache_misses(True)
 
@@ -641,33 +656,36 @@ def subjaxprs_in_params(params: dict[str, Any]) -> Iterable[Jaxpr]:
     yield j.jaxpr if isinstance(j, ClosedJaxpr) else j
 
 
-def jaxpr_as_fun(jaxpr: Jaxpr) -> Callable:
+def jaxpr_as_fun(jaxpr: Jaxpr) -> Callable[..., Any]:
   """A Python function that evaluates a const-free open jaxpr with JAX."""
-  return jex_core.jaxpr_as_fun(ClosedJaxpr(jaxpr, ()))
+  fun: Callable[..., Any] = jex_core.jaxpr_as_fun(ClosedJaxpr(jaxpr, ()))
+  return fun
 
 
-def is_dropvar(v) -> bool:
+def is_dropvar(v: Any) -> bool:
   return isinstance(v, _core.DropVar)
 
 
-def typeof(x):
+def typeof(x: Any) -> Any:
   """The abstract value (shape, dtype, weak type) of a concrete argument."""
   return jax.typeof(x)
 
 
-def make_closed_jaxpr(fun: Callable, avals: list[Any]) -> ClosedJaxpr:
+def make_closed_jaxpr(fun: Callable[..., Any], avals: list[Any]) -> ClosedJaxpr:
   """Traces `fun(*flat_args) -> list` to a ClosedJaxpr at the given avals."""
-  specs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)
+  # jax.ShapeDtypeStruct's __init__ is unannotated in JAX (a stub gap).
+  specs = [jax.ShapeDtypeStruct(  # type: ignore[no-untyped-call, unused-ignore]
+               a.shape, a.dtype, weak_type=a.weak_type)
            for a in avals]
   return jax.make_jaxpr(fun)(*specs)
 
 
-def shaped(shape, dtype, weak_type=False):
+def shaped(shape: Any, dtype: Any, weak_type: bool = False) -> Any:
   """An abstract array value with the given (possibly symbolic) shape."""
   return _core.ShapedArray(tuple(shape), dtype, weak_type=weak_type)
 
 
-def replay_unsafe_effects(jaxpr: Jaxpr) -> list:
+def replay_unsafe_effects(jaxpr: Jaxpr) -> list[Any]:
   """The effects of `jaxpr` that must not run twice: those `jax.checkpoint`
   refuses to replay (an io_callback's), unlike debug prints."""
   return _effects.remat_allowed_effects.filter_not_in(jaxpr.effects)
@@ -730,7 +748,7 @@ SPELLING_TARGETS: tuple[tuple[str, str, str], ...] = (
     ("jax._src.numpy.indexing", "rewriting_take", "getitem"),
 )
 
-_spelling_replacements: dict[str, Callable] = {}   # filled by `_spellings` at import
+_spelling_replacements: dict[str, Callable[..., Any]] = {}   # filled by `_spellings` at import
 _spelling_lock = threading.Lock()
 _spelling_local = threading.local()
 _spelling_users = 0                      # open trace_spellings() blocks, all threads
@@ -742,9 +760,10 @@ def spellings_active() -> bool:
   return getattr(_spelling_local, "depth", 0) > 0
 
 
-def _spelling_wrapper(original: Callable, replacement: Callable) -> Callable:
+def _spelling_wrapper(original: Callable[..., Any],
+                      replacement: Callable[..., Any]) -> Callable[..., Any]:
   @functools.wraps(original)
-  def wrapper(*args, **kwargs):
+  def wrapper(*args: Any, **kwargs: Any) -> Any:
     if getattr(_spelling_local, "depth", 0) > 0:
       return replacement(original, *args, **kwargs)
     return original(*args, **kwargs)
@@ -752,7 +771,7 @@ def _spelling_wrapper(original: Callable, replacement: Callable) -> Callable:
   return wrapper
 
 
-def register_spellings(replacements: dict[str, Callable]) -> None:
+def register_spellings(replacements: dict[str, Callable[..., Any]]) -> None:
   """Gives the replacements (name -> `fn(original, *args, **kwargs)`); called
   by `_spellings` when it is imported, so that this module imports nothing of
   polyjit's."""
@@ -781,7 +800,7 @@ def _restore_spellings() -> None:
 
 
 @contextlib.contextmanager
-def trace_spellings():
+def trace_spellings() -> Iterator[None]:
   """Within the block, this thread's calls of the `SPELLING_TARGETS` go to
   polyjit's exact replacements where a size they need is symbolic."""
   global _spelling_users
@@ -801,7 +820,7 @@ def trace_spellings():
         _restore_spellings()
 
 
-def promote_dtypes_inexact(*args):
+def promote_dtypes_inexact(*args: Any) -> Any:
   """JAX's numpy promotion to an inexact dtype, weak types included (the
   replacement of `jnp.interp` must promote exactly as JAX's does)."""
   return _np_util.promote_dtypes_inexact(*args)
@@ -809,7 +828,7 @@ def promote_dtypes_inexact(*args):
 
 # --- data-dependent sizes (issue 14) ------------------------------------------------
 
-def size_primitive(name: str, abstract_eval: Callable,
+def size_primitive(name: str, abstract_eval: Callable[..., Any],
                    refuse_batching: Callable[[], Exception]) -> Primitive:
   """A primitive whose output shape holds a size computed from its operand's
   data (a fresh symbolic dimension passed as a param). It has no
@@ -818,21 +837,23 @@ def size_primitive(name: str, abstract_eval: Callable,
   integer, so its derivative is zero. `jax.vmap` inside the traced function
   would need one size per example: it raises `refuse_batching()`."""
   prim = Primitive(name)
-  prim.def_abstract_eval(abstract_eval)
+  # Primitive's methods are unannotated in JAX (a stub gap).
+  prim.def_abstract_eval(abstract_eval)  # type: ignore[no-untyped-call, unused-ignore]
 
-  def batch(*args, **params):
+  def batch(*args: Any, **params: Any) -> Any:
     raise refuse_batching()
 
   _batching.primitive_batchers[prim] = batch
 
-  def jvp(primals, tangents, **params):
-    out = prim.bind(*primals, **params)
-    return out, _ad.Zero.from_primal_value(out)
+  def jvp(primals: Any, tangents: Any, **params: Any) -> tuple[Any, Any]:
+    out = prim.bind(*primals, **params)  # type: ignore[no-untyped-call, unused-ignore]
+    # `ad.Zero` is re-exported implicitly and its classmethod unknown to mypy (a stub gap).
+    return out, _ad.Zero.from_primal_value(out)  # type: ignore[attr-defined, unused-ignore]
 
   _ad.primitive_jvps[prim] = jvp
   return prim
 
 
-def dim_scope(d):
+def dim_scope(d: Any) -> Any:
   """The `jax.export.SymbolicScope` of a symbolic dimension expression."""
   return d.scope
