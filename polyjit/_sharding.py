@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, overload
 
 import jax
 import numpy as np
@@ -80,10 +80,10 @@ from ._padding import unpad as unpad_on_host
 class ShardingLayout:
   """`pj.jit`'s `in_shardings`/`out_shardings`, applied to each call's leaves."""
 
-  def __init__(self, in_shardings=None, out_shardings=None):
+  def __init__(self, in_shardings: Any = None, out_shardings: Any = None) -> None:
     self.in_shardings = in_shardings
     self.out_shardings = out_shardings
-    self._given: dict = {}   # treedef -> per-leaf shardings from in_shardings
+    self._given: dict[Any, list[Any]] = {}   # treedef -> per-leaf shardings from in_shardings
     self._one_device: bool | None = None   # then no argument can be on a mesh
 
   def one_device(self) -> bool:
@@ -94,7 +94,8 @@ class ShardingLayout:
       self._one_device = jax.device_count() == 1
     return self._one_device
 
-  def leaf_shardings(self, leaves, treedef) -> tuple | None:
+  def leaf_shardings(self, leaves: Sequence[Any],
+                     treedef: Any) -> tuple[Sharding | None, ...] | None:
     """Each leaf's sharding (None: not placed on a mesh), or None for a call
     that needs no sharding at all (the unchanged single-device path)."""
     if self.one_device():
@@ -107,7 +108,7 @@ class ShardingLayout:
     given = self._given_for(treedef)
     return tuple(g if g is not None else o for g, o in zip(given, own))
 
-  def _given_for(self, treedef) -> list:
+  def _given_for(self, treedef: Any) -> list[Any]:
     given = self._given.get(treedef)
     if given is None:
       given = self._given[treedef] = _broadcast_in_shardings(self.in_shardings, treedef)
@@ -115,10 +116,10 @@ class ShardingLayout:
 
 
 _ARRAY, _PADDED, _OTHER = 1, 2, 0
-_kinds: dict = {}   # type -> kind, so the per-call check is a dict lookup
+_kinds: dict[type, int] = {}   # type -> kind, so the per-call check is a dict lookup
 
 
-def _kind(t) -> int:
+def _kind(t: type) -> int:
   kind = _kinds.get(t)
   if kind is None:
     array = issubclass(t, jax.Array) and not issubclass(t, jc.Tracer)
@@ -126,24 +127,24 @@ def _kind(t) -> int:
   return kind
 
 
-def _own_sharding(x) -> Sharding | None:
+def _own_sharding(x: Any) -> Sharding | None:
   """The sharding of an array (or `pj.Padded`'s data) on several devices."""
   kind = _kind(type(x))
   if kind == _OTHER:
     return None
   if kind == _PADDED:
     return _own_sharding(x.data)
-  sharding = x.sharding
+  sharding: Sharding = x.sharding
   if type(sharding) is SingleDeviceSharding or sharding.num_devices == 1:
     return None
   return sharding
 
 
-def _is_sharding_leaf(x) -> bool:
+def _is_sharding_leaf(x: Any) -> bool:
   return x is None or isinstance(x, Sharding)
 
 
-def _broadcast_in_shardings(in_shardings, treedef) -> list:
+def _broadcast_in_shardings(in_shardings: Any, treedef: Any) -> list[Any]:
   """Per-leaf shardings of the positional leaves (keyword leaves: None)."""
   args_tree, kwargs_tree = treedef.children()
   subtrees = args_tree.children()
@@ -156,7 +157,7 @@ def _broadcast_in_shardings(in_shardings, treedef) -> list:
           f"in_shardings has {len(per_arg)} entries but the call has {len(subtrees)} "
           "dynamic positional argument(s); give one Sharding (or pytree prefix of "
           "Shardings, None for the argument's own) per positional argument, as in jax.jit.")
-  out = []
+  out: list[Any] = []
   for prefix, sub in zip(per_arg, subtrees):
     dummy = sub.unflatten([0] * sub.num_leaves)
     out.extend(sub.flatten_up_to(jax.tree.broadcast(prefix, dummy, is_leaf=_is_sharding_leaf)))
@@ -174,13 +175,13 @@ def shards_along(sharding: Sharding | None, ndim: int) -> tuple[int, ...]:
   return tuple(math.prod(mesh[a] for a in _axis_names(entry)) for entry in spec[:ndim])
 
 
-def _axis_names(entry) -> tuple:
+def _axis_names(entry: Any) -> tuple[Any, ...]:
   if entry is None:
     return ()
   return tuple(entry) if isinstance(entry, (tuple, list)) else (entry,)
 
 
-_auto_meshes: dict = {}
+_auto_meshes: dict[Any, Any] = {}
 
 
 def auto(sharding: Sharding | None) -> Sharding | None:
@@ -196,7 +197,7 @@ def auto(sharding: Sharding | None) -> Sharding | None:
   return NamedSharding(auto_mesh, sharding.spec, memory_kind=sharding.memory_kind)
 
 
-def user_mesh(shardings):
+def user_mesh(shardings: Sequence[Sharding | None]) -> Any:
   """The mesh to relabel outputs with: the first non-`Auto` one, or None."""
   for s in shardings:
     if isinstance(s, NamedSharding) and any(t != AxisType.Auto for t in s.mesh.axis_types):
@@ -204,7 +205,7 @@ def user_mesh(shardings):
   return None
 
 
-def relabel(x, mesh):
+def relabel(x: Any, mesh: Any) -> Any:
   """`x` (an output on the `Auto` twin of `mesh`) on `mesh` itself: same buffers."""
   sharding = getattr(x, "sharding", None)
   if mesh is None or not isinstance(sharding, NamedSharding) or sharding.mesh == mesh:
@@ -216,6 +217,12 @@ def relabel(x, mesh):
       x.shape, target, [shard.data for shard in x.addressable_shards])
 
 
+@overload
+def for_program(sharding: Sharding, shape: Sequence[int]) -> Sharding: ...
+@overload
+def for_program(sharding: None, shape: Sequence[int]) -> None: ...
+@overload
+def for_program(sharding: Sharding | None, shape: Sequence[int]) -> Sharding | None: ...
 def for_program(sharding: Sharding | None, shape: Sequence[int]) -> Sharding | None:
   """The sharding a program's argument of `shape` gets: `Auto`, and fitted."""
   return fit(auto(sharding), shape)
@@ -236,10 +243,11 @@ def fit_named(sharding: NamedSharding, shape: Sequence[int]) -> NamedSharding:
     return sharding
   spec = tuple(sharding.spec) + (None,) * (len(shape) - len(sharding.spec))
   kept = [entry if n % k == 0 else None for entry, n, k in zip(spec, shape, counts)]
-  return NamedSharding(sharding.mesh, PartitionSpec(*kept), memory_kind=sharding.memory_kind)
+  return NamedSharding(sharding.mesh, PartitionSpec(*kept),  # type: ignore[no-untyped-call, unused-ignore]
+                       memory_kind=sharding.memory_kind)
 
 
-def dim_multiples(binding, shardings) -> dict[str, int]:
+def dim_multiples(binding: Any, shardings: Sequence[Sharding | None]) -> dict[str, int]:
   """Dimension -> the number its buckets must be a multiple of: the least
   common multiple of the shard counts of the axes it is the size of."""
   out: dict[str, int] = {}
@@ -261,23 +269,25 @@ def round_up(size: int, multiple: int) -> int:
 
 # --- compile and run -----------------------------------------------------------
 
-def lower_and_compile(body, name: str, padded_shapes, avals, n_dims: int,
-                      donate: tuple[int, ...], shardings, out_shardings):
+def lower_and_compile(body: Callable[..., Any], name: str, padded_shapes: Any, avals: Any,
+                      n_dims: int, donate: tuple[int, ...],
+                      shardings: Sequence[Sharding | None], out_shardings: Any) -> Any:
   """`jax.jit(body)` compiled for the leaves at `padded_shapes` placed with
   `shardings` (each fitted to its shape), and `n_dims` replicated sizes."""
   body.__name__ = name
   placed = [for_program(s, p) for s, p in zip(shardings, padded_shapes)]
-  leaves = [jax.ShapeDtypeStruct(p, a[0], weak_type=a[1], sharding=s)
+  # jax.ShapeDtypeStruct's and PartitionSpec's __init__ are unannotated in JAX (a stub gap).
+  leaves = [jax.ShapeDtypeStruct(p, a[0], weak_type=a[1], sharding=s)  # type: ignore[no-untyped-call, unused-ignore]
             for p, a, s in zip(padded_shapes, avals, placed)]
   mesh = next((s.mesh for s in placed if isinstance(s, NamedSharding)), None)
-  replicated = None if mesh is None else NamedSharding(mesh, PartitionSpec())
-  sizes = tuple(jax.ShapeDtypeStruct((), jc.dim_value_dtype(), sharding=replicated)
+  replicated = None if mesh is None else NamedSharding(mesh, PartitionSpec())  # type: ignore[no-untyped-call, unused-ignore]
+  sizes = tuple(jax.ShapeDtypeStruct((), jc.dim_value_dtype(), sharding=replicated)  # type: ignore[no-untyped-call, unused-ignore]
                 for _ in range(n_dims))
-  options = {} if out_shardings is None else {"out_shardings": out_shardings}
+  options: dict[str, Any] = {} if out_shardings is None else {"out_shardings": out_shardings}
   return jax.jit(body, donate_argnums=donate, **options).lower(*leaves, sizes).compile()
 
 
-def run(plan, leaves, shardings):
+def run(plan: Any, leaves: Sequence[Any], shardings: Sequence[Sharding | None]) -> Any:
   """The padded outputs of `plan` for these leaves, each padded on its mesh."""
   ins = [pad(x, p, d) if s is None else place(x, p, d, for_program(s, p))
          for x, p, d, s in zip(leaves, plan.padded_shapes, plan.dtypes, shardings)]
@@ -286,7 +296,7 @@ def run(plan, leaves, shardings):
   return outs if mesh is None else jax.tree.map(lambda o: relabel(o, mesh), outs)
 
 
-def place(x, padded_shape: tuple[int, ...], dtype, sharding: Sharding) -> jax.Array:
+def place(x: Any, padded_shape: tuple[int, ...], dtype: Any, sharding: Sharding) -> jax.Array:
   """`x` (array or `pj.Padded`) padded to `padded_shape`, placed with
   `sharding`, built shard by shard."""
   data = x.data if isinstance(x, Padded) else x
@@ -296,18 +306,21 @@ def place(x, padded_shape: tuple[int, ...], dtype, sharding: Sharding) -> jax.Ar
       if data.sharding == sharding:
         return data
       if isinstance(sharding, NamedSharding) and auto(data.sharding) == sharding:
-        return relabel(data, sharding.mesh)  # same placement, Auto label: no copy
-      return jax.device_put(data, sharding)
+        relabelled: jax.Array = relabel(data, sharding.mesh)  # same placement, Auto label: no copy
+        return relabelled
+      moved: jax.Array = jax.device_put(data, sharding)
+      return moved
     return jax.make_array_from_callback(
         padded_shape, sharding, _ShardSource(data, shape, padded_shape, dtype).piece)
   host = np.asarray(data, dtype)
   if tuple(host.shape) == padded_shape:
-    return jax.device_put(host, sharding)
+    put: jax.Array = jax.device_put(host, sharding)
+    return put
   return jax.make_array_from_callback(padded_shape, sharding,
                                       lambda index: _host_piece(host, shape, padded_shape, index, dtype))
 
 
-def unpad(x, shape: tuple[int, ...]):
+def unpad(x: Any, shape: tuple[int, ...]) -> Any:
   """The leading `shape` corner of a padded output, keeping its sharding
   (shard by shard); single-device outputs take the host path."""
   if tuple(x.shape) == tuple(shape):
@@ -319,11 +332,12 @@ def unpad(x, shape: tuple[int, ...]):
                                       _ShardSource(x, shape, shape, x.dtype).piece)
 
 
-def _bounds(index, shape) -> list[tuple[int, int]]:
+def _bounds(index: Any, shape: Sequence[int]) -> list[tuple[int, int]]:
   return [sl.indices(n)[:2] for sl, n in zip(index, shape)]
 
 
-def _host_piece(host, logical, padded_shape, index, dtype):
+def _host_piece(host: np.ndarray[Any, Any], logical: Sequence[int], padded_shape: Sequence[int],
+                index: Any, dtype: Any) -> np.ndarray[Any, Any]:
   """The shard at `index` of the padded array: `host`'s data, zeros after."""
   bounds = _bounds(index, padded_shape)
   out = np.zeros([b - a for a, b in bounds], dtype)
@@ -338,19 +352,21 @@ class _ShardSource:
   """Fills target shards from the overlapping addressable shards of `array`
   (each copied to the host once, shard by shard)."""
 
-  def __init__(self, array: jax.Array, logical, target_shape, dtype):
+  def __init__(self, array: jax.Array, logical: Sequence[int], target_shape: Sequence[int],
+               dtype: Any) -> None:
     self.logical = tuple(logical)
     self.target_shape = tuple(target_shape)
     self.dtype = dtype
-    seen, self.shards = set(), []
+    seen: set[Any] = set()
+    self.shards: list[tuple[Any, Any]] = []
     for shard in array.addressable_shards:
       bounds = tuple(_bounds(shard.index, array.shape))
       if bounds not in seen:  # replicas hold the same data
         seen.add(bounds)
         self.shards.append((bounds, shard))
-    self._host: dict = {}
+    self._host: dict[Any, Any] = {}
 
-  def piece(self, index):
+  def piece(self, index: Any) -> np.ndarray[Any, Any]:
     bounds = _bounds(index, self.target_shape)
     out = np.zeros([b - a for a, b in bounds], self.dtype)
     want = [(a, min(b, n)) for (a, b), n in zip(bounds, self.logical)]
@@ -381,10 +397,11 @@ class _ShardSource:
 # --- several processes ---------------------------------------------------------
 
 def single_process() -> bool:
-  return jax.process_count() == 1
+  single: bool = jax.process_count() == 1
+  return single
 
 
-def agree_on_program(padded_shapes, bucket, what: str) -> None:
+def agree_on_program(padded_shapes: Any, bucket: Any, what: str) -> None:
   """In a multi-process run: checks that every process compiles the same
   program now (a digest of its padded shapes and bucket), before compiling."""
   if single_process():
@@ -415,7 +432,7 @@ def agree_on_batch(local_max: Sequence[int], local_count: int) -> tuple[list[int
   return rows[:, 1:].max(axis=0).tolist(), int(rows[:, 0].sum())
 
 
-def batch_sharding(sharding) -> NamedSharding:
+def batch_sharding(sharding: Any) -> NamedSharding:
   if not isinstance(sharding, NamedSharding):
     raise TypeError(
         "a Ragged batch is placed with a jax.sharding.NamedSharding, e.g. "
@@ -446,51 +463,54 @@ def put_batch(host: np.ndarray, sharding: NamedSharding | None) -> Any:
   return jax.device_put(host, fit_batch(sharding, host.ndim))
 
 
-def put_replicated(value, sharding: NamedSharding | None) -> Any:
+def put_replicated(value: Any, sharding: NamedSharding | None) -> Any:
   if sharding is None:
     return jax.device_put(value)
-  return jax.device_put(value, NamedSharding(sharding.mesh, PartitionSpec()))
+  return jax.device_put(value, NamedSharding(sharding.mesh, PartitionSpec()))  # type: ignore[no-untyped-call, unused-ignore]
 
 
 def put_process_local(host: np.ndarray, sharding: NamedSharding, global_batch: int) -> jax.Array:
   """This process's rows of a global batch (`jax.make_array_from_process_local_data`)."""
-  return jax.make_array_from_process_local_data(
+  # jax.make_array_from_process_local_data is unannotated in JAX (a stub gap).
+  array: jax.Array = jax.make_array_from_process_local_data(  # type: ignore[no-untyped-call, unused-ignore]
       fit_batch(sharding, host.ndim), host, (global_batch, *host.shape[1:]))
+  return array
 
 
 def fit_batch(sharding: NamedSharding, ndim: int) -> NamedSharding:
   """A batch sharding for an array of rank `ndim`: the named spec's entries
   past `ndim` dropped (a P('data', 'seq') batch still places its lengths)."""
   if len(sharding.spec) > ndim:
-    return NamedSharding(sharding.mesh, PartitionSpec(*tuple(sharding.spec)[:ndim]),
+    return NamedSharding(sharding.mesh, PartitionSpec(*tuple(sharding.spec)[:ndim]),  # type: ignore[no-untyped-call, unused-ignore]
                          memory_kind=sharding.memory_kind)
   return sharding
 
 
-def on_auto_axes(fun, args):
+def on_auto_axes(fun: Callable[..., Any], args: Any) -> Any:
   """`fun(*args)`; inside a trace whose batch (the first leaf, rows on axis 0)
   is typed as sharded over `Explicit` mesh axes, run with those axes `Auto`
   (`jax.sharding.auto_axes`), outputs whose leading axis is the batch split as
   the batch is and the rest replicated. The masking rules build masks that
   sharding-in-types would refuse to combine with sharded data."""
   first = jax.tree.leaves(args)[0]
-  sharding = getattr(jax.typeof(first), "sharding", None)
+  sharding: Any = getattr(jax.typeof(first), "sharding", None)
   mesh = getattr(sharding, "mesh", None)
   if mesh is None or not any(t == AxisType.Explicit for t in mesh.axis_types):
     return fun(*args)
   batch, entry = first.shape[0], tuple(sharding.spec)[0] if len(sharding.spec) else None
-  plain = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jax.typeof(x).dtype), args)
+  plain = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jax.typeof(x).dtype),  # type: ignore[no-untyped-call, unused-ignore]
+                       args)
   shapes = jax.eval_shape(fun, *plain)
   out_sharding = jax.tree.map(
-      lambda s: PartitionSpec(entry) if s.ndim and s.shape[0] == batch else PartitionSpec(),
+      lambda s: PartitionSpec(entry) if s.ndim and s.shape[0] == batch else PartitionSpec(),  # type: ignore[no-untyped-call, unused-ignore]
       shapes)
   with jax.sharding.use_abstract_mesh(mesh):
     return jax.sharding.auto_axes(fun, out_sharding=out_sharding)(*args)
 
 
-def jit_options(in_shardings, out_shardings) -> dict:
+def jit_options(in_shardings: Any, out_shardings: Any) -> dict[str, Any]:
   """The keyword arguments of `jax.jit` for these shardings (given ones only)."""
-  options = {}
+  options: dict[str, Any] = {}
   if in_shardings is not None:
     options["in_shardings"] = in_shardings
   if out_shardings is not None:
