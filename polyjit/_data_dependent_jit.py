@@ -23,8 +23,9 @@ from typing import Any, Callable
 
 import jax
 
-from ._data_dependent import (NeedsPolyjitTrace, mentions_size, plain_jit_trace,
-                              raise_if_failed)
+from ._data_dependent import NeedsPolyjitTrace, mentions_size, raise_if_failed
+# Re-exported explicitly: `_jit.py` imports it from here (strict mypy's no_implicit_reexport).
+from ._data_dependent import plain_jit_trace as plain_jit_trace
 from ._jit_plans import EXACT, Plan, ProgramKey, masked_body, out_shapes
 from ._mask import Masked
 
