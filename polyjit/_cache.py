@@ -149,7 +149,8 @@ def enable_persistent_cache(directory: str = "~/.cache/polyjit") -> str:
   """
   path = os.path.abspath(os.path.expanduser(directory))
   os.makedirs(path, exist_ok=True)
-  jax.config.update("jax_compilation_cache_dir", path)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  # jax.config.update carries no annotations (strict only)
+  jax.config.update("jax_compilation_cache_dir", path)  # type: ignore[no-untyped-call, unused-ignore]
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # type: ignore[no-untyped-call, unused-ignore]
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)  # type: ignore[no-untyped-call, unused-ignore]
   return path

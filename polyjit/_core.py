@@ -47,7 +47,7 @@ from . import _jax_compat as jc
 from ._errors import MaskingError, no_rule_message
 from ._refusals import why_unsupported
 
-Rule = Callable[..., list]
+Rule = Callable[..., list[Any]]
 _R = TypeVar("_R", bound=Rule)  # a rule, its signature kept by `register`
 
 #: The masking rules: primitive -> rule(ctx, *padded_args, **params) -> list.
@@ -95,12 +95,12 @@ def registered_names() -> set[str]:
 
 # --- symbolic content --------------------------------------------------------
 
-def _aval_is_symbolic(aval) -> bool:
+def _aval_is_symbolic(aval: Any) -> bool:
   shape = getattr(aval, "shape", ())
   return any(jc.is_symbolic_dim(d) for d in shape)
 
 
-def _value_is_symbolic(v) -> bool:
+def _value_is_symbolic(v: Any) -> bool:
   if jc.is_symbolic_dim(v):
     return True
   if isinstance(v, (tuple, list)):
@@ -146,7 +146,7 @@ class MaskEnv:
   """
 
   def __init__(self, dim_names: Sequence[str], padded: dict[str, int],
-               logical: Sequence[Any], cache: dict | None = None):
+               logical: Sequence[Any], cache: dict[Any, Any] | None = None):
     self.dim_names = tuple(dim_names)
     self.padded_env = dict(padded)
     self.logical_values = tuple(logical)
@@ -162,9 +162,9 @@ class MaskEnv:
     # is defined.
     self.nested = False
     self.size_names: tuple[str, ...] = ()
-    self.checks: list = []
+    self.checks: list[Any] = []
 
-  def bind_size(self, name: str, padded: int, logical) -> None:
+  def bind_size(self, name: str, padded: int, logical: Any) -> None:
     """Adds a data-dependent size, computed by the program, to the sizes."""
     self.dim_names += (name,)
     self.size_names += (name,)
@@ -172,7 +172,7 @@ class MaskEnv:
     self.logical_values += (logical,)
     self.logical_env[name] = logical
 
-  def padded_key(self) -> tuple:
+  def padded_key(self) -> tuple[tuple[str, int], ...]:
     return tuple((k, self.padded_env[k]) for k in self.dim_names)
 
   def with_logical(self, logical: Sequence[Any]) -> "MaskEnv":
@@ -180,7 +180,7 @@ class MaskEnv:
     env.nested = True
     return env
 
-  def padded(self, d, eqn=None) -> int:
+  def padded(self, d: Any, eqn: jc.JaxprEqn | None = None) -> int:
     """The padded size of a dimension: the buffer length that holds its data.
 
     For a size that never decreases as the dimensions grow (`n - 1`, `2*n`,
@@ -208,10 +208,10 @@ class MaskEnv:
       self._padded_cache[d] = size
     return size
 
-  def padded_shape(self, shape, eqn=None) -> tuple[int, ...]:
+  def padded_shape(self, shape: Sequence[Any], eqn: jc.JaxprEqn | None = None) -> tuple[int, ...]:
     return tuple(self.padded(d, eqn) for d in shape)
 
-  def logical(self, d):
+  def logical(self, d: Any) -> Any:
     """The logical size of a dimension: a (possibly traced) int scalar."""
     if not jc.is_symbolic_dim(d):
       return np.asarray(int(d), jc.dim_value_dtype())
@@ -224,7 +224,8 @@ class MaskEnv:
     self._logical_cache[d] = value
     return value
 
-  def valid_mask(self, aval, axes=None, eqn=None):
+  def valid_mask(self, aval: Any, axes: Sequence[int] | None = None,
+                 eqn: jc.JaxprEqn | None = None) -> Any:
     """A bool array of `aval`'s padded shape, True on the valid region of `axes`.
 
     `aval` is an abstract value or a symbolic shape. Only dynamic axes among
@@ -246,24 +247,27 @@ class MaskEnv:
       self._mask_cache[key] = mask
     return mask
 
-  def fill_padding(self, x, aval, value, axes=None, eqn=None):
+  def fill_padding(self, x: Any, aval: Any, value: Any, axes: Sequence[int] | None = None,
+                   eqn: jc.JaxprEqn | None = None) -> Any:
     """`x` with the padding of `axes` (default: all) replaced by `value`."""
     mask = self.valid_mask(aval, axes, eqn)
     if mask is None:
       return x
     return lax.select(mask, x, lax.full_like(x, value))
 
-  def padded_aval(self, aval, eqn=None):
+  def padded_aval(self, aval: Any, eqn: jc.JaxprEqn | None = None) -> Any:
     return jc.shaped(self.padded_shape(aval.shape, eqn), aval.dtype,
                      getattr(aval, "weak_type", False))
 
 
 # --- the interpreter ---------------------------------------------------------
 
-_steps_cache: "weakref.WeakKeyDictionary[jc.Jaxpr, tuple]" = weakref.WeakKeyDictionary()
+# per equation: (eqn, whether it is symbolic, (index, outvar) pairs to keep)
+_Step = tuple[jc.JaxprEqn, bool, tuple[tuple[int, Any], ...]]
+_steps_cache: "weakref.WeakKeyDictionary[jc.Jaxpr, tuple[_Step, ...]]" = weakref.WeakKeyDictionary()
 
 
-def _steps(jaxpr: jc.Jaxpr) -> tuple:
+def _steps(jaxpr: jc.Jaxpr) -> tuple[_Step, ...]:
   """Per equation: (eqn, masks?, outvars to keep), computed once per jaxpr."""
   try:
     return _steps_cache[jaxpr]
@@ -277,11 +281,11 @@ def _steps(jaxpr: jc.Jaxpr) -> tuple:
 
 
 def eval_jaxpr_masked(jaxpr: jc.Jaxpr, consts: Sequence[Any],
-                      args: Sequence[Any], env: MaskEnv) -> list:
+                      args: Sequence[Any], env: MaskEnv) -> list[Any]:
   """Evaluates `jaxpr` on padded `args`; returns padded outputs."""
   vals: dict[Any, Any] = {}
 
-  def read(v):
+  def read(v: Any) -> Any:
     return v.val if isinstance(v, jc.Literal) else vals[v]
 
   for v, x in zip(jaxpr.constvars, consts):
@@ -297,7 +301,8 @@ def eval_jaxpr_masked(jaxpr: jc.Jaxpr, consts: Sequence[Any],
           raise _no_rule_error(eqn)
         outs = rule(RuleContext(env, eqn), *invals, **eqn.params)
       else:
-        outs = eqn.primitive.bind(*invals, **jc.bind_params(eqn))
+        # JAX's Primitive.bind carries no annotations
+        outs = eqn.primitive.bind(*invals, **jc.bind_params(eqn))  # type: ignore[no-untyped-call, unused-ignore]
         if not eqn.primitive.multiple_results:
           outs = [outs]
     for i, v in outvars:
@@ -305,13 +310,15 @@ def eval_jaxpr_masked(jaxpr: jc.Jaxpr, consts: Sequence[Any],
   return [read(v) for v in jaxpr.outvars]
 
 
-def _no_rule_error(eqn) -> MaskingError:
+def _no_rule_error(eqn: jc.JaxprEqn) -> MaskingError:
   padded = []
   for i, v in enumerate(eqn.invars):
     shape = getattr(v.aval, "shape", ())
     axes = [f"axis {a} ({d})" for a, d in enumerate(shape) if jc.is_symbolic_dim(d)]
     if axes:
-      padded.append(f"operand {i} {v.aval.str_short()}: " + ", ".join(axes))
+      # JAX's AbstractValue.str_short carries no annotations
+      padded.append(f"operand {i} {v.aval.str_short()}: "  # type: ignore[no-untyped-call, unused-ignore]
+                    + ", ".join(axes))
   source = jc.source_line(eqn)
   message = no_rule_message(eqn.primitive.name, source, padded)
   why = why_unsupported(eqn.primitive.name)
@@ -330,12 +337,13 @@ def mask_closed_jaxpr(closed: jc.ClosedJaxpr, env: MaskEnv) -> jc.ClosedJaxpr:
   key = ("masked", id(closed), env.padded_key())
   hit = env.cache.get(key)
   if hit is not None and hit[0] is closed:
-    return hit[1]
+    cached: jc.ClosedJaxpr = hit[1]
+    return cached
   k = len(env.dim_names)
   logical_aval = jc.shaped((), jc.dim_value_dtype())
   in_avals = [logical_aval] * k + [env.padded_aval(v.aval) for v in closed.jaxpr.invars]
 
-  def masked(*args):
+  def masked(*args: Any) -> list[Any]:
     sub_env = env.with_logical(args[:k])
     return eval_jaxpr_masked(closed.jaxpr, closed.consts, args[k:], sub_env)
 
@@ -360,24 +368,24 @@ class RuleContext:
 
   # avals and sizes
   @property
-  def in_avals(self):
+  def in_avals(self) -> list[Any]:
     return [v.aval for v in self.eqn.invars]
 
   @property
-  def out_avals(self):
+  def out_avals(self) -> list[Any]:
     return [v.aval for v in self.eqn.outvars]
 
   @property
-  def primitive(self):
+  def primitive(self) -> jc.Primitive:
     return self.eqn.primitive
 
-  def padded(self, d) -> int:
+  def padded(self, d: Any) -> int:
     return self.env.padded(d, self.eqn)
 
-  def logical(self, d):
+  def logical(self, d: Any) -> Any:
     return self.env.logical(d)
 
-  def padded_shape(self, shape) -> tuple[int, ...]:
+  def padded_shape(self, shape: Sequence[Any]) -> tuple[int, ...]:
     return self.env.padded_shape(shape, self.eqn)
 
   def padded_params(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -390,7 +398,7 @@ class RuleContext:
     """
     return {k: self._pad_value(v) for k, v in params.items()}
 
-  def _pad_value(self, v):
+  def _pad_value(self, v: Any) -> Any:
     if jc.is_symbolic_dim(v):
       return self.padded(v)
     if not isinstance(v, (tuple, list)) or not _value_is_symbolic(v):
@@ -400,22 +408,24 @@ class RuleContext:
       return type(v)(*items)
     return type(v)(items)
 
-  def bind(self, *args, **params) -> list:
+  def bind(self, *args: Any, **params: Any) -> list[Any]:
     """Binds this equation's primitive with padded params; returns a list."""
     prim = self.eqn.primitive
-    out = prim.bind(*args, **prim.get_bind_params(self.padded_params(params)))
+    # JAX's Primitive.bind and get_bind_params carry no annotations (strict only)
+    out = prim.bind(*args, **prim.get_bind_params(self.padded_params(params)))  # type: ignore[no-untyped-call, unused-ignore]
     return list(out) if prim.multiple_results else [out]
 
   # dynamic axes and masks
   @staticmethod
-  def is_dynamic(d) -> bool:
+  def is_dynamic(d: Any) -> bool:
     return jc.is_symbolic_dim(d)
 
-  def valid_mask(self, aval, axes=None):
+  def valid_mask(self, aval: Any, axes: Sequence[int] | None = None) -> Any:
     """See `MaskEnv.valid_mask`."""
     return self.env.valid_mask(aval, axes, self.eqn)
 
-  def fill_padding(self, x, aval, value, axes=None):
+  def fill_padding(self, x: Any, aval: Any, value: Any,
+                   axes: Sequence[int] | None = None) -> Any:
     """See `MaskEnv.fill_padding`."""
     return self.env.fill_padding(x, aval, value, axes, self.eqn)
 
@@ -431,10 +441,10 @@ class RuleContext:
     """See `mask_closed_jaxpr`; pass `self.logical_operands()` first."""
     return mask_closed_jaxpr(closed, self.env)
 
-  def logical_operands(self) -> list:
+  def logical_operands(self) -> list[Any]:
     return list(self.env.logical_values)
 
-  def eval_jaxpr(self, closed: jc.ClosedJaxpr, *args) -> list:
+  def eval_jaxpr(self, closed: jc.ClosedJaxpr, *args: Any) -> list[Any]:
     """Evaluates a sub-jaxpr inline, masked with this environment."""
     return eval_jaxpr_masked(closed.jaxpr, closed.consts, args, self.env)
 

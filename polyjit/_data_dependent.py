@@ -56,6 +56,7 @@ import contextlib
 import functools
 import operator
 import threading
+from collections.abc import Callable, Iterator
 from typing import Any, Sequence
 
 import jax
@@ -66,7 +67,7 @@ from jax import lax
 from . import _dims
 from . import _jax_compat as jc
 from . import _rules  # noqa: F401  (the rules wrapped below must exist first)
-from ._core import masking_rules
+from ._core import MaskEnv, Rule, RuleContext, masking_rules
 from ._errors import MaskingError, ShapeError
 
 PREFIX = "pj_dd"   # the names of data-dependent sizes: pj_dd0, pj_dd1, ...
@@ -78,13 +79,13 @@ _local = threading.local()
 
 
 class _TraceState:
-  def __init__(self, scope):
+  def __init__(self, scope: jc.SymbolicScope):
     self.scope = scope
     self.count = 0
 
 
 @contextlib.contextmanager
-def tracing(avals: Sequence[Any]):
+def tracing(avals: Sequence[Any]) -> Iterator[None]:
   """Within the block (one symbolic trace), new sizes are created in the
   scope of `avals`' symbolic dims (so that they combine with them) and named
   pj_dd0, pj_dd1, ... in order, the same in every trace of one function."""
@@ -98,7 +99,7 @@ def tracing(avals: Sequence[Any]):
     _local.state = previous
 
 
-def _fresh_dim():
+def _fresh_dim() -> Any:
   state = getattr(_local, "state", None)
   if state is None:  # spellings run only inside `tracing()`; this is a bug
     raise MaskingError("a data-dependent size was created outside a polyjit trace.")
@@ -114,7 +115,7 @@ class NeedsPolyjitTrace(Exception):
 
 
 @contextlib.contextmanager
-def plain_jit_trace():
+def plain_jit_trace() -> Iterator[None]:
   """Marks a trace of the user's function by plain `jax.jit` inside pj.jit."""
   previous = getattr(_local, "plain", False)
   _local.plain = True
@@ -125,14 +126,15 @@ def plain_jit_trace():
 
 
 def in_plain_jit_trace() -> bool:
-  return getattr(_local, "plain", False)
+  plain: bool = getattr(_local, "plain", False)
+  return plain
 
 
 def is_size_name(name: str) -> bool:
   return name.startswith(PREFIX) and name[len(PREFIX):].isdigit()
 
 
-def mentions_size(d) -> bool:
+def mentions_size(d: Any) -> bool:
   """Whether a dimension expression involves a data-dependent size."""
   return jc.is_symbolic_dim(d) and any(is_size_name(v) for v in jc.symbolic_vars(d))
 
@@ -152,7 +154,7 @@ def refuse_decision(decision: jc.SizeDecision) -> None:
 
 # --- the primitive -------------------------------------------------------------
 
-def _compact_abstract(mask, *, size):
+def _compact_abstract(mask: Any, *, size: Any) -> Any:
   return jc.shaped((size,), jc.dim_value_dtype())
 
 
@@ -169,7 +171,7 @@ def _refuse_batching() -> MaskingError:
 compact_p = jc.size_primitive("polyjit_compact", _compact_abstract, _refuse_batching)
 
 
-def compact(flat_mask) -> jax.Array:
+def compact(flat_mask: Any) -> jax.Array:
   """The positions of the True entries of a 1-D array, in order: an int32
   array whose length is a new data-dependent size."""
   flat_mask = jnp.asarray(flat_mask)
@@ -177,10 +179,13 @@ def compact(flat_mask) -> jax.Array:
     flat_mask = flat_mask != 0
   if not jc.is_symbolic_dim(flat_mask.shape[0]) and flat_mask.shape[0] == 0:
     return jnp.zeros((0,), jc.dim_value_dtype())  # nothing to select: no new size
-  return compact_p.bind(flat_mask, size=_fresh_dim())
+  # JAX's Primitive.bind carries no annotations (strict only)
+  positions: jax.Array = compact_p.bind(  # type: ignore[no-untyped-call, unused-ignore]
+      flat_mask, size=_fresh_dim())
+  return positions
 
 
-def _running_count(valid, dtype):
+def _running_count(valid: Any, dtype: Any) -> Any:
   """cumsum(valid): XLA's CPU cumsum is 2-3x slower than a log-depth scan."""
   ones = valid.astype(dtype)
   if jax.default_backend() == "cpu":
@@ -188,7 +193,7 @@ def _running_count(valid, dtype):
   return jnp.cumsum(ones, dtype=dtype)
 
 
-def _compact_rule(ctx, mask, *, size):
+def _compact_rule(ctx: RuleContext, mask: Any, *, size: Any) -> list[Any]:
   env = ctx.env
   if env.nested:
     raise ctx.error(
@@ -245,7 +250,7 @@ _MESSAGES = {
 }
 
 
-def _record(ctx, defined, code: int, what: str):
+def _record(ctx: RuleContext, defined: Any, code: int, what: str) -> None:
   if ctx.env.nested:
     raise ctx.error(
         f"{what} on a data-dependent size inside a loop body or branch: an empty "
@@ -254,15 +259,16 @@ def _record(ctx, defined, code: int, what: str):
   ctx.env.checks.append((defined, code))
 
 
-def _checked_reduction(rule, what: str):
+def _checked_reduction(rule: Rule, what: str) -> Rule:
   @functools.wraps(rule)  # the rule's own family in docs/coverage.md
-  def checked(ctx, operand, *rest, axes, **params):
+  def checked(ctx: RuleContext, operand: Any, *rest: Any, axes: Sequence[int],
+              **params: Any) -> list[Any]:
     outs = rule(ctx, operand, *rest, axes=axes, **params)
     shape = ctx.in_avals[0].shape
     sized = [shape[a] for a in axes if mentions_size(shape[a])]
     if not sized:
       return outs
-    nonempty = None
+    nonempty: Any = None
     for d in sized:
       has = ctx.logical(d) > 0
       nonempty = has if nonempty is None else jnp.logical_and(nonempty, has)
@@ -273,9 +279,9 @@ def _checked_reduction(rule, what: str):
   return checked
 
 
-def _checked_indexing(rule):
+def _checked_indexing(rule: Rule) -> Rule:
   @functools.wraps(rule)
-  def checked(ctx, *args, **params):
+  def checked(ctx: RuleContext, *args: Any, **params: Any) -> list[Any]:
     outs = rule(ctx, *args, **params)
     shape = ctx.in_avals[0].shape
     sizes = params.get("slice_sizes")
@@ -285,7 +291,7 @@ def _checked_indexing(rule):
         or _provably_equal(sizes[a] if sizes is not None else out_shape[a], d))]
     if not indexed:
       return outs
-    defined = None
+    defined: Any = None
     for d in out_shape:  # an empty result reads nothing
       empty = ctx.logical(d) <= 0
       defined = empty if defined is None else jnp.logical_or(defined, empty)
@@ -312,7 +318,7 @@ def size_names(jaxpr: jc.Jaxpr) -> tuple[str, ...]:
   """The data-dependent sizes a jaxpr creates (sub-jaxprs included)."""
   names: list[str] = []
 
-  def visit(j):
+  def visit(j: jc.Jaxpr) -> None:
     for eqn in j.eqns:
       if eqn.primitive is compact_p:
         name = str(eqn.params["size"])
@@ -324,7 +330,7 @@ def size_names(jaxpr: jc.Jaxpr) -> tuple[str, ...]:
   return tuple(names)
 
 
-def extra_outputs(env, traced) -> list:
+def extra_outputs(env: MaskEnv, traced: Any) -> list[Any]:
   """What a masked evaluation of `traced` returns after its outputs: each
   created size, then the code of the first check that failed (0: none).
   Notes on `traced` whether there are checks at all."""
@@ -342,14 +348,15 @@ def extra_outputs(env, traced) -> list:
   return [env.logical_env[n] for n in names] + [failed]
 
 
-def split_outputs(traced, outs: Sequence[Any]):
+def split_outputs(traced: Any, outs: Sequence[Any]
+                  ) -> tuple[list[Any], dict[str, Any], Any]:
   """(outputs, {size name: value}, failed check code) of a masked evaluation."""
   n = len(traced.out_avals)
   extras = list(outs[n:])
   return list(outs[:n]), dict(zip(traced.size_names, extras[:-1])), extras[-1]
 
 
-def raise_if_failed(failed) -> None:
+def raise_if_failed(failed: Any) -> None:
   """Raises NumPy's error for a concrete failed check code."""
   if isinstance(failed, jc.Tracer):
     return
@@ -359,7 +366,7 @@ def raise_if_failed(failed) -> None:
     raise error(_MESSAGES[code])
 
 
-def logical_shapes(traced, sizes: dict[str, Any]) -> list[tuple]:
+def logical_shapes(traced: Any, sizes: dict[str, Any]) -> list[tuple[Any, ...]]:
   """Each output's logical shape: ints, and int32 scalars for dynamic axes
   (a size that would be negative on an empty selection, `y[1:]`, is 0)."""
   return [tuple(jnp.maximum(_dims.evaluate_dim(d, sizes), 0) if jc.is_symbolic_dim(d)
@@ -368,20 +375,20 @@ def logical_shapes(traced, sizes: dict[str, Any]) -> list[tuple]:
 
 # --- the spellings -----------------------------------------------------------------
 
-def in_trace(*arrays) -> bool:
+def in_trace(*arrays: Any) -> bool:
   """Replace JAX's function: polyjit is tracing and an operand is traced."""
   return (getattr(_local, "state", None) is not None
           and any(isinstance(a, jc.Tracer) for a in arrays))
 
 
-def _provably_equal(a, b) -> bool:
+def _provably_equal(a: Any, b: Any) -> bool:
   try:
     return bool(a == b)
   except Exception:
     return False
 
 
-def boolean_select(arr, mask, axis: int = 0) -> jax.Array:
+def boolean_select(arr: Any, mask: Any, axis: int = 0) -> jax.Array:
   """`arr` where `mask` (covering axes axis..axis+mask.ndim) is True, those
   axes replaced by one axis of data-dependent length."""
   arr, mask = jnp.asarray(arr), jnp.asarray(mask)
@@ -405,10 +412,10 @@ def boolean_select(arr, mask, axis: int = 0) -> jax.Array:
   return jnp.take(arr, positions, axis=axis, mode="clip")
 
 
-def _bool_mask_index(idx):
+def _bool_mask_index(idx: Any) -> Any:
   """The boolean array of `x[idx]` when idx is a traced boolean mask (alone, or
   the only entry of a tuple); raises for a traced mask mixed with other indices."""
-  def is_mask(i):
+  def is_mask(i: Any) -> bool:
     return isinstance(i, jc.Tracer) and jnp.result_type(i) == jnp.bool_ and np.ndim(i) >= 1
   if is_mask(idx):
     return idx
@@ -423,14 +430,14 @@ def _bool_mask_index(idx):
   return None
 
 
-def getitem(original, arr, idx, **kwargs):
+def getitem(original: Callable[..., Any], arr: Any, idx: Any, **kwargs: Any) -> Any:
   mask = _bool_mask_index(idx) if getattr(_local, "state", None) is not None else None
   if mask is None:
     return original(arr, idx, **kwargs)
   return boolean_select(arr, mask, 0)
 
 
-def nonzero_indices(a) -> tuple:
+def nonzero_indices(a: Any) -> tuple[jax.Array, ...]:
   a = jnp.asarray(a)
   positions = compact(jnp.ravel(a))
   if a.ndim == 1:
@@ -445,19 +452,22 @@ def nonzero_indices(a) -> tuple:
   return tuple(reversed(out))
 
 
-def nonzero(original, a, *, size=None, fill_value=None):
+def nonzero(original: Callable[..., Any], a: Any, *, size: Any = None,
+            fill_value: Any = None) -> Any:
   if size is not None or not in_trace(a) or np.ndim(a) == 0:
     return original(a, size=size, fill_value=fill_value)
   return nonzero_indices(a)
 
 
-def flatnonzero(original, a, *, size=None, fill_value=None):
+def flatnonzero(original: Callable[..., Any], a: Any, *, size: Any = None,
+                fill_value: Any = None) -> Any:
   if size is not None or not in_trace(a):
     return original(a, size=size, fill_value=fill_value)
   return compact(jnp.ravel(a))
 
 
-def argwhere(original, a, *, size=None, fill_value=None):
+def argwhere(original: Callable[..., Any], a: Any, *, size: Any = None,
+             fill_value: Any = None) -> Any:
   if size is not None or not in_trace(a):
     return original(a, size=size, fill_value=fill_value)
   a = jnp.asarray(a)
@@ -465,13 +475,15 @@ def argwhere(original, a, *, size=None, fill_value=None):
   return out[:, :0] if a.ndim == 0 else out
 
 
-def where(original, condition, x=None, y=None, /, *, size=None, fill_value=None):
+def where(original: Callable[..., Any], condition: Any, x: Any = None, y: Any = None, /, *,
+          size: Any = None, fill_value: Any = None) -> Any:
   if x is None and y is None and size is None and in_trace(condition):
     return nonzero(jnp.nonzero, condition)
   return original(condition, x, y, size=size, fill_value=fill_value)
 
 
-def compress(original, condition, a, axis=None, *, size=None, fill_value=0, out=None):
+def compress(original: Callable[..., Any], condition: Any, a: Any, axis: Any = None, *,
+             size: Any = None, fill_value: Any = 0, out: Any = None) -> Any:
   if size is not None or out is not None or not in_trace(condition, a):
     return original(condition, a, axis, size=size, fill_value=fill_value, out=out)
   condition = jnp.asarray(condition)
@@ -491,13 +503,15 @@ def compress(original, condition, a, axis=None, *, size=None, fill_value=0, out=
   return boolean_select(a, condition, axis)
 
 
-def extract(original, condition, arr, *, size=None, fill_value=0):
+def extract(original: Callable[..., Any], condition: Any, arr: Any, *, size: Any = None,
+            fill_value: Any = 0) -> Any:
   if size is not None or not in_trace(condition, arr):
     return original(condition, arr, size=size, fill_value=fill_value)
   return compress(jnp.compress, jnp.ravel(condition), jnp.ravel(arr))
 
 
-def unique_of(ar, return_index, return_inverse, return_counts, equal_nan):
+def unique_of(ar: Any, return_index: bool, return_inverse: bool, return_counts: bool,
+              equal_nan: bool) -> Any:
   ar = jnp.asarray(ar)
   flat = jnp.ravel(ar)
   n = flat.shape[0]
@@ -525,8 +539,10 @@ def unique_of(ar, return_index, return_inverse, return_counts, equal_nan):
   return out[0] if len(out) == 1 else tuple(out)
 
 
-def unique(original, ar, return_index=False, return_inverse=False, return_counts=False,
-           axis=None, *, equal_nan=True, size=None, fill_value=None, sorted=True):
+def unique(original: Callable[..., Any], ar: Any, return_index: bool = False,
+           return_inverse: bool = False, return_counts: bool = False, axis: Any = None, *,
+           equal_nan: bool = True, size: Any = None, fill_value: Any = None,
+           sorted: bool = True) -> Any:
   if size is not None or not in_trace(ar):
     return original(ar, return_index, return_inverse, return_counts, axis,
                     equal_nan=equal_nan, size=size, fill_value=fill_value, sorted=sorted)

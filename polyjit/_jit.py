@@ -68,6 +68,7 @@ from ._buckets import BucketPolicy, PerDimBucketSpec, as_policy
 from ._cache import ExecutableCache, wait
 from ._compiles import count_compiles
 from . import _data_dependent_jit as data_dependent
+from ._data_dependent import plain_jit_trace
 from ._errors import FallbackWarning, MaskingError, PolyjitError, ShapeError, warn_user
 from ._jit_args import ArgLayout, aval_key, call_signature, strip_padded
 from ._jit_plans import (Plan, ProgramKey, Structure, Template, borrow, exact_body,
@@ -204,7 +205,8 @@ class JitFunction:
     if rental is None or plan.bucket is None or not rental.wants_sample(plan.bucket):
       return plan, plan.run(leaves)
     t0 = time.perf_counter()  # a new shape: time it (repeated shapes never block)
-    outs = jax.block_until_ready(plan.run(leaves))
+    # jax.block_until_ready carries no annotations (strict only)
+    outs = jax.block_until_ready(plan.run(leaves))  # type: ignore[no-untyped-call, unused-ignore]
     rental.record_time(plan.bucket, time.perf_counter() - t0)
     return plan, outs
 
@@ -296,7 +298,7 @@ class JitFunction:
     if not struct.data_dependent:
       key = ProgramKey.exact_shapes(struct, shapes)
       try:
-        with data_dependent.plain_jit_trace():
+        with plain_jit_trace():
           program = self._cache.get(key, lambda: self._compile(
               key, exact_body(struct.treedef, fun), struct, why))
         return Plan(key, program, struct.dtypes, (), None, 0.0, fallback=struct.exact_only,
@@ -568,7 +570,8 @@ class JitFunction:
     (the spec names, or in automatic mode `<argument>_<axis>`) to the logical
     sizes to serve. Returns the padded sizes compiled.
     """
-    examples = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jax.typeof(x).dtype)
+    # jax.ShapeDtypeStruct's constructor carries no annotations (strict only)
+    examples = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jax.typeof(x).dtype)  # type: ignore[no-untyped-call, unused-ignore]
                             if not isinstance(x, jax.ShapeDtypeStruct) else x, (args, kwargs))
     prepared = self._prepare(*examples)
     assert prepared is not None  # (abstract examples, no tracers)

@@ -67,7 +67,8 @@ class _Program:
   def out_info(self) -> Any:
     shapes = self.out_shapes or [None] * len(self.out_avals)
     return self.out_tree.unflatten([
-        jax.ShapeDtypeStruct(s if s is not None else shape, dtype, weak_type=weak)
+        # jax.ShapeDtypeStruct's constructor carries no annotations (strict only)
+        jax.ShapeDtypeStruct(s if s is not None else shape, dtype, weak_type=weak)  # type: ignore[no-untyped-call, unused-ignore]
         for s, (shape, dtype, weak) in zip(shapes, self.out_avals)])
 
 
@@ -162,7 +163,8 @@ def trace(jf: JitFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tra
   body = program.body
   body.__name__ = jf._name
   donate = jf._args.donated_leaves(program.struct.treedef, program.struct.static_key)
-  size_avals = tuple(jax.ShapeDtypeStruct((), jc.dim_value_dtype())
+  # jax.ShapeDtypeStruct's constructor carries no annotations (strict only)
+  size_avals = tuple(jax.ShapeDtypeStruct((), jc.dim_value_dtype())  # type: ignore[no-untyped-call, unused-ignore]
                      for _ in range(program.n_dims))
   jax_traced = jax.jit(body, donate_argnums=donate).trace(
       *abstract_leaves(program.key.padded_shapes, program.struct.avals), size_avals)
@@ -188,9 +190,11 @@ def eval_shape(jf: JitFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     if variant is not None:
       out_dims = [a.shape for a in variant.traced.out_avals]
       return variant.traced.out_tree.unflatten([
-          jax.ShapeDtypeStruct(s, a.dtype, weak_type=a.weak_type) for s, a in
+          # jax.ShapeDtypeStruct's constructor carries no annotations (strict only)
+          jax.ShapeDtypeStruct(s, a.dtype, weak_type=a.weak_type) for s, a in  # type: ignore[no-untyped-call, unused-ignore]
           zip(out_shapes(out_dims, binding.padded), variant.traced.out_avals)])
-  return jax.jit(jf.fun, static_argnums=jf.static_argnums or None,
+  # jax.jit(...).eval_shape carries no annotations (strict only)
+  return jax.jit(jf.fun, static_argnums=jf.static_argnums or None,  # type: ignore[no-untyped-call, unused-ignore]
                  static_argnames=jf.static_argnames or None).eval_shape(
                      *strip_padded(args), **strip_padded(kwargs))
 
@@ -202,7 +206,8 @@ def _abstract(x: Any) -> Any:
   if is_padded(x) or isinstance(x, jax.ShapeDtypeStruct):
     return x
   aval = jax.typeof(x)
-  return jax.ShapeDtypeStruct(np.shape(x), aval.dtype, weak_type=aval.weak_type)
+  # jax.ShapeDtypeStruct's constructor carries no annotations (strict only)
+  return jax.ShapeDtypeStruct(np.shape(x), aval.dtype, weak_type=aval.weak_type)  # type: ignore[no-untyped-call, unused-ignore]
 
 
 def _prepare_abstract(jf: JitFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

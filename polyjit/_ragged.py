@@ -700,7 +700,8 @@ def _example_struct(x: Any, axis: int | None, padded: Any) -> Any:
   """The abstract value of one example of a flat argument (for tracing)."""
   def struct(shape: Sequence[int], a: Any) -> jax.ShapeDtypeStruct:
     t = jc.typeof(a)
-    return jax.ShapeDtypeStruct(tuple(shape), t.dtype, weak_type=t.weak_type)
+    # jax.ShapeDtypeStruct's constructor carries no annotations (strict only)
+    return jax.ShapeDtypeStruct(tuple(shape), t.dtype, weak_type=t.weak_type)  # type: ignore[no-untyped-call, unused-ignore]
   if _is_ragged(x):
     k = x.ragged_axes
     return jax.tree.map(lambda a: struct((*padded, *np.shape(a)[1 + k:]), a), x.data)
@@ -777,7 +778,9 @@ def _suspects(error: BaseException, groups: Groups, raggeds: Sequence[Ragged]
     hit = [g for g in groups if raggeds[g[0]].ragged_axes]
     if len(hit) != 2:
       return []
-  k = lambda g: raggeds[g[0]].ragged_axes
+  def k(g: Any) -> Any:
+    return raggeds[g[0]].ragged_axes
+
   return [(a, b) for i, a in enumerate(hit) for b in hit[i + 1:] if k(a) == k(b) and k(a)]
 
 
@@ -848,8 +851,10 @@ class _Plan:
 
   def _error(self, i: int, o: int, row: int, la: Any, lb: Any) -> ShapeError:
     pa, pb = self.paths[i], self.paths[o]
-    show = lambda l: (f"length {int(l)}" if np.ndim(l) == 0
-                      else f"lengths {tuple(int(v) for v in l)}")
+    def show(l: Any) -> str:
+      return (f"length {int(l)}" if np.ndim(l) == 0
+              else f"lengths {tuple(int(v) for v in l)}")
+
     return ShapeError(
         f"pj.vmap({self.fun_name}): {pa} and {pb} are pj.Ragged arguments that "
         f"{self.fun_name} needs with equal lengths, example by example, but example "
@@ -883,7 +888,8 @@ class _Plan:
       return [np.asarray(values[g[0]]) for g in self.shared]
 
     def fail(lengths: list[Any]) -> Any:
-      shapes = [jax.ShapeDtypeStruct(h.shape, h.dtype) for h in heads]
+      # jax.ShapeDtypeStruct's constructor carries no annotations (strict only)
+      shapes = [jax.ShapeDtypeStruct(h.shape, h.dtype) for h in heads]  # type: ignore[no-untyped-call, unused-ignore]
       return jax.pure_callback(host, shapes, *lengths, vmap_method="sequential")
 
     checked = lax.cond(differ, fail, lambda lengths: [lengths[g[0]] for g in self.shared],

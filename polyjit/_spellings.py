@@ -83,6 +83,8 @@ are not intercepted: polyjit patches module attributes, not references.
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -93,7 +95,7 @@ from jax.export import is_symbolic_dim
 from . import _jax_compat as jc
 
 
-def _is_dim(d) -> bool:
+def _is_dim(d: Any) -> bool:
   """A symbolic size (a dimension expression), not a traced value."""
   return is_symbolic_dim(d) and not isinstance(d, jax.core.Tracer)
 
@@ -104,20 +106,20 @@ _SIDES = ("left", "right")
 _METHODS = ("scan", "scan_unrolled", "sort", "compare_all")
 
 
-def _float_lt(x, y):
+def _float_lt(x: Any, y: Any) -> Any:
   """x < y in the sort order (NaN last, -0.0 == 0.0), floats."""
   return (x < y) | (~jnp.isnan(x) & jnp.isnan(y))
 
 
-def _float_le(x, y):
+def _float_le(x: Any, y: Any) -> Any:
   return (x <= y) | jnp.isnan(y)
 
 
-def _float_eq(x, y):
+def _float_eq(x: Any, y: Any) -> Any:
   return (x == y) | (jnp.isnan(x) & jnp.isnan(y))
 
 
-def _sort_compare(x, y, or_equal: bool):
+def _sort_compare(x: Any, y: Any, or_equal: bool) -> Any:
   """`x < y` (or `x <= y`) in the total order of JAX's sort and search."""
   if jnp.issubdtype(x.dtype, jnp.complexfloating):
     xr, xi, yr, yi = jnp.real(x), jnp.imag(x), jnp.real(y), jnp.imag(y)
@@ -130,7 +132,7 @@ def _sort_compare(x, y, or_equal: bool):
   return (x <= y) if or_equal else (x < y)
 
 
-def count_before(a, v, side: str):
+def count_before(a: Any, v: Any, side: str) -> Any:
   """`searchsorted(a, v, side)` for a sorted 1-d `a`, as a sum of comparisons."""
   a, v = jnp.asarray(a), jnp.asarray(v)
   dtype = jnp.result_type(a, v)
@@ -140,7 +142,8 @@ def count_before(a, v, side: str):
   return jnp.sum(before, axis=0, dtype=jnp.int32)
 
 
-def searchsorted(original, a, v, side="left", sorter=None, *, method="scan"):
+def searchsorted(original: Callable[..., Any], a: Any, v: Any, side: str = "left",
+                 sorter: Any = None, *, method: str = "scan") -> Any:
   shape = np.shape(a)
   if (len(shape) != 1 or not _is_dim(shape[0]) or side not in _SIDES
       or method not in _METHODS):
@@ -152,7 +155,8 @@ def searchsorted(original, a, v, side="left", sorter=None, *, method="scan"):
 
 # --- interp ------------------------------------------------------------------
 
-def interp(original, x, xp, fp, left=None, right=None, period=None):
+def interp(original: Callable[..., Any], x: Any, xp: Any, fp: Any, left: Any = None,
+           right: Any = None, period: Any = None) -> Any:
   shape = np.shape(xp)
   if len(shape) != 1 or not _is_dim(shape[0]) or np.shape(fp) != shape:
     return original(x, xp, fp, left, right, period)
@@ -199,7 +203,7 @@ def interp(original, x, xp, fp, left=None, right=None, period=None):
   return f
 
 
-def _extrapolate(name, value) -> bool:
+def _extrapolate(name: str, value: Any) -> bool:
   if not isinstance(value, str):
     return False
   if value != "extrapolate":
@@ -210,8 +214,9 @@ def _extrapolate(name, value) -> bool:
 
 # --- linspace ----------------------------------------------------------------
 
-def linspace(original, start, stop, num=50, endpoint=True, retstep=False,
-             dtype=None, axis=0, *, device=None):
+def linspace(original: Callable[..., Any], start: Any, stop: Any, num: Any = 50,
+             endpoint: bool = True, retstep: bool = False, dtype: Any = None,
+             axis: int = 0, *, device: Any = None) -> Any:
   if not _is_dim(num) or device is not None:
     return original(start, stop, num, endpoint, retstep, dtype, axis, device=device)
   axis = operator.index(axis)
@@ -230,7 +235,8 @@ def linspace(original, start, stop, num=50, endpoint=True, retstep=False,
   bounds_shape.insert(axis, 1)
   b_start, b_stop = b_start.reshape(bounds_shape), b_stop.reshape(bounds_shape)
 
-  real_dtype = jnp.finfo(computation_dtype).dtype
+  # jnp.finfo (ml_dtypes' finfo) has no annotated constructor (ignore used only under --strict)
+  real_dtype = jnp.finfo(computation_dtype).dtype  # type: ignore[no-untyped-call, unused-ignore]
   num_v = jnp.asarray(num)
   div = (num - 1) if endpoint else num
   div_real = jnp.asarray(div).astype(real_dtype)
@@ -260,7 +266,8 @@ def linspace(original, start, stop, num=50, endpoint=True, retstep=False,
 
 # --- diff --------------------------------------------------------------------
 
-def diff(original, a, n=1, axis=-1, prepend=None, append=None):
+def diff(original: Callable[..., Any], a: Any, n: Any = 1, axis: Any = -1,
+         prepend: Any = None, append: Any = None) -> Any:
   if not isinstance(n, (int, np.integer)) or n < 2 or np.ndim(a) == 0:
     return original(a, n, axis, prepend, append)
   arr = jnp.asarray(a)
@@ -287,7 +294,9 @@ def diff(original, a, n=1, axis=-1, prepend=None, append=None):
 
 # --- fori_loop ---------------------------------------------------------------
 
-def fori_loop(original, lower, upper, body_fun, init_val, *, unroll=None):
+def fori_loop(original: Callable[..., Any], lower: Any, upper: Any,
+              body_fun: Callable[[Any, Any], Any], init_val: Any, *,
+              unroll: Any = None) -> Any:
   if not _is_dim(upper) or is_symbolic_dim(lower) or isinstance(lower, jax.core.Tracer):
     return original(lower, upper, body_fun, init_val, unroll=unroll)
   try:
@@ -296,7 +305,7 @@ def fori_loop(original, lower, upper, body_fun, init_val, *, unroll=None):
     return original(lower, upper, body_fun, init_val, unroll=unroll)
   length = jax.core.max_dim(upper - lower_, 0)
 
-  def step(carry, _):
+  def step(carry: tuple[Any, Any], _: Any) -> tuple[tuple[Any, Any], None]:
     i, x = carry
     return (i + 1, body_fun(i, x)), None
 

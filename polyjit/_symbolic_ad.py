@@ -32,6 +32,8 @@ Everywhere else JAX's own rules run unchanged.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +42,7 @@ from jax import lax
 from . import _jax_compat as jc
 from ._rules._util import identity_value
 
-_COMBINE = {
+_COMBINE: dict[str, Callable[[Any, Any], Any]] = {
     "cumsum": lax.add, "cumprod": lax.mul, "cummax": lax.max, "cummin": lax.min,
     "cumlogsumexp": jnp.logaddexp,
 }
@@ -48,12 +50,12 @@ _IDENTITY = {"cumprod": "mul", "cummax": "max", "cummin": "min",
              "cumlogsumexp": "logaddexp"}
 
 
-def _sequential_cumulative(name: str, x, *, axis: int, reverse: bool):
+def _sequential_cumulative(name: str, x: Any, *, axis: int, reverse: bool) -> Any:
   combine = _COMBINE[name]
   xs = jnp.moveaxis(x, axis, 0)
   init = jnp.full(xs.shape[1:], identity_value(_IDENTITY[name], x.dtype), x.dtype)
 
-  def step(carry, xi):
+  def step(carry: Any, xi: Any) -> tuple[Any, Any]:
     new = combine(carry, xi)
     return new, new
 
@@ -61,22 +63,24 @@ def _sequential_cumulative(name: str, x, *, axis: int, reverse: bool):
   return jnp.moveaxis(ys, 0, axis)
 
 
-def _cumulative_jvp(name, original, primals, tangents, *, axis, reverse):
+def _cumulative_jvp(name: str, original: Callable[..., Any], primals: Any,
+                    tangents: Any, *, axis: int, reverse: bool) -> Any:
   x, = primals
   if not jc.is_symbolic_dim(x.shape[axis]):
     return original(primals, tangents, axis=axis, reverse=reverse)
   prim = jc.primitive(name)
-  out = prim.bind(x, axis=axis, reverse=reverse)
+  # install() wraps only rules of primitives this JAX has, so prim is not None
+  out = prim.bind(x, axis=axis, reverse=reverse)  # type: ignore[union-attr]
   _, t_out = jax.jvp(functools.partial(_sequential_cumulative, name, axis=axis,
                                        reverse=reverse), (x,), (_instantiate(tangents[0], x),))
   return out, t_out
 
 
-def _instantiate(t, like):
+def _instantiate(t: Any, like: Any) -> Any:
   return jc.instantiate_zeros(t, like)
 
 
-def _exclusive_cumprod(x, axis: int, reverse: bool):
+def _exclusive_cumprod(x: Any, axis: int, reverse: bool) -> Any:
   """prod of the entries strictly before (or after, if reverse) each entry."""
   c = lax.cumprod(x, axis=axis, reverse=reverse)
   ones = jnp.ones_like(lax.slice_in_dim(x, 0, 1, axis=axis))
@@ -86,7 +90,8 @@ def _exclusive_cumprod(x, axis: int, reverse: bool):
   return jnp.concatenate([ones, lax.slice_in_dim(c, 0, n - 1, axis=axis)], axis=axis)
 
 
-def _reduce_prod_jvp(original, primals, tangents, *, axes, **params):
+def _reduce_prod_jvp(original: Callable[..., Any], primals: Any, tangents: Any, *,
+                     axes: tuple[int, ...], **params: Any) -> Any:
   x, = primals
   if not any(jc.is_symbolic_dim(d) for d in x.shape):  # JAX's rule reshapes x statically
     return original(primals, tangents, axes=axes, **params)
@@ -94,12 +99,14 @@ def _reduce_prod_jvp(original, primals, tangents, *, axes, **params):
   for a in sorted(axes, reverse=True):  # reduce the last axes first: indices stay valid
     others = _exclusive_cumprod(x, a, False) * _exclusive_cumprod(x, a, True)
     t = jnp.sum(t * others, axis=a)
-    x = jc.primitive("reduce_prod").bind(x, axes=(a,), **params)
+    # reduce_prod exists in every JAX (its rule is the one being wrapped)
+    x = jc.primitive("reduce_prod").bind(x, axes=(a,), **params)  # type: ignore[union-attr]
   return x, t
 
 
-def _triangular_solve_jvp(original, primals, tangents, *, left_side, lower,
-                          transpose_a, conjugate_a, unit_diagonal):
+def _triangular_solve_jvp(original: Callable[..., Any], primals: Any, tangents: Any, *,
+                          left_side: bool, lower: bool, transpose_a: bool,
+                          conjugate_a: bool, unit_diagonal: bool) -> Any:
   a, b = primals
   if not any(jc.is_symbolic_dim(d) for d in b.shape[-2:]):
     return original(primals, tangents, left_side=left_side, lower=lower,
@@ -120,13 +127,13 @@ def _triangular_solve_jvp(original, primals, tangents, *, left_side, lower,
   return x, solve(a, rhs)
 
 
-def _bordered(x, corner):
+def _bordered(x: Any, corner: Any) -> Any:
   """[[x, 0], [0, corner]] over the last two axes."""
   pads = [(0, 0)] * (x.ndim - 2) + [(0, 1), (0, 1)]
   return jnp.pad(x, pads).at[..., -1, -1].set(corner)
 
 
-def _det_jvp(original, primals, tangents):
+def _det_jvp(original: Callable[..., Any], primals: Any, tangents: Any) -> Any:
   x, = primals
   if not any(jc.is_symbolic_dim(d) for d in x.shape[-2:]):
     return original(primals, tangents)

@@ -30,6 +30,7 @@ that would exclude that side.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from typing import Any, Callable, Sequence
 
@@ -44,8 +45,10 @@ MAX_VARIANTS = 16        # sides traced for one function before giving up
 MAX_GUARDS = 8           # guards settled for one variant before giving up
 _MAX_DOMAIN_POINTS = 50_000
 
+Decisions = tuple[tuple[jc.SizeDecision, bool], ...]   # ((comparison, answer), ...)
 
-def decision_holds(decision: jc.SizeDecision, sizes: dict[str, Any]):
+
+def decision_holds(decision: jc.SizeDecision, sizes: dict[str, Any]) -> Any:
   """Whether a size comparison holds at these sizes: a bool for ints, a
   traced bool else."""
   value = _dims.evaluate_dim(decision.expr, sizes)
@@ -60,18 +63,18 @@ class Variant:
   when the trace failed on this side; `error` says why.
   """
   constraints: tuple[str, ...]              # the scope's constraints (guards included)
-  decisions: tuple                          # ((SizeDecision, answer), ...)
+  decisions: Decisions                      # ((SizeDecision, answer), ...)
   traced: Any = None
   error: BaseException | None = None
   other_side: str | None = None             # the guard that would exclude this side
 
   @property
-  def key(self) -> tuple:
+  def key(self) -> tuple[tuple[str, ...], tuple[tuple[tuple[str, str], bool], ...]]:
     """Identifies the variant (part of its programs' keys)."""
     return self.constraints, tuple((d.key, a) for d, a in self.decisions)
 
   @property
-  def scope(self):
+  def scope(self) -> jc.SymbolicScope:
     return _spec.make_scope(self.constraints)
 
   def holds(self, sizes: dict[str, int]) -> bool:
@@ -81,7 +84,7 @@ class Variant:
     return (all(bool(decision_holds(d, sizes)) == a for d, a in self.decisions)
             and _spec.violated_constraint(sizes, self.scope) is None)
 
-  def holds_traced(self, env: dict[str, Any]):
+  def holds_traced(self, env: dict[str, Any]) -> Any:
     """Whether (traced) sizes select this variant, as a traced bool."""
     out = jnp.bool_(True)
     for d, answer in self.decisions:
@@ -121,12 +124,14 @@ class _Oracle:
   sees the shapes as equal.
   """
 
-  def __init__(self, *, sizes=None, forced=None, feasible=None):
+  def __init__(self, *, sizes: dict[str, int] | None = None,
+               forced: dict[tuple[str, str], bool] | None = None,
+               feasible: Callable[[Decisions], bool] | None = None):
     self.sizes = sizes                      # concrete sizes: answer as they do
     self.forced = dict(forced or {})        # key -> answer, given in advance
     self.feasible = feasible                # (decisions) -> bool, for pruning
-    self.asked: list = []                   # (decision, answer, free)
-    self._answers: dict = {}
+    self.asked: list[tuple[jc.SizeDecision, bool, bool]] = []   # (decision, answer, free)
+    self._answers: dict[tuple[str, str], bool] = {}
 
   def __call__(self, decision: jc.SizeDecision) -> bool:
     _data_dependent.refuse_decision(decision)
@@ -161,7 +166,7 @@ class _Oracle:
     self.asked.append((decision, answer, free))
     return answer
 
-  def decisions(self) -> tuple:
+  def decisions(self) -> Decisions:
     return tuple((d, a) for d, a, _ in self.asked)
 
 
@@ -173,12 +178,12 @@ class Domain:
     total = 1
     for v in names:
       total *= max(padded[v], 1)
-    self.points = None
+    self.points: list[dict[str, int]] | None = None
     if total <= _MAX_DOMAIN_POINTS:
       self.points = [dict(zip(names, p)) for p in
                      itertools.product(*(range(1, padded[v] + 1) for v in names))]
 
-  def feasible(self, decisions: Sequence, constraints: Sequence[str] = ()) -> bool:
+  def feasible(self, decisions: Sequence[tuple[jc.SizeDecision, bool]], constraints: Sequence[str] = ()) -> bool:
     """Whether some size satisfies all these answers and guards (True when
     there are too many sizes to enumerate)."""
     if self.points is None:
@@ -191,10 +196,10 @@ class Domain:
     return False
 
 
-TraceFn = Callable[[tuple, _Oracle], Any]   # (constraints, oracle) -> Traced
+TraceFn = Callable[[tuple[str, ...], _Oracle], Any]   # (constraints, oracle) -> Traced
 
 
-def for_sizes(trace: TraceFn, constraints: tuple, sizes: dict[str, int],
+def for_sizes(trace: TraceFn, constraints: tuple[str, ...], sizes: dict[str, int],
               known: Sequence[Variant]) -> Variant:
   """The variant for concrete sizes, traced as they answer each comparison;
   comparisons in JAX's own code become guards settled the same way."""
@@ -225,6 +230,11 @@ def for_sizes(trace: TraceFn, constraints: tuple, sizes: dict[str, int],
     return variant
 
 
+# a side still to trace: (constraints, forced answers, tag: the guard that
+# excludes it or the comparison flipped to reach it)
+_Pending = tuple[tuple[str, ...], dict[tuple[str, str], bool], Any]
+
+
 def _unseen_comparison(where: str) -> MaskingError:
   return MaskingError(
       "the function branches on a size in a way polyjit cannot follow: tracing it "
@@ -235,10 +245,10 @@ def _unseen_comparison(where: str) -> MaskingError:
       "size a fixed value.")
 
 
-def explore(trace: TraceFn, constraints: tuple, domain: Domain) -> list[Variant]:
+def explore(trace: TraceFn, constraints: tuple[str, ...], domain: Domain) -> list[Variant]:
   """Every variant some size of `domain` can select (depth-first)."""
   variants: list[Variant] = []
-  stack: list[tuple[tuple, dict, Any]] = [(constraints, {}, None)]
+  stack: list[_Pending] = [(constraints, {}, None)]
   while stack:
     if len(variants) + len(stack) > MAX_VARIANTS:
       raise MaskingError(
@@ -250,7 +260,7 @@ def explore(trace: TraceFn, constraints: tuple, domain: Domain) -> list[Variant]
     other_side = tag if isinstance(tag, str) else None
     flipped = tag if isinstance(tag, jc.SizeDecision) else None
     oracle = _Oracle(forced=forced,
-                     feasible=lambda ds, cons=cons: domain.feasible(ds, cons))
+                     feasible=functools.partial(domain.feasible, constraints=cons))
     try:
       traced = trace(cons, oracle)
     except _Settle as e:
@@ -278,11 +288,13 @@ def explore(trace: TraceFn, constraints: tuple, domain: Domain) -> list[Variant]
   return variants
 
 
-def _push_flips(stack, cons, forced, oracle: _Oracle, domain: Domain) -> None:
+def _push_flips(stack: list[_Pending], cons: tuple[str, ...],
+                forced: dict[tuple[str, str], bool], oracle: _Oracle,
+                domain: Domain) -> None:
   """For each comparison answered freely, the other side, with the answers
   before it kept (each side of the tree is walked once)."""
   prefix = dict(forced)
-  before: list = []
+  before: list[tuple[jc.SizeDecision, bool]] = []
   for d, a, free in oracle.asked:
     if free and domain.feasible(tuple(before) + ((d, not a),), cons):
       equality = d.equality_constraint()
@@ -308,7 +320,7 @@ def guard_sides(error: Exception) -> tuple[str, str] | None:
   return f"{a} >= {b}", f"{a} <= {b} - 1"   # ">=" and "<": whether a >= b
 
 
-def guard_for(error: Exception, sizes: dict[str, int], scope) -> str | None:
+def guard_for(error: Exception, sizes: dict[str, int], scope: jc.SymbolicScope) -> str | None:
   """The side of an inconclusive comparison that concrete sizes are on, as a
   constraint ('x_0 >= 11' for `x.shape[0] > 10` at x_0 = 20); None when the
   error is not such a comparison."""
@@ -336,7 +348,8 @@ def check_same_outputs(variants: Sequence[Variant]) -> None:
             and all(x.dtype == y.dtype and tuple(map(str, x.shape)) == tuple(map(str, y.shape))
                     for x, y in zip(a.out_avals, b.out_avals)))
     if not same:
-      shapes = lambda t: ", ".join(x.str_short() for x in t.out_avals)
+      def shapes(t: Any) -> str:
+        return ", ".join(x.str_short() for x in t.out_avals)
       raise ShapeError(
           "the function's outputs depend on a size comparison: where "
           f"{first.describe()} they are ({shapes(a)}); where {v.describe()} they are "

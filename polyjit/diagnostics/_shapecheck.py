@@ -84,4 +84,5 @@ def _abstract(leaf: Any, scope: Any) -> jax.ShapeDtypeStruct:
   except Exception as e:
     raise ShapeError(f"shapecheck: cannot use the spec {spec!r}: {e} (every dim needs "
                      "a name or a number here)") from None
-  return jax.ShapeDtypeStruct(tuple(shape), dtype)
+  # jax.ShapeDtypeStruct's constructor carries no annotations (strict only)
+  return jax.ShapeDtypeStruct(tuple(shape), dtype)  # type: ignore[no-untyped-call, unused-ignore]
