@@ -19,13 +19,13 @@ from .. import _dims
 from .. import _jax_compat as jc
 
 
-def _pad_axis(x, axis: int, low: int, high: int):
+def _pad_axis(x: Any, axis: int, low: int, high: int) -> Any:
   config = [(0, 0, 0)] * x.ndim
   config[axis] = (low, high, 0)
   return lax.pad(x, np.zeros((), x.dtype), config)
 
 
-def place(x, axis: int, offset, out_size: int):
+def place(x: Any, axis: int, offset: Any, out_size: int) -> Any:
   """An array of length `out_size` along `axis` with `y[offset + i] = x[i]`.
 
   `offset` is an int or a traced int scalar in `[-x.shape[axis], out_size]`;
@@ -43,12 +43,12 @@ def place(x, axis: int, offset, out_size: int):
   return lax.dynamic_slice(buf, starts, sizes)
 
 
-def pad_high(x, axis: int, extra: int):
+def pad_high(x: Any, axis: int, extra: int) -> Any:
   """`x` with `extra` unspecified entries appended along `axis`."""
   return _pad_axis(x, axis, 0, extra) if extra else x
 
 
-def needs_room(op_dim, window_dim) -> bool:
+def needs_room(op_dim: Any, window_dim: Any) -> bool:
   """Whether a window at a logically clamped start may overrun the padded axis.
 
   A window of size `w` starts at most at `op - w` (logically) and, padded,
@@ -64,14 +64,14 @@ def needs_room(op_dim, window_dim) -> bool:
   return not all(map(_dims.is_monotone_dim, (op_dim, window_dim, op_dim - window_dim)))
 
 
-def clamp_index(index, upper):
+def clamp_index(index: Any, upper: Any) -> Any:
   """`index` clamped to [0, upper] in the index's dtype (upper may be traced)."""
   upper = lax.convert_element_type(upper, index.dtype)
   lower = np.zeros((), index.dtype)
   return lax.max(lower, lax.min(index, upper))
 
 
-def identity_value(kind: str, dtype) -> Any:
+def identity_value(kind: str, dtype: Any) -> Any:
   """The identity of a reduction `kind` ('add', 'mul', 'max', 'min', 'and',
   'or', 'xor', 'logaddexp') for `dtype`, as a NumPy scalar."""
   dtype = np.dtype(dtype)
@@ -88,13 +88,13 @@ def identity_value(kind: str, dtype) -> Any:
   raise ValueError(kind)
 
 
-def _extreme(dtype, low: bool):
+def _extreme(dtype: np.dtype[Any], low: bool) -> Any:
   if dtype == np.bool_:
     return np.bool_(not low)
   if jnp.issubdtype(dtype, jnp.integer):
-    ints = jnp.iinfo(dtype)
+    ints = jnp.iinfo(dtype)  # type: ignore[no-untyped-call, unused-ignore]  # JAX stub gap: iinfo.__init__ unannotated (strict mode only)
     return np.asarray(ints.min if low else ints.max, dtype)[()]
-  info = jnp.finfo(dtype)
+  info = jnp.finfo(dtype)  # type: ignore[no-untyped-call, unused-ignore]  # JAX stub gap: finfo.__init__ unannotated (strict mode only)
   inf = np.asarray(np.inf, dtype)
   if np.isinf(inf):
     return (-inf if low else inf)[()]

@@ -33,7 +33,7 @@ import numpy as np
 
 from .. import _dims
 from .. import _jax_compat as jc
-from .._core import register
+from .._core import RuleContext, register
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,12 +45,12 @@ class _Unpadded:
   """
   call: Callable[..., Any]
   dim_names: tuple[str, ...]
-  in_shapes: tuple          # symbolic shapes of the operands
-  out_shapes: tuple         # symbolic shapes of the results
-  out_padded: tuple         # their padded shapes
-  out_dtypes: tuple
+  in_shapes: tuple[Any, ...]          # symbolic shapes of the operands
+  out_shapes: tuple[Any, ...]         # symbolic shapes of the results
+  out_padded: tuple[Any, ...]         # their padded shapes
+  out_dtypes: tuple[Any, ...]
 
-  def __call__(self, *flat):
+  def __call__(self, *flat: Any) -> Any:
     k = len(self.dim_names)
     sizes = {name: int(v) for name, v in zip(self.dim_names, flat[:k])}
     args = [_unpad(x, shape, sizes) for x, shape in zip(flat[k:], self.in_shapes)]
@@ -61,11 +61,11 @@ class _Unpadded:
                  in enumerate(zip(outs, self.out_shapes, self.out_padded, self.out_dtypes)))
 
 
-def _logical(shape, sizes) -> tuple[int, ...]:
+def _logical(shape: Any, sizes: Any) -> tuple[int, ...]:
   return tuple(_dims.evaluate_dim(d, sizes) for d in shape)
 
 
-def _unpad(x, shape, sizes):
+def _unpad(x: Any, shape: Any, sizes: Any) -> Any:
   if not any(jc.is_symbolic_dim(d) for d in shape):
     return x
   index = tuple(slice(0, s) for s in _logical(shape, sizes))
@@ -74,7 +74,7 @@ def _unpad(x, shape, sizes):
   return np.asarray(x)[index]
 
 
-def _pad_result(i, y, shape, padded, dtype, sizes):
+def _pad_result(i: Any, y: Any, shape: Any, padded: Any, dtype: Any, sizes: Any) -> Any:
   y = np.asarray(y)
   y = y.astype(jax.dtypes.canonicalize_dtype(y.dtype), copy=False)
   logical = _logical(shape, sizes)
@@ -88,7 +88,7 @@ def _pad_result(i, y, shape, padded, dtype, sizes):
   return out
 
 
-def _host(ctx, call, out_avals=()) -> _Unpadded:
+def _host(ctx: RuleContext, call: Any, out_avals: Any=()) -> _Unpadded:
   return _Unpadded(
       call=call, dim_names=ctx.env.dim_names,
       in_shapes=tuple(tuple(a.shape) for a in ctx.in_avals),
@@ -97,12 +97,13 @@ def _host(ctx, call, out_avals=()) -> _Unpadded:
       out_dtypes=tuple(a.dtype for a in out_avals))
 
 
-def _sizes(ctx) -> list:
+def _sizes(ctx: RuleContext) -> list[Any]:
   return [jnp.asarray(v, jc.dim_value_dtype()) for v in ctx.logical_operands()]
 
 
 @register("pure_callback", "io_callback")
-def _result_callback(ctx, *args, callback, result_avals, **params):
+def _result_callback(ctx: RuleContext, *args: Any, callback: Any, result_avals: Any,
+                     **params: Any) -> list[Any]:
   host = _host(ctx, callback, result_avals)
   padded = tuple(jc.shaped(p, a.dtype) for p, a in zip(host.out_padded, result_avals))
   if "vmap_method" in params:  # one example, with its own sizes, at a time
@@ -111,12 +112,13 @@ def _result_callback(ctx, *args, callback, result_avals, **params):
 
 
 @register("debug_callback")
-def _debug_callback(ctx, *args, callback, **params):
+def _debug_callback(ctx: RuleContext, *args: Any, callback: Any, **params: Any) -> list[Any]:
   return ctx.bind(*_sizes(ctx), *args, callback=_host(ctx, callback), **params)
 
 
 @register("debug_print")
-def _debug_print(ctx, *args, ordered, partitioned, **params):
+def _debug_print(ctx: RuleContext, *args: Any, ordered: Any, partitioned: Any,
+                 **params: Any) -> list[Any]:
   reprint = functools.partial(ctx.primitive.bind, ordered=ordered,
                               partitioned=partitioned, **params)
   jax.debug.callback(ordered=ordered, partitioned=partitioned)(

@@ -18,31 +18,33 @@ first, and the same select keeps the initial carry until the data starts.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 from jax import lax
 
 from .. import _jax_compat as jc
-from .._core import eval_jaxpr_masked, register
+from .._core import RuleContext, eval_jaxpr_masked, register
 
 
 @register("jit")
-def _jit(ctx, *args, jaxpr, name=None, **_):
+def _jit(ctx: RuleContext, *args: Any, jaxpr: Any, name: Any=None, **_: Any) -> list[Any]:
   with jax.named_scope(name or "jit"):  # so that errors can say where
     return ctx.eval_jaxpr(jaxpr, *args)
 
 
 @register("closed_call", "custom_jvp_call", "custom_vjp_call")
-def _call(ctx, *args, call_jaxpr, **_):
+def _call(ctx: RuleContext, *args: Any, call_jaxpr: Any, **_: Any) -> list[Any]:
   return ctx.eval_jaxpr(call_jaxpr, *args)
 
 
 @register("call")
-def _open_call(ctx, *args, call_jaxpr, **_):
+def _open_call(ctx: RuleContext, *args: Any, call_jaxpr: Any, **_: Any) -> list[Any]:
   return eval_jaxpr_masked(call_jaxpr, (), args, ctx.env)
 
 
 @register("remat2")
-def _remat(ctx, *args, jaxpr, **params):
+def _remat(ctx: RuleContext, *args: Any, jaxpr: Any, **params: Any) -> list[Any]:
   masked = ctx.mask_jaxpr(jc.ClosedJaxpr(jaxpr, ()))
   open_jaxpr = jc.convert_constvars_jaxpr(masked.jaxpr)
   return ctx.bind(*masked.consts, *ctx.logical_operands(), *args,
@@ -50,14 +52,15 @@ def _remat(ctx, *args, jaxpr, **params):
 
 
 @register("cond")
-def _cond(ctx, index, *operands, branches, **params):
+def _cond(ctx: RuleContext, index: Any, *operands: Any, branches: Any, **params: Any) -> list[Any]:
   masked = tuple(ctx.mask_jaxpr(b) for b in branches)
   return ctx.bind(index, *ctx.logical_operands(), *operands,
                   branches=masked, **params)
 
 
 @register("while")
-def _while(ctx, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts, **params):
+def _while(ctx: RuleContext, *args: Any, cond_jaxpr: Any, body_jaxpr: Any, cond_nconsts: Any,
+           body_nconsts: Any, **params: Any) -> list[Any]:
   cond_consts = args[:cond_nconsts]
   body_consts = args[cond_nconsts:cond_nconsts + body_nconsts]
   carry = args[cond_nconsts + body_nconsts:]
@@ -71,7 +74,8 @@ def _while(ctx, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts, **par
 
 
 @register("scan")
-def _scan(ctx, *args, jaxpr, length, num_consts, num_carry, **params):
+def _scan(ctx: RuleContext, *args: Any, jaxpr: Any, length: Any, num_consts: Any, num_carry: Any,
+          **params: Any) -> list[Any]:
   dynamic_length = jc.is_symbolic_dim(length)
   body = _masked_scan_body(ctx, jaxpr, num_consts, num_carry, length)
   logical = ctx.logical_operands()
@@ -89,7 +93,8 @@ def _scan(ctx, *args, jaxpr, length, num_consts, num_carry, **params):
                   num_carry=num_carry, **params)
 
 
-def _masked_scan_body(ctx, closed, num_consts, num_carry, length):
+def _masked_scan_body(ctx: RuleContext, closed: Any, num_consts: Any, num_carry: Any,
+                      length: Any) -> Any:
   env = ctx.env
   dynamic_length = jc.is_symbolic_dim(length)
   key = ("scan", id(closed), env.padded_key(), length)
@@ -104,7 +109,7 @@ def _masked_scan_body(ctx, closed, num_consts, num_carry, length):
               + ([logical_aval] if dynamic_length else [])
               + [env.padded_aval(v.aval) for v in invars[num_consts + num_carry:]])
 
-  def body(*args):
+  def body(*args: Any) -> Any:
     sub_env = env.with_logical(args[:k])
     rest = args[k:]
     consts_carry = rest[:num_consts + num_carry]

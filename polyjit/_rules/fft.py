@@ -57,6 +57,8 @@ transposes with the parity decided at run time.
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import math
 
 import jax.numpy as jnp
@@ -64,19 +66,19 @@ import numpy as np
 from jax import lax
 
 from .. import _jax_compat as jc
-from .._core import register
+from .._core import RuleContext, register
 
 FftType = lax.FftType
 _is_dyn = jc.is_symbolic_dim
 
 
-def _square_mod(j, m, bits: int):
+def _square_mod(j: Any, m: Any, bits: int) -> Any:
   """`j * j mod m` for uint32 `j` < 2**bits and `m` < 2**31, exactly.
 
   Double-and-add over the bits of j: every intermediate stays below 2 m, so
   nothing overflows, whatever the size (j * j alone would from j = 2**16).
   """
-  def reduce(r):
+  def reduce(r: Any) -> Any:
     return lax.select(r >= m, r - m, r)
 
   j = lax.rem(j, m)
@@ -87,7 +89,7 @@ def _square_mod(j, m, bits: int):
   return r
 
 
-def _chirp(n, size: int, dtype, inverse: bool):
+def _chirp(n: Any, size: int, dtype: Any, inverse: bool) -> Any:
   """exp(-+ i pi j^2 / n) for j < size (minus for the forward transform)."""
   real = np.finfo(dtype).dtype
   j = lax.iota(np.uint32, size)
@@ -98,7 +100,7 @@ def _chirp(n, size: int, dtype, inverse: bool):
   return lax.complex(jnp.cos(theta), sign * jnp.sin(theta))
 
 
-def _bluestein(x, axis: int, n, inverse: bool):
+def _bluestein(x: Any, axis: int, n: Any, inverse: bool) -> Any:
   """The length-n DFT (or inverse DFT) of the first n entries along `axis`.
 
   `n` is a traced scalar <= P = x.shape[axis]; entries from n on are ignored
@@ -109,7 +111,7 @@ def _bluestein(x, axis: int, n, inverse: bool):
   fft_size = 1 << (2 * size - 2).bit_length()  # a power of two >= 2 P - 1
   chirp = _chirp(n, size, x.dtype, inverse)
   valid = lax.iota(jc.dim_value_dtype(), size) < n
-  along = lambda v: lax.broadcast_in_dim(v, x.shape, (axis,))
+  along: Callable[[Any], Any] = lambda v: lax.broadcast_in_dim(v, x.shape, (axis,))
   a = lax.select(along(valid), x * along(chirp), lax.full_like(x, 0))
   # The kernel conj(c[m]) for -n < m < n, laid out circularly.
   kernel = lax.select(valid, jnp.conj(chirp), lax.full_like(chirp, 0))
@@ -124,13 +126,13 @@ def _bluestein(x, axis: int, n, inverse: bool):
   return out
 
 
-def _c2c(ctx, x, axis: int, length, inverse: bool):
+def _c2c(ctx: RuleContext, x: Any, axis: int, length: Any, inverse: bool) -> Any:
   if _is_dyn(length):
     return _bluestein(x, axis, ctx.logical(length), inverse)
   return (jnp.fft.ifft if inverse else jnp.fft.fft)(x, axis=axis)
 
 
-def _hermitian_full(ctx, x, length):
+def _hermitian_full(ctx: RuleContext, x: Any, length: Any) -> Any:
   """The full length-n spectrum along the last axis from its first n // 2 + 1."""
   n = ctx.logical(length)
   k = lax.iota(n.dtype, ctx.padded(length))
@@ -142,7 +144,7 @@ def _hermitian_full(ctx, x, length):
 
 
 @register("fft")
-def _fft(ctx, x, *, fft_type, fft_lengths):
+def _fft(ctx: RuleContext, x: Any, *, fft_type: Any, fft_lengths: Any) -> list[Any]:
   if not any(map(_is_dyn, fft_lengths)):  # only batch axes are dynamic
     return ctx.bind(x, fft_type=fft_type, fft_lengths=fft_lengths)
   out_aval, = ctx.out_avals
@@ -173,7 +175,7 @@ def _fft(ctx, x, *, fft_type, fft_lengths):
 
 # --- derivatives at symbolic sizes ---------------------------------------------
 
-def _half_spectrum_weights(n, m: int, dtype):
+def _half_spectrum_weights(n: Any, m: int, dtype: Any) -> Any:
   """1 at DC and at Nyquist (k = n / 2, even n only), 2 elsewhere: how often
   each entry of a half spectrum of length m stands in the full one."""
   k = lax.iota(jc.dim_value_dtype(), m)
@@ -181,7 +183,7 @@ def _half_spectrum_weights(n, m: int, dtype):
   return jnp.where(once, 1, 2).astype(dtype)
 
 
-def _transpose(t, fft_type, fft_lengths):
+def _transpose(t: Any, fft_type: Any, fft_lengths: Any) -> Any:
   """The transpose of RFFT or IRFFT, with the Nyquist entry found at run time."""
   n = fft_lengths[-1]
   size = jnp.asarray(math.prod(fft_lengths))
@@ -195,8 +197,8 @@ def _transpose(t, fft_type, fft_lengths):
   return jnp.conj(weights * x / size.astype(x.dtype))
 
 
-def _fft_transpose_rule(_, original):
-  def rule(t, operand, *, fft_type, fft_lengths):
+def _fft_transpose_rule(_: Any, original: Callable[..., Any]) -> Callable[..., Any]:
+  def rule(t: Any, operand: Any, *, fft_type: Any, fft_lengths: Any) -> Any:
     if fft_type not in (FftType.RFFT, FftType.IRFFT) or not _is_dyn(fft_lengths[-1]):
       return original(t, operand, fft_type=fft_type, fft_lengths=fft_lengths)
     return (_transpose(t, fft_type, fft_lengths),)

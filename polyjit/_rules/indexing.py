@@ -30,18 +30,20 @@ latter keeps the operand where a dynamic update holds padding.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from jax import lax
 import jax.numpy as jnp
 
 from .. import _jax_compat as jc
-from .._core import register
+from .._core import Rule, RuleContext, register
 from ._util import clamp_index, identity_value, needs_room, pad_high
 
 _Mode = lax.GatherScatterMode
 
 
-def _restore(x, shape):
+def _restore(x: Any, shape: Any) -> Any:
   """Slices `x` back to `shape` after `pad_high` gave it room."""
   if tuple(x.shape) == tuple(shape):
     return x
@@ -49,36 +51,37 @@ def _restore(x, shape):
 
 
 @register("dynamic_slice")
-def _dynamic_slice(ctx, operand, *starts, slice_sizes):
+def _dynamic_slice(ctx: RuleContext, operand: Any, *starts: Any, slice_sizes: Any) -> list[Any]:
   aval = ctx.in_avals[0]
-  starts = list(starts)
+  start_list = list(starts)
   for d, (op_d, size_d) in enumerate(zip(aval.shape, slice_sizes)):
     if jc.is_symbolic_dim(op_d) or jc.is_symbolic_dim(size_d):
-      starts[d] = clamp_index(starts[d], ctx.logical(op_d - size_d))
+      start_list[d] = clamp_index(start_list[d], ctx.logical(op_d - size_d))
       if needs_room(op_d, size_d):
         operand = pad_high(operand, d, ctx.padded(size_d))
-  return ctx.bind(operand, *starts, slice_sizes=slice_sizes)
+  return ctx.bind(operand, *start_list, slice_sizes=slice_sizes)
 
 
 @register("dynamic_update_slice")
-def _dynamic_update_slice(ctx, operand, update, *starts):
+def _dynamic_update_slice(ctx: RuleContext, operand: Any, update: Any, *starts: Any) -> list[Any]:
   op_aval, upd_aval = ctx.in_avals[:2]
   shape = operand.shape
-  starts = list(starts)
+  start_list = list(starts)
   for d, (op_d, upd_d) in enumerate(zip(op_aval.shape, upd_aval.shape)):
     if jc.is_symbolic_dim(op_d) or jc.is_symbolic_dim(upd_d):
-      starts[d] = clamp_index(starts[d], ctx.logical(op_d - upd_d))
+      start_list[d] = clamp_index(start_list[d], ctx.logical(op_d - upd_d))
       if needs_room(op_d, upd_d):
         operand = pad_high(operand, d, ctx.padded(upd_d))
   mask = ctx.valid_mask(upd_aval)
   if mask is not None:  # keep the operand where the update is padding
-    update = lax.select(mask, update, lax.dynamic_slice(operand, starts, update.shape))
-  return [_restore(lax.dynamic_update_slice(operand, update, starts), shape)]
+    update = lax.select(mask, update, lax.dynamic_slice(operand, start_list, update.shape))
+  return [_restore(lax.dynamic_update_slice(operand, update, start_list), shape)]
 
 
 # --- start indices -----------------------------------------------------------
 
-def _logical_starts(ctx, operand, indices, op_shape, window, index_map, clip: bool):
+def _logical_starts(ctx: RuleContext, operand: Any, indices: Any, op_shape: Any, window: Any,
+                    index_map: Any, clip: bool) -> Any:
   """Start indices bounded by the logical sizes.
 
   Returns the operand (with room where a dynamic window needs it), the indices
@@ -103,14 +106,14 @@ def _logical_starts(ctx, operand, indices, op_shape, window, index_map, clip: bo
   return operand, indices, in_bounds
 
 
-def _wide(indices):
+def _wide(indices: Any) -> Any:
   """Indices in a type that holds every padded size and -1 (int32 or wider)."""
   if np.dtype(indices.dtype).itemsize < 4:
     return lax.convert_element_type(indices, np.int32)
   return indices
 
 
-def _keep_only(keep, indices):
+def _keep_only(keep: Any, indices: Any) -> Any:
   """`indices` with the starts where `keep` is False moved out of bounds."""
   indices = _wide(indices)
   dtype = np.dtype(indices.dtype)
@@ -119,14 +122,15 @@ def _keep_only(keep, indices):
   return jnp.concatenate([first[..., None], indices[..., 1:]], axis=-1)
 
 
-def _and(a, b):
+def _and(a: Any, b: Any) -> Any:
   return b if a is None else a if b is None else a & b
 
 
 # --- gather ------------------------------------------------------------------
 
 @register("gather")
-def _gather(ctx, operand, indices, *, dimension_numbers, slice_sizes, mode, **params):
+def _gather(ctx: RuleContext, operand: Any, indices: Any, *, dimension_numbers: Any,
+            slice_sizes: Any, mode: Any, **params: Any) -> list[Any]:
   op_aval = ctx.in_avals[0]
   mode = _Mode.from_any(mode)
   fill = mode == _Mode.FILL_OR_DROP
@@ -151,14 +155,14 @@ _COMBINERS = {
 }
 
 
-def _identity(kind: str, dtype):
+def _identity(kind: str, dtype: Any) -> Any:
   value = identity_value("add" if kind == "sub" else kind, dtype)
   if kind == "add" and jnp.issubdtype(dtype, jnp.inexact):
     return -value  # x + -0.0 == x for every x, -0.0 included
   return value
 
 
-def _window_sizes(op_aval, upd_aval, dn):
+def _window_sizes(op_aval: Any, upd_aval: Any, dn: Any) -> Any:
   sizes, pos = [], 0
   for i in range(len(op_aval.shape)):
     if i in dn.inserted_window_dims or i in dn.operand_batching_dims:
@@ -169,19 +173,19 @@ def _window_sizes(op_aval, upd_aval, dn):
   return sizes
 
 
-def _scatter_dims(updates, dn):
+def _scatter_dims(updates: Any, dn: Any) -> Any:
   """The axes of `updates` that follow the index batch axes, in order."""
   return tuple(a for a in range(updates.ndim) if a not in dn.update_window_dims)
 
 
-def _overwrites_data(op_shape, window) -> bool:
+def _overwrites_data(op_shape: Any, window: Any) -> bool:
   """Whether a window's padding can land on valid entries of the operand:
   a dynamic window smaller than its axis (one as large as the axis starts at
   0, so its padding lands in the operand's padding)."""
   return any(jc.is_symbolic_dim(w) and w != d for w, d in zip(window, op_shape))
 
 
-def _element_indices(indices, updates, dn):
+def _element_indices(indices: Any, updates: Any, dn: Any) -> Any:
   """The operand index of every entry of `updates`: shape updates.shape + (rank,)."""
   dtype = indices.dtype
   scatter_dims = _scatter_dims(updates, dn)
@@ -204,7 +208,8 @@ def _element_indices(indices, updates, dn):
   return jnp.stack(coords, axis=-1)
 
 
-def _set_per_element(ctx, operand, indices, updates, keep, dn, mode, params):
+def _set_per_element(ctx: RuleContext, operand: Any, indices: Any, updates: Any, keep: Any,
+                     dn: Any, mode: Any, params: Any) -> Any:
   """A set of windows as a set of single entries; entries not in `keep` drop."""
   element_indices = _keep_only(keep, _element_indices(indices, updates, dn))
   rank = operand.ndim
@@ -216,8 +221,9 @@ def _set_per_element(ctx, operand, indices, updates, keep, dn, mode, params):
                   mode=mode, **params)[0]
 
 
-def _scatter(kind):
-  def rule(ctx, operand, indices, updates, *, dimension_numbers, mode, **params):
+def _scatter(kind: str | None) -> Rule:
+  def rule(ctx: RuleContext, operand: Any, indices: Any, updates: Any, *, dimension_numbers: Any,
+           mode: Any, **params: Any) -> list[Any]:
     op_aval, idx_aval, upd_aval = ctx.in_avals
     dn = dimension_numbers
     shape = operand.shape

@@ -24,20 +24,22 @@ operand they come from; the rules here work from the buffers' own lengths.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax.numpy as jnp
 from jax import lax
 
 from .. import _jax_compat as jc
-from .._core import register
+from .._core import RuleContext, register
 from ._util import pad_high, place
 
 
-def _take(x, axis: int, index):
+def _take(x: Any, axis: int, index: Any) -> Any:
   """`x[..., index, ...]` along `axis` for a 1-D `index` (clamped into range)."""
   return jnp.take(x, index, axis=axis, mode="clip")
 
 
-def _fill_tail(ctx, x, aval, value):
+def _fill_tail(ctx: RuleContext, x: Any, aval: Any, value: Any) -> Any:
   """`x` with `value` past the logical end of each dynamic axis of `aval`.
 
   Uses `x`'s own shape, which may be a bound rather than the padded size.
@@ -50,7 +52,7 @@ def _fill_tail(ctx, x, aval, value):
 
 
 @register("rev")
-def _rev(ctx, x, *, dimensions):
+def _rev(ctx: RuleContext, x: Any, *, dimensions: Any) -> list[Any]:
   aval, = ctx.in_avals
   x = lax.rev(x, dimensions)
   for axis in dimensions:
@@ -63,7 +65,7 @@ def _rev(ctx, x, *, dimensions):
 
 
 @register("concatenate")
-def _concatenate(ctx, *operands, dimension):
+def _concatenate(ctx: RuleContext, *operands: Any, dimension: Any) -> list[Any]:
   sizes = [a.shape[dimension] for a in ctx.in_avals]
   if not any(jc.is_symbolic_dim(d) for d in sizes[:-1]):
     return ctx.bind(*operands, dimension=dimension)  # offsets are all static
@@ -88,7 +90,7 @@ def _dilated(size: int, interior: int) -> int:
 
 
 @register("pad")
-def _pad(ctx, x, padding_value, *, padding_config):
+def _pad(ctx: RuleContext, x: Any, padding_value: Any, *, padding_config: Any) -> list[Any]:
   aval = ctx.in_avals[0]
   out_aval, = ctx.out_avals
   x = _fill_tail(ctx, x, aval, padding_value)
@@ -109,7 +111,8 @@ def _pad(ctx, x, padding_value, *, padding_config):
   return [x]
 
 
-def _pad_by_gather(ctx, x, padding_value, axis, lo, interior, out_size):
+def _pad_by_gather(ctx: RuleContext, x: Any, padding_value: Any, axis: Any, lo: Any, interior: Any,
+                   out_size: Any) -> Any:
   """One axis of a pad with a size-dependent low or interior padding.
 
   Output entry j reads x[k / s] with k = j - lo and s = interior + 1 when k is
@@ -132,7 +135,8 @@ def _pad_by_gather(ctx, x, padding_value, axis, lo, interior, out_size):
 # --- slicing -----------------------------------------------------------------
 
 @register("slice")
-def _slice(ctx, x, *, start_indices, limit_indices, strides):
+def _slice(ctx: RuleContext, x: Any, *, start_indices: Any, limit_indices: Any,
+           strides: Any) -> list[Any]:
   out_aval, = ctx.out_avals
   strides = strides or (1,) * len(start_indices)
   starts, limits, steps = [], [], []
@@ -156,7 +160,7 @@ def _slice(ctx, x, *, start_indices, limit_indices, strides):
 
 
 @register("split")
-def _split(ctx, x, *, sizes, axis):
+def _split(ctx: RuleContext, x: Any, *, sizes: Any, axis: Any) -> list[Any]:
   aval, = ctx.in_avals
   if not jc.is_symbolic_dim(aval.shape[axis]) and not any(map(jc.is_symbolic_dim, sizes)):
     return ctx.bind(x, sizes=sizes, axis=axis)
@@ -168,7 +172,7 @@ def _split(ctx, x, *, sizes, axis):
 
 
 @register("tile")
-def _tile(ctx, x, *, reps):
+def _tile(ctx: RuleContext, x: Any, *, reps: Any) -> list[Any]:
   """Static axes tile as they are (a longer tiling only adds padding); along
   a dynamic axis, entry j is entry j mod n."""
   aval, = ctx.in_avals

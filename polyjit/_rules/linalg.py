@@ -29,26 +29,28 @@ other rule families handle.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from jax import lax
 import jax.numpy as jnp
 
 from .. import _jax_compat as jc
-from .._core import register
+from .._core import RuleContext, register
 
 
-def _zero(dtype):
+def _zero(dtype: Any) -> Any:
   return np.zeros((), dtype)[()]
 
 
-def _eye_like(x):
+def _eye_like(x: Any) -> Any:
   """The identity matrix broadcast to `x`'s shape (its last two axes)."""
   rows = lax.broadcasted_iota(np.int32, x.shape, x.ndim - 2)
   cols = lax.broadcasted_iota(np.int32, x.shape, x.ndim - 1)
   return lax.convert_element_type(lax.eq(rows, cols), x.dtype)
 
 
-def _pad_diagonal(ctx, x, aval, diagonal=None):
+def _pad_diagonal(ctx: RuleContext, x: Any, aval: Any, diagonal: Any=None) -> Any:
   """`x` with its padding replaced by `diagonal` times the identity.
 
   `diagonal` is broadcastable to the batch shape (default 1); padding along
@@ -63,7 +65,7 @@ def _pad_diagonal(ctx, x, aval, diagonal=None):
   return lax.select(mask, x, block)
 
 
-def _check_square(ctx, aval):
+def _check_square(ctx: RuleContext, aval: Any) -> None:
   rows, cols = aval.shape[-2:]
   if (jc.is_symbolic_dim(rows) or jc.is_symbolic_dim(cols)) and rows != cols:
     raise ctx.error(
@@ -75,20 +77,20 @@ def _check_square(ctx, aval):
 
 
 @register("cholesky")
-def _cholesky(ctx, x, **params):
+def _cholesky(ctx: RuleContext, x: Any, **params: Any) -> list[Any]:
   aval, = ctx.in_avals
   return ctx.bind(_pad_diagonal(ctx, x, aval), **params)
 
 
 @register("lu")
-def _lu(ctx, x, **params):
+def _lu(ctx: RuleContext, x: Any, **params: Any) -> list[Any]:
   aval, = ctx.in_avals
   _check_square(ctx, aval)
   return ctx.bind(_pad_diagonal(ctx, x, aval), **params)
 
 
 @register("triangular_solve")
-def _triangular_solve(ctx, a, b, **params):
+def _triangular_solve(ctx: RuleContext, a: Any, b: Any, **params: Any) -> list[Any]:
   a_aval, b_aval = ctx.in_avals
   a = _pad_diagonal(ctx, a, a_aval)
   b = ctx.fill_padding(b, b_aval, _zero(b.dtype))
@@ -96,7 +98,7 @@ def _triangular_solve(ctx, a, b, **params):
 
 
 @register("lu_pivots_to_permutation")
-def _lu_pivots_to_permutation(ctx, pivots, **params):
+def _lu_pivots_to_permutation(ctx: RuleContext, pivots: Any, **params: Any) -> list[Any]:
   aval, = ctx.in_avals
   mask = ctx.valid_mask(aval)
   if mask is not None:  # swapping row i with itself does nothing
@@ -106,7 +108,7 @@ def _lu_pivots_to_permutation(ctx, pivots, **params):
 
 
 @register("qr")
-def _qr(ctx, x, *, pivoting, **params):
+def _qr(ctx: RuleContext, x: Any, *, pivoting: Any, **params: Any) -> list[Any]:
   aval, = ctx.in_avals
   if pivoting and jc.is_symbolic_dim(aval.shape[-1]):
     raise ctx.error(
@@ -117,7 +119,7 @@ def _qr(ctx, x, *, pivoting, **params):
                   **params)
 
 
-def _eigenvalue_bound(x, lower: bool):
+def _eigenvalue_bound(x: Any, lower: bool) -> Any:
   """A value above every eigenvalue of the Hermitian matrices `x` defines.
 
   `x` has zeros in its padding; only the triangle the primitive reads counts.
@@ -131,7 +133,8 @@ def _eigenvalue_bound(x, lower: bool):
 
 
 @register("eigh")
-def _eigh(ctx, x, *, lower, sort_eigenvalues, **params):
+def _eigh(ctx: RuleContext, x: Any, *, lower: Any, sort_eigenvalues: Any,
+          **params: Any) -> list[Any]:
   aval, = ctx.in_avals
   if ctx.valid_mask(aval) is not None:
     if not sort_eigenvalues:
@@ -147,7 +150,8 @@ def _eigh(ctx, x, *, lower, sort_eigenvalues, **params):
 
 
 @register("custom_linear_solve")
-def _custom_linear_solve(ctx, *args, const_lengths, jaxprs, **_):
+def _custom_linear_solve(ctx: RuleContext, *args: Any, const_lengths: Any, jaxprs: Any,
+                         **_: Any) -> list[Any]:
   # Its implementation is the solve jaxpr applied to the right-hand side; the
   # other jaxprs only serve differentiation, done before masking.
   start = const_lengths.matvec + const_lengths.vecmat

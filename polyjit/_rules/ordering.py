@@ -39,14 +39,16 @@ included.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import jax.numpy as jnp
 
-from .._core import register
+from .._core import RuleContext, register
 from ._util import identity_value
 
 
-def _sorts_last(dtype):
+def _sorts_last(dtype: Any) -> Any:
   """The value that JAX's sort comparator puts after every other."""
   dtype = np.dtype(dtype)
   if jnp.issubdtype(dtype, jnp.complexfloating):  # (real, imag) lexicographic
@@ -58,17 +60,18 @@ def _sorts_last(dtype):
   return identity_value("min", dtype)  # the largest value of the dtype
 
 
-def _ranks_lowest(dtype):
+def _ranks_lowest(dtype: Any) -> Any:
   """The value that top_k's comparator ranks below every other."""
   dtype = np.dtype(dtype)
   if jnp.issubdtype(dtype, jnp.floating):  # total order: all bits set, sign included
-    bits = np.asarray((1 << jnp.finfo(dtype).bits) - 1, np.dtype(f"u{dtype.itemsize}"))
+    bits = np.asarray((1 << jnp.finfo(dtype).bits) - 1, np.dtype(f"u{dtype.itemsize}"))  # type: ignore[no-untyped-call, unused-ignore]  # JAX stub gap: finfo.__init__ unannotated (strict mode only)
     return bits.view(dtype)[()]
   return identity_value("max", dtype)  # the smallest: False, the bottom integer
 
 
 @register("sort")
-def _sort(ctx, *operands, dimension, is_stable, num_keys, **params):
+def _sort(ctx: RuleContext, *operands: Any, dimension: Any, is_stable: Any, num_keys: Any,
+          **params: Any) -> list[Any]:
   avals = ctx.in_avals
   if not ctx.is_dynamic(avals[0].shape[dimension]):  # padding rows sort among themselves
     return ctx.bind(*operands, dimension=dimension, is_stable=is_stable,
@@ -80,7 +83,7 @@ def _sort(ctx, *operands, dimension, is_stable, num_keys, **params):
 
 
 @register("top_k")
-def _top_k(ctx, x, *, k, axis, **params):
+def _top_k(ctx: RuleContext, x: Any, *, k: Any, axis: Any, **params: Any) -> list[Any]:
   aval, = ctx.in_avals
   if ctx.is_dynamic(aval.shape[axis]):
     x = ctx.fill_padding(x, aval, _ranks_lowest(aval.dtype), axes=(axis,))
@@ -88,7 +91,8 @@ def _top_k(ctx, x, *, k, axis, **params):
 
 
 @register("approx_top_k")
-def _approx_top_k(ctx, x, *, reduction_dimension, **params):
+def _approx_top_k(ctx: RuleContext, x: Any, *, reduction_dimension: Any,
+                  **params: Any) -> list[Any]:
   aval, = ctx.in_avals
   if ctx.is_dynamic(aval.shape[reduction_dimension]):
     raise ctx.error(

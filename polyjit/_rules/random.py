@@ -32,6 +32,8 @@ position by position.
 
 from __future__ import annotations
 
+from typing import Any
+
 import math
 
 import jax
@@ -40,7 +42,7 @@ import numpy as np
 from jax import lax
 
 from .. import _jax_compat as jc
-from .._core import register
+from .._core import RuleContext, register
 
 #: PRNGs whose values depend only on the key and the flat index.
 COUNTER_BASED = ("threefry2x32", "threefry4x32", "philox2x32", "philox4x32")
@@ -48,13 +50,13 @@ COUNTER_BASED = ("threefry2x32", "threefry4x32", "philox2x32", "philox4x32")
 
 @register("random_seed", "random_wrap", "random_unwrap", "random_fold_in",
           "random_clone", "threefry2x32")
-def _position_by_position(ctx, *args, **params):
+def _position_by_position(ctx: RuleContext, *args: Any, **params: Any) -> list[Any]:
   return ctx.bind(*args, **params)
 
 
-def _check_counter_based(ctx, keys, shape):
+def _check_counter_based(ctx: RuleContext, keys: Any, shape: Any) -> None:
   impl = str(jax.random.key_impl(keys))
-  partitionable = jax.config.jax_threefry_partitionable
+  partitionable = jax.config.jax_threefry_partitionable  # type: ignore[attr-defined]  # flag set at runtime, absent from jax.config's stubs
   if impl in COUNTER_BASED and (impl != "threefry2x32" or partitionable):
     return
   why = (f"the '{impl}' PRNG draws different numbers for different sizes, so "
@@ -69,11 +71,11 @@ def _check_counter_based(ctx, keys, shape):
                        "size and slice.")
 
 
-def _fmt(shape) -> str:
+def _fmt(shape: Any) -> str:
   return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
 
 
-def same_flat_layout(shape) -> bool:
+def same_flat_layout(shape: Any) -> bool:
   """Whether every valid position has the same row-major flat index padded
   and unpadded: each axis that can hold a non-zero index has a fixed stride."""
   for a, d in enumerate(shape):
@@ -84,7 +86,7 @@ def same_flat_layout(shape) -> bool:
   return True
 
 
-def _unpadded_flat_index(ctx, shape):
+def _unpadded_flat_index(ctx: RuleContext, shape: Any) -> Any:
   """Per padded position, its row-major flat index in the unpadded array.
 
   Positions in the padding get indices that may run past the end; the gather
@@ -103,7 +105,7 @@ def _unpadded_flat_index(ctx, shape):
   return index
 
 
-def _draw(ctx, keys, shape, draw):
+def _draw(ctx: RuleContext, keys: Any, shape: Any, draw: Any) -> Any:
   """`draw(keys, padded_shape)`, laid out as the unpadded draw of `shape`."""
   if not any(jc.is_symbolic_dim(d) for d in shape):
     return draw(keys, shape)  # only the keys are padded: position by position
@@ -115,12 +117,12 @@ def _draw(ctx, keys, shape, draw):
 
 
 @register("random_bits", "random_split")
-def _random_draw(ctx, keys, *, shape, **params):
+def _random_draw(ctx: RuleContext, keys: Any, *, shape: Any, **params: Any) -> list[Any]:
   return [_draw(ctx, keys, shape, lambda k, s: ctx.bind(k, shape=s, **params)[0])]
 
 
 @register("random_gamma")
-def _random_gamma(ctx, keys, a, **params):
+def _random_gamma(ctx: RuleContext, keys: Any, a: Any, **params: Any) -> list[Any]:
   keys_aval, a_aval = ctx.in_avals
   per_key = a_aval.shape[len(keys_aval.shape):]  # split off each key, flat
   if any(jc.is_symbolic_dim(d) for d in per_key):

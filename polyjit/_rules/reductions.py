@@ -12,9 +12,11 @@ Run in reverse, position i sees the padding, so they fill it with the identity.
 
 from __future__ import annotations
 
+from typing import Any
+
 from jax import lax
 
-from .._core import register
+from .._core import Rule, RuleContext, register
 from ._util import identity_value
 
 _REDUCERS = {
@@ -29,8 +31,8 @@ _CUMULATIVE = {
 }
 
 
-def _reducer(kind: str):
-  def rule(ctx, x, *, axes, **params):
+def _reducer(kind: str) -> Rule:
+  def rule(ctx: RuleContext, x: Any, *, axes: Any, **params: Any) -> list[Any]:
     aval, = ctx.in_avals
     x = ctx.fill_padding(x, aval, identity_value(kind, aval.dtype), axes=axes)
     return ctx.bind(x, axes=axes, **params)
@@ -41,8 +43,8 @@ for _name, _kind in _REDUCERS.items():
   register(_name)(_reducer(_kind))
 
 
-def _cumulative(kind: str):
-  def rule(ctx, x, *, axis, reverse, **params):
+def _cumulative(kind: str) -> Rule:
+  def rule(ctx: RuleContext, x: Any, *, axis: Any, reverse: Any, **params: Any) -> list[Any]:
     if reverse:
       aval, = ctx.in_avals
       x = ctx.fill_padding(x, aval, identity_value(kind, aval.dtype), axes=(axis,))
@@ -55,7 +57,7 @@ for _name, _kind in _CUMULATIVE.items():
 
 
 @register("reduce")
-def _reduce(ctx, *args, dimensions, **params):
+def _reduce(ctx: RuleContext, *args: Any, dimensions: Any, **params: Any) -> list[Any]:
   """`lax.reduce` with a custom computation: its init values are identities."""
   n = len(args) // 2
   operands, inits = args[:n], args[n:]

@@ -15,6 +15,8 @@ with the same logical row-major index, computed from the logical sizes.
 
 from __future__ import annotations
 
+from typing import Any
+
 import math
 
 import jax.numpy as jnp
@@ -23,17 +25,17 @@ from jax import lax
 
 from .. import _dims
 from .. import _jax_compat as jc
-from .._core import register
+from .._core import RuleContext, register
 
 
 @register("broadcast_in_dim", "iota", "squeeze", "transpose", "stack",
           "unstack")
-def _position_preserving(ctx, *args, **params):
+def _position_preserving(ctx: RuleContext, *args: Any, **params: Any) -> list[Any]:
   return ctx.bind(*args, **params)
 
 
 @register("dim_as_value")
-def _dim_as_value(ctx, *, dim):
+def _dim_as_value(ctx: RuleContext, *, dim: Any) -> list[Any]:
   out_aval, = ctx.out_avals
   return [lax.convert_element_type(ctx.logical(dim), out_aval.dtype)]
 
@@ -44,13 +46,13 @@ _PRIMES = ((1_000_003, 1_000_033, 1_000_037, 1_000_039, 1_000_081, 1_000_099),
            (999_983, 999_979, 999_961, 999_959, 999_953, 999_931))
 
 
-def _at_primes(shape, names, primes) -> list[int]:
+def _at_primes(shape: Any, names: Any, primes: Any) -> list[int]:
   env = {v: primes[i % len(primes)] + 7 * (i // len(primes))
          for i, v in enumerate(names)}
   return [_dims.evaluate_dim(d, env) for d in shape]
 
 
-def _int_groups(a: list[int], b: list[int]):
+def _int_groups(a: list[int], b: list[int]) -> Any:
   """Groups of consecutive axes with equal products, the classic way."""
   groups, i, j = [], 0, 0
   while i < len(a) or j < len(b):
@@ -70,10 +72,10 @@ def _int_groups(a: list[int], b: list[int]):
   return groups
 
 
-def reshape_groups(in_shape, out_shape):
+def reshape_groups(in_shape: Any, out_shape: Any) -> Any:
   """Axis groups of a reshape between symbolic shapes, or None if unclear."""
   names = sorted(set().union(*(_dims.dim_vars(d) for d in (*in_shape, *out_shape))))
-  found = None
+  found: Any = None
   for primes in _PRIMES:
     groups = _int_groups(_at_primes(in_shape, names, primes),
                          _at_primes(out_shape, names, primes))
@@ -86,7 +88,7 @@ def reshape_groups(in_shape, out_shape):
   return found
 
 
-def _leading_dynamic_only(shape, axes) -> bool:
+def _leading_dynamic_only(shape: Any, axes: Any) -> bool:
   """At most one dynamic axis, and no non-unit axis before it."""
   dims = [shape[a] for a in axes if not (not jc.is_symbolic_dim(shape[a]) and shape[a] == 1)]
   dynamic = [k for k, d in enumerate(dims) if jc.is_symbolic_dim(d)]
@@ -94,7 +96,8 @@ def _leading_dynamic_only(shape, axes) -> bool:
 
 
 @register("reshape")
-def _reshape(ctx, x, *, new_sizes, dimensions, **params):
+def _reshape(ctx: RuleContext, x: Any, *, new_sizes: Any, dimensions: Any,
+             **params: Any) -> list[Any]:
   in_shape = ctx.in_avals[0].shape
   out_shape = ctx.out_avals[0].shape
   if dimensions is not None:  # reshape of a transpose: transpose first
@@ -108,7 +111,7 @@ def _reshape(ctx, x, *, new_sizes, dimensions, **params):
   return [_reshape_by_gather(ctx, x, in_shape, out_shape)]
 
 
-def _reshape_by_gather(ctx, x, in_shape, out_shape):
+def _reshape_by_gather(ctx: RuleContext, x: Any, in_shape: Any, out_shape: Any) -> Any:
   """Output entry j reads the input entry whose logical row-major index is
   j's; entries past the logical end read anything (they are padding)."""
   dtype = jc.dim_value_dtype()

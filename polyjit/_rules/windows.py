@@ -57,28 +57,31 @@ size-dependent padding, masked by `pad`'s rule).
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from .. import _jax_compat as jc
-from .._core import register
+from .._core import Rule, RuleContext, register
 from ._util import identity_value, place
 
 _is_dyn = jc.is_symbolic_dim
 
 
-def _zero(dtype):
+def _zero(dtype: Any) -> Any:
   return np.zeros((), dtype)[()]
 
 
-def _dilated(size, dilation):
+def _dilated(size: Any, dilation: Any) -> Any:
   """The size of an axis of `size` >= 1 entries dilated by `dilation`."""
   return (size - 1) * dilation + 1
 
 
-def _anchor(ctx, x, axis, size, dilation, lo, length, fill):
+def _anchor(ctx: RuleContext, x: Any, axis: Any, size: Any, dilation: Any, lo: Any, length: Any,
+            fill: Any) -> Any:
   """`x` along `axis` as an op sees it after its base dilation and low padding.
 
   The `size` (symbolic) entries of data are dilated by `dilation` and start at
@@ -104,7 +107,7 @@ def _anchor(ctx, x, axis, size, dilation, lo, length, fill):
 
 # --- window reductions ---------------------------------------------------------
 
-def _refuse_dynamic_windows(ctx, window_dimensions, what):
+def _refuse_dynamic_windows(ctx: RuleContext, window_dimensions: Any, what: Any) -> None:
   for axis, w in enumerate(window_dimensions):
     if _is_dyn(w):
       raise ctx.error(
@@ -113,7 +116,7 @@ def _refuse_dynamic_windows(ctx, window_dimensions, what):
           "(\"_\" in the spec).")
 
 
-def _high(hi, out: int, stride: int, window: int, size: int, lo: int) -> int:
+def _high(hi: Any, out: int, stride: int, window: int, size: int, lo: int) -> int:
   """The high padding to bind with, for `out` windows (padded, dilated sizes).
 
   A fixed `hi` is kept. A symbolic one is never evaluated (it need not grow
@@ -128,7 +131,8 @@ def _high(hi, out: int, stride: int, window: int, size: int, lo: int) -> int:
   return max(least, min(0, least + stride - 1))
 
 
-def _reanchor_windows(ctx, operands_fills, in_shape, out_shape, params):
+def _reanchor_windows(ctx: RuleContext, operands_fills: Any, in_shape: Any, out_shape: Any,
+                      params: Any) -> Any:
   """The operands, and the window params to bind them with.
 
   `operands_fills` pairs each operand with its padding value; `params` are
@@ -159,8 +163,8 @@ def _reanchor_windows(ctx, operands_fills, in_shape, out_shape, params):
   return operands, params
 
 
-def _monoid_window(kind: str):
-  def rule(ctx, x, **params):
+def _monoid_window(kind: str) -> Rule:
+  def rule(ctx: RuleContext, x: Any, **params: Any) -> list[Any]:
     aval, = ctx.in_avals
     out_aval, = ctx.out_avals
     _refuse_dynamic_windows(ctx, params["window_dimensions"], "pooling")
@@ -177,7 +181,7 @@ for _name, _kind in (("reduce_window_sum", "add"), ("reduce_window_max", "max"),
 
 
 @register("reduce_window")
-def _reduce_window(ctx, *args, **params):
+def _reduce_window(ctx: RuleContext, *args: Any, **params: Any) -> list[Any]:
   """The generic form: XLA pads with the init values, so padding gets them too."""
   n = len(args) // 2
   operands, inits = args[:n], args[n:]
@@ -190,13 +194,14 @@ def _reduce_window(ctx, *args, **params):
   return ctx.bind(*operands, *inits, **params)
 
 
-def _never_selected(select_prim, dtype):
+def _never_selected(select_prim: Any, dtype: Any) -> Any:
   """The value that loses every comparison of `select_prim` (ge: max, le: min)."""
   return identity_value("max" if select_prim is lax.ge_p else "min", dtype)
 
 
 @register("select_and_gather_add")
-def _select_and_gather_add(ctx, tangents, operand, *, select_prim, **params):
+def _select_and_gather_add(ctx: RuleContext, tangents: Any, operand: Any, *, select_prim: Any,
+                           **params: Any) -> list[Any]:
   """Per window, the tangent at the selected operand entry (max pooling's JVP)."""
   t_aval, aval = ctx.in_avals
   out_aval, = ctx.out_avals
@@ -210,7 +215,8 @@ def _select_and_gather_add(ctx, tangents, operand, *, select_prim, **params):
 
 
 @register("select_and_scatter_add")
-def _select_and_scatter_add(ctx, source, operand, *, select_prim, **params):
+def _select_and_scatter_add(ctx: RuleContext, source: Any, operand: Any, *, select_prim: Any,
+                            **params: Any) -> list[Any]:
   """Adds each window's source value at its selected entry (max pooling's VJP).
 
   A re-anchored axis runs on the rebuilt operand, whose result is moved back:
@@ -230,7 +236,7 @@ def _select_and_scatter_add(ctx, source, operand, *, select_prim, **params):
   return [out]
 
 
-def _unanchor(ctx, y, axis, size, lo):
+def _unanchor(ctx: RuleContext, y: Any, axis: Any, size: Any, lo: Any) -> Any:
   """Entries [lo, lo + size) of `y` along `axis`; 0 where that leaves `y`."""
   lo = ctx.logical(lo)
   length = y.shape[axis]
@@ -242,16 +248,17 @@ def _unanchor(ctx, y, axis, size, lo):
 
 # --- convolution -----------------------------------------------------------------
 
-def _permute(shape, spec):
+def _permute(shape: Any, spec: Any) -> Any:
   return tuple(shape[a] for a in spec)
 
 
-def _canonical_dn(ndim: int):
+def _canonical_dn(ndim: int) -> Any:
   spec = tuple(range(ndim))
   return lax.ConvDimensionNumbers(spec, spec, spec)
 
 
-def _check_conv_groups(ctx, lhs_shape, rhs_shape, feature_group_count, batch_group_count):
+def _check_conv_groups(ctx: RuleContext, lhs_shape: Any, rhs_shape: Any, feature_group_count: Any,
+                       batch_group_count: Any) -> None:
   """Grouped axes interleave groups with padding: refuse dynamic ones."""
   grouped = []
   if feature_group_count > 1:
@@ -270,7 +277,8 @@ def _check_conv_groups(ctx, lhs_shape, rhs_shape, feature_group_count, batch_gro
 
 
 @register("conv_general_dilated")
-def _conv(ctx, lhs, rhs, *, dimension_numbers, **params):
+def _conv(ctx: RuleContext, lhs: Any, rhs: Any, *, dimension_numbers: Any,
+          **params: Any) -> list[Any]:
   """Works in the canonical layout (N, C, spatial...), (O, I, spatial...)."""
   dn = dimension_numbers
   lhs_aval, rhs_aval = ctx.in_avals
@@ -296,7 +304,8 @@ def _conv(ctx, lhs, rhs, *, dimension_numbers, **params):
   return [lax.transpose(out, tuple(np.argsort(dn.out_spec)))]
 
 
-def _conv_spatial_axes(ctx, lhs, lhs_shape, rhs_shape, out_shape, params):
+def _conv_spatial_axes(ctx: RuleContext, lhs: Any, lhs_shape: Any, rhs_shape: Any, out_shape: Any,
+                       params: Any) -> Any:
   """Per spatial axis: native, re-anchored or unfolded (see the module doc).
 
   Returns the canonical lhs, the params to bind with, and the unfolded axes.
@@ -323,7 +332,8 @@ def _conv_spatial_axes(ctx, lhs, lhs_shape, rhs_shape, out_shape, params):
   return lhs, params, unfolded
 
 
-def _unfold(ctx, x, axis, out_size, stride, dilation, kernel):
+def _unfold(ctx: RuleContext, x: Any, axis: Any, out_size: Any, stride: Any, dilation: Any,
+            kernel: Any) -> Any:
   """The windows along `axis`, taps past the logical kernel size zeroed, with
   the `out_size` output positions folded into the batch (axis 0, minor)."""
   k = ctx.padded(kernel)
@@ -336,7 +346,7 @@ def _unfold(ctx, x, axis, out_size, stride, dilation, kernel):
   return windows.reshape((-1,) + windows.shape[2:])
 
 
-def _refold(out, unfolded, sizes):
+def _refold(out: Any, unfolded: Any, sizes: Any) -> Any:
   """Moves the output positions folded into the batch back to their axes."""
   m, spatial = len(unfolded), out.ndim - 2
   out = out.reshape((-1, *sizes) + out.shape[1:])  # (N, o_1..o_m, O, spatial...)
@@ -349,11 +359,12 @@ def _refold(out, unfolded, sizes):
 
 # --- derivatives at symbolic sizes ---------------------------------------------
 
-def _any_symbolic(*values) -> bool:
+def _any_symbolic(*values: Any) -> bool:
   return any(_is_dyn(d) for d in jax.tree.leaves(values))
 
 
-def _lhs_transpose_padding(lhs, rhs, out, padding, strides, lhs_dil, rhs_dil):
+def _lhs_transpose_padding(lhs: Any, rhs: Any, out: Any, padding: Any, strides: Any, lhs_dil: Any,
+                           rhs_dil: Any) -> Any:
   """Per spatial axis, the padding of the input's transposed convolution.
 
   It correlates the cotangent, dilated by the strides, with the reversed
@@ -367,7 +378,8 @@ def _lhs_transpose_padding(lhs, rhs, out, padding, strides, lhs_dil, rhs_dil):
   return tuple(pads)
 
 
-def _rhs_transpose_padding(lhs, rhs, out, padding, strides, lhs_dil, rhs_dil):
+def _rhs_transpose_padding(lhs: Any, rhs: Any, out: Any, padding: Any, strides: Any, lhs_dil: Any,
+                           rhs_dil: Any) -> Any:
   """Per spatial axis, the padding of the kernel's transposed convolution.
 
   It correlates the padded input with the cotangent dilated by the strides:
@@ -379,9 +391,10 @@ def _rhs_transpose_padding(lhs, rhs, out, padding, strides, lhs_dil, rhs_dil):
                                                     lhs_dil, rhs_dil))
 
 
-def _conv_transpose_lhs(ct, lhs_aval, rhs, *, window_strides, padding, lhs_dilation,
-                        rhs_dilation, dimension_numbers, feature_group_count,
-                        batch_group_count, **params):
+def _conv_transpose_lhs(ct: Any, lhs_aval: Any, rhs: Any, *, window_strides: Any, padding: Any,
+                        lhs_dilation: Any,
+                        rhs_dilation: Any, dimension_numbers: Any, feature_group_count: Any,
+                        batch_group_count: Any, **params: Any) -> Any:
   """d lhs: the cotangent convolved with the reversed kernel, features swapped.
 
   With g groups (feature or batch), output feature group j of the forward op
@@ -401,7 +414,7 @@ def _conv_transpose_lhs(ct, lhs_aval, rhs, *, window_strides, padding, lhs_dilat
   lhs_shape = _permute(lhs_aval.shape, dn.lhs_spec)
   pads = _lhs_transpose_padding(lhs_shape[2:], w.shape[2:], g.shape[2:], padding,
                                 window_strides, lhs_dilation, rhs_dilation)
-  out = jc.primitive("conv_general_dilated").bind(
+  out = jc.primitive("conv_general_dilated").bind(  # type: ignore[union-attr]  # always registered by JAX
       g, w, window_strides=tuple(lhs_dilation), padding=pads,
       lhs_dilation=tuple(window_strides), rhs_dilation=tuple(rhs_dilation),
       dimension_numbers=_canonical_dn(ndim), feature_group_count=groups,
@@ -416,9 +429,10 @@ def _conv_transpose_lhs(ct, lhs_aval, rhs, *, window_strides, padding, lhs_dilat
   return out.astype(lhs_aval.dtype)
 
 
-def _conv_transpose_rhs(ct, lhs, rhs_aval, *, window_strides, padding, lhs_dilation,
-                        rhs_dilation, dimension_numbers, feature_group_count,
-                        batch_group_count, **params):
+def _conv_transpose_rhs(ct: Any, lhs: Any, rhs_aval: Any, *, window_strides: Any, padding: Any,
+                        lhs_dilation: Any,
+                        rhs_dilation: Any, dimension_numbers: Any, feature_group_count: Any,
+                        batch_group_count: Any, **params: Any) -> Any:
   """d rhs: the input correlated with the cotangent, batch and features swapped.
 
   The input's batch becomes the contracted feature axis and its features the
@@ -432,7 +446,7 @@ def _conv_transpose_rhs(ct, lhs, rhs_aval, *, window_strides, padding, lhs_dilat
   pads = _rhs_transpose_padding(x.shape[2:], rhs_shape[2:], g.shape[2:], padding,
                                 window_strides, lhs_dilation, rhs_dilation)
   swap = (1, 0, *range(2, ndim))
-  out = jc.primitive("conv_general_dilated").bind(
+  out = jc.primitive("conv_general_dilated").bind(  # type: ignore[union-attr]  # always registered by JAX
       x, g, window_strides=tuple(rhs_dilation), padding=pads,
       lhs_dilation=tuple(lhs_dilation), rhs_dilation=tuple(window_strides),
       dimension_numbers=lax.ConvDimensionNumbers(swap, swap, swap),
@@ -442,9 +456,9 @@ def _conv_transpose_rhs(ct, lhs, rhs_aval, *, window_strides, padding, lhs_dilat
   return out.astype(rhs_aval.dtype)
 
 
-def _conv_transpose_rule(i, original):
+def _conv_transpose_rule(i: int, original: Callable[..., Any]) -> Callable[..., Any]:
   """Operand i's transpose (0: lhs, 1: rhs): JAX's, or polyjit's at symbolic sizes."""
-  def rule(ct, lhs, rhs, **params):
+  def rule(ct: Any, lhs: Any, rhs: Any, **params: Any) -> Any:
     lhs_shape = lhs.aval.shape if i == 0 else lhs.shape
     rhs_shape = rhs.shape if i == 0 else rhs.aval.shape
     if not _any_symbolic(ct.shape, lhs_shape, rhs_shape, params["padding"]):
