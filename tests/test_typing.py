@@ -1,5 +1,5 @@
-"""Types: mypy passes on polyjit/ (pyproject.toml's [tool.mypy]: strict on the
-public surface, the default mode elsewhere), and every public function and
+"""Types: mypy passes on polyjit/ (pyproject.toml's [tool.mypy]: strict, on every
+module), and every public function and
 method of `polyjit` has annotated parameters and a return type (UNTYPED, the
 list of exceptions, is empty and may only shrink: an entry that became typed
 fails the test until it is removed).
