@@ -37,7 +37,7 @@ try:  # this module serves the command line only: figures go to files (Agg)
   matplotlib.use("Agg")
   import matplotlib.pyplot as _plt
 except ImportError:
-  _plt = None  # type: ignore[assignment]
+  _plt = None  # type: ignore[assignment, unused-ignore]  # typed only where matplotlib is installed
 
 
 def pyplot() -> Any:
