@@ -112,8 +112,8 @@ def _summary(results: dict[str, Any], quick: bool) -> str:
       lines.append(f"| {contender} | skipped: {why} | | |")
     ratios = r["ratios"]
     lines += ["", f"steady state pj.jit / jax.jit: {ratios['steady_vs_jax_jit']:.2f}x; "
-              f"added per call: {ratios['added_us_per_call']:+.1f} us (CostAware: "
-              f"{ratios.get('costaware_added_us_per_call', float('nan')):+.1f} us)", ""]
+              f"added per call: {ratios['added_us_per_call']:+.1f} us (powers of two: "
+              f"{ratios.get('pow2_added_us_per_call', float('nan')):+.1f} us)", ""]
     if r.get("policies"):
       lines += ["| bucket policy | total s | compiles | mean padding |", "|---|---|---|---|"]
       for policy, row in r["policies"].items():

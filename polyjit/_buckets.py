@@ -69,16 +69,26 @@ class BucketPolicy:
 
 @dataclasses.dataclass(frozen=True)
 class PowersOfTwo(BucketPolicy):
-  """The next power of two, at least `minimum`."""
+  """The next power of two, at least `minimum`; with `steps=k`, also `k - 1`
+  evenly spaced sizes between consecutive powers of two (`steps=4`: 32, 40,
+  48, 56, 64, 80, ...: at most 25% padding, and every power of two kept)."""
   minimum: int = 16
   maximum: int | None = None
   overflow: str = "exact"
+  steps: int = 1
 
   def __post_init__(self) -> None:
     self._check()
+    if self.steps < 1:
+      raise ValueError(f"steps must be >= 1, got {self.steps}")
 
   def _bucket(self, size: int) -> int:
-    return 1 << max(size - 1, 0).bit_length()
+    power = 1 << max(size - 1, 0).bit_length()
+    half = power // 2
+    if self.steps == 1 or half < self.steps:
+      return power
+    step = half // self.steps  # exact: both are powers of two
+    return half + -(-(size - half) // step) * step
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,9 +33,11 @@ without a masking rule), the structure falls back to exact shapes, like
 (`fallback="warn"`, the default), an error (`fallback="error"`), or only
 `pj.explain` and the "polyjit" logger (`fallback="silent"`).
 
-Under `pj.buckets.CostAware` (`_policy.py`) the bucket of a call is the
-smallest compiled one that holds it; a tighter one compiles in the background
-once the run time its absence wastes has paid for a compile.
+Under `pj.buckets.CostAware` (`_policy.py`), the default, the bucket of a call
+is the smallest compiled one that holds it; a tighter one compiles once the
+run time its absence wastes has paid for a compile (both estimated from the
+function's jaxpr, `_cost_model.py`, so the choice is the same on every run).
+On a mesh the default is powers of two: a fixed policy.
 
 Called under another transformation (`jax.jit`, `jax.grad`, `jax.vmap`), a
 `pj.jit` function is inlined: the outer trace has fixed shapes anyway.
@@ -64,7 +66,7 @@ from . import _annotations, _jit_aot
 from . import _jax_compat as jc
 from . import _sharding
 from ._auto import DimTracker, fit_to_constraints, sanitize
-from ._buckets import BucketPolicy, PerDimBucketSpec, as_policy
+from ._buckets import BucketPolicy, PerDimBucketSpec, PowersOfTwo, as_policy
 from ._cache import ExecutableCache, wait
 from ._compiles import count_compiles
 from . import _data_dependent_jit as data_dependent
@@ -82,6 +84,8 @@ from ._spec import ArgSpecs, Binding
 from ._variants import Variant
 
 HOT_PLANS = 4096  # call signatures kept for the hot path (then it starts over)
+DEFAULT_BUCKETS = CostAware()  # pj.jit's policy when `buckets` is not given
+MESH_BUCKETS = PowersOfTwo()   # in place of a cost-aware policy on a mesh
 
 #: Per argument leaf, its logical (unpadded) shape.
 Shapes: TypeAlias = tuple[tuple[int, ...], ...]
@@ -149,7 +153,7 @@ class JitFunction:
     spec = self.buckets
     if isinstance(spec, dict):
       spec = spec.get(dim, spec.get("*"))
-    return as_policy(spec)
+    return DEFAULT_BUCKETS if spec is None else as_policy(spec)
 
   # --- calls -----------------------------------------------------------------
 
@@ -355,6 +359,8 @@ class JitFunction:
     self.stats.record_sizes(binding, struct.leaf_names, logical)
     rental = self._rental(struct, logical)
     if rental is not None:
+      if variant.traced is not None:
+        rental.use_model(variant.traced.jaxpr, jax.default_backend())
       plan = self._borrowed_plan(struct, shapes, rental, binding, variant, logical, buckets)
       if plan is not None:
         return plan
@@ -362,7 +368,8 @@ class JitFunction:
       if buckets != tight:
         why = dataclasses.replace(why, reason=(
             "no compiled bucket holds " + _sizes(logical) + f"; headroom "
-            f"{rental.policies[next(iter(logical))].headroom:g}x the largest size seen"))
+            f"{rental.policies[next(iter(logical))].headroom:g}x the largest size seen, "
+            "rounded up to a power of two"))
     padded_env = fit_to_constraints(logical, buckets, variant.scope)
     why = dataclasses.replace(why, bucket=dict(padded_env), sizes=dict(logical),
                               variant=variant.describe() if variant.decisions else None)
@@ -426,20 +433,47 @@ class JitFunction:
                      variant: Variant, logical: dict[str, int],
                      tight: dict[str, int]) -> Plan | None:
     """A plan in the smallest compiled bucket that holds `logical`, or None."""
+    found = self._compiled_bucket(struct, rental, binding, variant, logical)
+    if found is not None:
+      bucket, key, fut = found
+      plan = data_dependent.plan_for(variant, key, fut.result(), struct.dtypes,
+                                     logical_values(binding, logical), logical,
+                                     waste(shapes, key.padded_shapes), None, shapes)
+      if plan is None:  # (output shapes known after the run: no template)
+        plan = self._plan_in(struct, key, fut.result(), binding, variant, logical, shapes)
+        if not variant.constraints and struct.templates.get(bucket) is None:
+          self._keep_template(struct, plan, binding, variant)
+      self._rent(struct, rental, plan, logical, tight, binding, variant)
+      return plan
+    return None
+
+  def _compiled_bucket(self, struct: Structure, rental: Rental, binding: Binding,
+                       variant: Variant, logical: dict[str, int]
+                       ) -> tuple[Any, ProgramKey, Future[Any]] | None:
+    """(bucket key, program key, compiled program) of the smallest compiled
+    bucket that holds `logical` for this variant, or None."""
     for bucket in rental.candidates(logical):
       env = rental.envs[bucket]
       if fit_to_constraints(logical, env, variant.scope) != env:
         continue
       key = ProgramKey.masked(struct, variant, padded_shapes(binding, env), env)
       fut = self._cache.peek(key)
-      if fut is None or not fut.done() or fut.exception() is not None:
-        continue
-      plan = self._plan_in(struct, key, fut.result(), binding, variant, logical, shapes)
-      if not variant.constraints and struct.templates.get(bucket) is None:
-        self._keep_template(struct, plan, binding, variant)
-      self._rent(struct, rental, plan, logical, tight, binding, variant)
-      return plan
+      if fut is not None and fut.done() and fut.exception() is None:
+        return bucket, key, fut
     return None
+
+  def _call_bucket(self, struct: Structure, binding: Binding, variant: Variant,
+                   logical: dict[str, int]) -> dict[str, int]:
+    """The padded sizes a call with these logical sizes runs at (what
+    `_masked_plan` decides, without compiling: for `lower` and `trace`)."""
+    tight = {v: self._bucket(struct, v, n) for v, n in logical.items()}
+    rental = self._rental(struct, logical)
+    if rental is None:
+      return tight
+    if variant.traced is not None:
+      rental.use_model(variant.traced.jaxpr, jax.default_backend())
+    found = self._compiled_bucket(struct, rental, binding, variant, logical)
+    return dict(found[1].bucket) if found is not None else rental.roomy(logical)
 
   def _rent(self, struct: Structure, rental: Rental, plan: Plan, logical: dict[str, int],
             tight: dict[str, int], binding: Binding, variant: Variant) -> None:
@@ -468,17 +502,28 @@ class JitFunction:
   def _compile_for_waste(self, struct: Structure, binding: Binding, variant: Variant,
                          env: dict[str, int], wasted: float,
                          compile_cost: float) -> Future[Any]:
-    """Starts compiling the bucket `env`, whose account has paid for it."""
+    """Compiles the bucket `env`, whose account has paid for it: here, under
+    deterministic estimates (so that the next call's bucket never depends on
+    when a thread finishes), else in the background."""
+    what = "estimated " if struct.rental is not None and struct.rental.deterministic else ""
     cause = Cause("bucket", bucket=dict(env),
-                  reason=f"waste {wasted:.3g} s > compile {compile_cost:.3g} s")
+                  reason=f"{what}waste {wasted:.3g} s > compile {compile_cost:.3g} s")
     assert struct.masked is not None  # (a bucket of a masked plan)
     key, build = self._masked_program(struct, struct.masked, binding, variant, env, cause)
-    return self._cache.submit(key, build)
+    if self.background_compile or struct.rental is None or not struct.rental.deterministic:
+      return self._cache.submit(key, build)
+    done: Future[Any] = Future()
+    done.set_result(self._cache.get(key, build))
+    return done
 
   def _bucket(self, struct: Structure, dim: str, size: int) -> int:
     """The padded size of `dim`: its policy's bucket, rounded up to a multiple
     of the number of shards along it where it is a sharded axis."""
-    bucket = self.bucket_policy(dim).bucket(size)
+    policy = self.bucket_policy(dim)
+    if struct.shardings is not None and isinstance(policy, CostAware):
+      # on a mesh the choice is fixed (see `_rental`): powers of two by default
+      policy = MESH_BUCKETS if policy is DEFAULT_BUCKETS else policy.grid
+    bucket = policy.bucket(size)
     multiple = struct.shard_multiples.get(dim, 1)
     return bucket if multiple == 1 else _sharding.round_up(bucket, multiple)
 
@@ -582,7 +627,9 @@ class JitFunction:
       self._plan_for(struct, shapes)
       return [{}]
     masked, binding, variant = self._variant(struct, shapes)
-    self._rental(struct, binding.padded)  # a cost-aware policy learns of these programs
+    rental = self._rental(struct, binding.padded)  # a cost-aware policy learns of these programs
+    if rental is not None and variant.traced is not None:
+      rental.use_model(variant.traced.jaxpr, jax.default_backend())
     unknown = set(sizes) - set(binding.dim_names)
     if unknown:
       raise ShapeError(f"precompile: unknown dimension names {sorted(unknown)}; this "
@@ -644,10 +691,13 @@ def jit(fun: Callable[..., Any] | None = None, *, polymorphic_shapes: ArgSpecs |
       axes that change between calls become dynamic.
     buckets: the bucket policy for every dimension (see `polyjit.buckets`), a
       list of sizes, an int k (multiples of k), a callable, or a dict from
-      dimension name to any of these ("*" for the rest). Default: powers of
-      two from 16. `pj.buckets.CostAware()` compiles a bucket only once the
-      padding it saves has paid for its compile (fewer programs for cheap
-      functions); `pj.buckets.fit(sample, max_programs=k)` plans from sizes.
+      dimension name to any of these ("*" for the rest). Default:
+      `pj.buckets.CostAware()`, which compiles a tighter bucket only once the
+      padding it saves has paid for its compile, by estimates from the
+      function's jaxpr (few programs for cheap functions, tight buckets for
+      costly ones; the same choices on every run); powers of two on a mesh.
+      `pj.buckets.PowersOfTwo()` is the fixed classic;
+      `pj.buckets.fit(sample, max_programs=k)` plans from sizes.
     constraints: `jax.export` constraints such as "n >= 3".
     static_argnums, static_argnames, donate_argnums: as in `jax.jit`.
     cache_size: the most compiled programs kept (least recently used dropped).

@@ -260,8 +260,8 @@ def _exact(jf: JitFunction, struct: Structure, shapes: tuple[Any, ...], cause: C
 def _masked(jf: JitFunction, struct: Structure, shapes: tuple[Any, ...], cause: Cause) -> _Program:
   masked, binding, variant = jf._variant(struct, shapes)
   logical = binding.padded  # solved from the unpadded shapes: the logical sizes
-  buckets = {v: jf.bucket_policy(v).bucket(n) for v, n in logical.items()}
-  env = fit_to_constraints(logical, buckets, variant.scope)
+  env = fit_to_constraints(logical, jf._call_bucket(struct, binding, variant, logical),
+                           variant.scope)
   cause = dataclasses.replace(cause, bucket=dict(env), sizes=dict(logical))
   key = ProgramKey.masked(struct, variant, padded_shapes(binding, env), env)
   traced = variant.traced

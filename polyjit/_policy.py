@@ -3,41 +3,47 @@
 A fixed policy (powers of two, a geometric ratio) compiles one program per
 bucket the sizes touch. That is right when run time dominates; when the work
 takes microseconds and a compile takes 80 ms, every extra program is pure
-loss. `CostAware` decides online, per `pj.jit` structure, from measurements:
+loss. `CostAware`, `pj.jit`'s default, decides online, per `pj.jit`
+structure, from cost estimates:
 
 * A call that fits no compiled bucket compiles one (now, it has to), sized
-  with *headroom*: the grid bucket of `headroom` times the largest size seen,
-  so that the next larger sizes do not each compile again.
+  with *headroom*: the grid bucket of `headroom` times the largest size seen
+  (rounded up to a power of two first, so that nearby sizes agree), so that
+  the next larger sizes do not each compile again.
 * A call whose tight bucket (the `grid` bucket of its sizes) is not compiled,
   but that fits a compiled larger one, runs in the smallest such bucket, and
   the run time it wastes there is charged to the account of every smaller
   grid bucket that would have held it (up to `MAX_ACCOUNTS` of them): the
-  larger bucket's measured run time minus an estimate of the smaller one's.
-* Once an account's waste reaches the measured compile cost (the mean wall
-  time of this structure's compiles), its bucket is compiled in a
-  background thread; calls keep running in the larger bucket until it is
-  ready. That is the ski-rental rule: rent (pay the waste) until the rent
-  paid equals the price (a compile), then buy; never more than twice the
-  cost of the best choice made knowing the future, per bucket.
-* Headroom is skipped when the measurements say it would waste a compile's
+  larger bucket's estimated run time minus the smaller one's.
+* Once an account's waste reaches the estimated compile cost, its bucket is
+  compiled. That is the ski-rental rule: rent (pay the waste) until the rent
+  paid equals the price (a compile), then buy; with exact costs never more
+  than twice the cost of the best choice made knowing the future, per bucket.
+* Headroom is skipped when the estimates say it would waste a compile's
   worth of run time within `ROOMY_CALLS` calls: costly programs compile
   their tight bucket when nothing holds a call.
 
-Run times are measured by blocking on a few calls of each program: the first
-`SAMPLES` new shapes that run in it and then every `SAMPLE_EVERY`-th, never a
-repeated shape (the hot path never blocks). A tight bucket's run time is
-interpolated, linear in the bucket's volume (the product of its padded
-sizes), between measured programs; below the smallest measured one, the line
-through the two smallest is extrapolated (a fixed per-call cost is never
-wasted), or with one measurement, proportionally (which overestimates the
-waste, so a tight bucket is compiled sooner rather than later). So a cheap
-program (a likelihood over 10,000 values: microseconds) keeps one or two
-buckets, and a costly one (a wide MLP, quadratic attention) gets tight
-buckets after a few calls.
+Where the estimates come from (`estimates=`):
+
+* "model" (the default): `_cost_model.py`, from the function's jaxpr and the
+  padded sizes (work and memory traffic per bucket, equations per compile).
+  Nothing is timed, nothing blocks, and the bucket compiled when an account
+  is paid is compiled right there, in the call that paid it. So every
+  decision depends only on the sequence of calls: the same script runs each
+  call in the same bucket every time, and its results repeat bit for bit.
+  (Masking is exact in every bucket, but a float reduction over another
+  padded size may round differently in the last bit; a timing-dependent
+  choice would make results differ between runs.)
+* "measured": compile times as measured and run times sampled by blocking on
+  a few calls of each program (the first `SAMPLES` new shapes that run in it,
+  then every `SAMPLE_EVERY`-th, never a repeated shape); a tight bucket's run
+  time is interpolated linearly in the bucket's volume between measured
+  programs. Paid accounts compile in a background thread; calls keep running
+  in the larger bucket until it is ready. Adapts to the machine, but which
+  program serves a call then depends on timings.
 
 Exactness does not depend on the bucket: masking gives the unpadded result
-whichever program runs. Decisions depend on measured times, so which program
-serves a call can differ between runs; results do not.
+whichever program runs.
 """
 
 from __future__ import annotations
@@ -48,7 +54,8 @@ import math
 import threading
 from typing import Any, Callable
 
-from ._buckets import BucketPolicy, Geometric, as_policy
+from ._buckets import BucketPolicy, PowersOfTwo, as_policy
+from ._cost_model import CostModel
 
 SAMPLES = 3          # run-time samples of each program from its first new shapes
 SAMPLE_EVERY = 64    # then one sample every this many new shapes
@@ -68,14 +75,18 @@ class CostAware(BucketPolicy):
   `bucket(size)` is the tight bucket (`grid`'s); `pj.jit` runs a size there
   only once that program exists, else in the smallest compiled bucket that
   holds it (see the module docstring). `headroom` scales the largest size
-  seen when a call fits no compiled bucket.
+  seen when a call fits no compiled bucket. `estimates` is "model"
+  (deterministic: from the jaxpr, the default) or "measured" (timings).
   """
-  grid: BucketPolicy = Geometric(ratio=1.25, minimum=16, align=8)
+  grid: BucketPolicy = PowersOfTwo(steps=4)
   headroom: float = 2.0
+  estimates: str = "model"
 
   def __post_init__(self) -> None:
     if not self.headroom >= 1:
       raise ValueError(f"headroom must be >= 1, got {self.headroom}")
+    if self.estimates not in ("model", "measured"):
+      raise ValueError(f"estimates must be 'model' or 'measured', got {self.estimates!r}")
     object.__setattr__(self, "grid", as_policy(self.grid))  # a list, an int k, ...
     if isinstance(self.grid, CostAware):
       raise TypeError("the grid of CostAware must be a fixed policy")
@@ -99,11 +110,31 @@ class CostAware(BucketPolicy):
     return self.grid.bucket(size)
 
   def roomy(self, size: int, largest_seen: int) -> int:
-    """The bucket to compile for `size` when no compiled bucket holds it."""
+    """The bucket to compile for `size` when no compiled bucket holds it: the
+    grid's bucket of `headroom` times the largest size seen, first rounded up
+    to a power of two so that nearby sizes get the same bucket in whatever
+    order they come (concurrent calls then share one compile)."""
     want = max(size, math.ceil(self.headroom * max(size, largest_seen)))
+    want = 1 << (want - 1).bit_length()
     if self.grid.maximum is not None:
       want = max(size, min(want, self.grid.maximum))
     return self.grid.bucket(want)
+
+
+def headroom_programs(policy: CostAware, calls: list[dict[str, int]],
+                      seen: dict[str, int] | None = None) -> list[dict[str, int]]:
+  """The buckets `policy` compiles for `calls` (sizes per dimension, in call
+  order) when no tighter bucket pays for itself (a cheap function): a call
+  that no compiled bucket holds compiles the headroom bucket (`Rental.roomy`
+  without estimates). `seen`: sizes seen before (automatic mode's first call)."""
+  largest = dict(seen or {})
+  programs: list[dict[str, int]] = []
+  for sizes in calls:
+    if not any(all(env[v] >= n for v, n in sizes.items()) for env in programs):
+      programs.append({v: policy.roomy(n, largest.get(v, n)) for v, n in sizes.items()})
+    for v, n in sizes.items():
+      largest[v] = max(largest.get(v, 0), n)
+  return programs
 
 
 def volume(env: dict[str, int]) -> int:
@@ -170,6 +201,10 @@ class Rental:
 
   def __init__(self, policies: dict[str, CostAware]):
     self.policies = policies
+    # "model": deterministic estimates (`model`, set from the first traced
+    # variant by `use_model`), accounts compile in the paying call.
+    self.measured = any(p.estimates == "measured" for p in policies.values())
+    self.model: CostModel | None = None
     self.lock = threading.Lock()
     self.generation = 0                               # bumped by each new program
     self.busy = False                                 # a background compile running
@@ -225,13 +260,24 @@ class Rental:
       sizes = sorted({sizes[int(i * step)] for i in range(MAX_ACCOUNTS)} | {sizes[-1]})
     return [{v: b} for b in sizes]
 
-  # --- measurements --------------------------------------------------------------
+  # --- estimates ------------------------------------------------------------------
+
+  def use_model(self, jaxpr: Any, platform: str) -> None:
+    """Estimates from `jaxpr` (the traced function) unless they are measured."""
+    if not self.measured and self.model is None:
+      self.model = CostModel(jaxpr, platform)
+      self.compile_estimate = self.model.compile_seconds()
+
+  @property
+  def deterministic(self) -> bool:
+    return not self.measured
 
   def compiled(self, bucket: BucketKey, env: dict[str, int], wall_seconds: float) -> None:
     self.charge_cache = {}
     self.envs[bucket] = dict(env)
     self.compile_seconds.append(wall_seconds)
-    self.compile_estimate = sum(self.compile_seconds) / len(self.compile_seconds)
+    if self.measured:
+      self.compile_estimate = sum(self.compile_seconds) / len(self.compile_seconds)
 
   def bump(self) -> None:
     """A new program is ready: borrowing plans look again."""
@@ -243,6 +289,8 @@ class Rental:
 
   def wants_sample(self, bucket: BucketKey) -> bool:
     """Whether the first run of a new shape in `bucket` should be timed."""
+    if not self.measured:
+      return False
     seen = self.new_shapes.get(bucket, 0)
     self.new_shapes[bucket] = seen + 1
     return seen < SAMPLES or seen % SAMPLE_EVERY == 0
@@ -252,11 +300,18 @@ class Rental:
     self.times.setdefault(bucket, []).append(seconds)
 
   def run_time(self, bucket: BucketKey) -> float | None:
+    if self.model is not None:
+      return self.model.run_seconds(dict(bucket))
     samples = self.times.get(bucket)
     return min(samples) if samples else None
 
   def estimate(self, env: dict[str, int]) -> float | None:
-    """Estimated seconds per call in a bucket `env`, from the measured ones."""
+    """Estimated seconds per call in a bucket `env`: the model's, or
+    interpolated between the measured buckets."""
+    if self.model is not None:
+      return self.model.run_seconds(env)
+    if not self.measured:
+      return None  # no model yet (nothing traced): no estimate
     points: list[tuple[int, float]] = sorted(
         (volume(self.envs[b]), min(t)) for b, t in list(self.times.items())
         if b in self.envs and t)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import polyjit as pj
+from test_jit import default_compiles
 
 
 def loglik(x, mu):
@@ -26,13 +27,17 @@ def some_lengths(k, seed=0):
 
 def test_stats_count_what_jax_monitoring_counts():
   f = pj.jit(loglik)
+  lengths = some_lengths(25)
   with pj.diagnostics.count_compiles() as compiles:
-    for n in some_lengths(25):
+    for n in lengths:
       f(np.ones(n, np.float32), 0.5)
   s = pj.stats(f)
   assert s.compiles == len(compiles) > 0
   assert s.calls == 25 and sum(s.buckets.values()) == 24  # the first call is exact
-  assert 0 < s.padding_waste < 0.5
+  (bucket,), = s.buckets  # a cheap function: one headroom bucket serves them all
+  # (of the argument elements: x and the scalar mu)
+  assert s.padding_waste == pytest.approx(
+      np.mean([1 - (n + 1) / (bucket[1] + 1) for n in lengths[1:]]))
   assert s.compile_seconds == pytest.approx(sum(c.seconds for c in compiles))
   assert s.fallback_calls == 0
 
@@ -47,12 +52,21 @@ def test_explain_names_argument_axis_sizes_and_buckets():
   assert "first call, compiled for its exact shapes" in text
   first, second = lengths[:2]
   assert f"argument `x` axis 0 changed {first} -> {second}; now dynamic: x_0" in text
-  assert f"bucket x_0={pj.buckets.PowersOfTwo()(second)} for x_0={second}" in text
+  # the default (cost-aware) policy: the second call compiles with headroom
+  headroom = pj.buckets.CostAware().roomy(second, first)
+  assert f"bucket x_0={headroom} for x_0={second}" in text
+  assert "headroom 2x the largest size seen" in text
   # every size the axis took, the first call's included, written as numbers
-  assert (f"argument `x` axis 0 took {len(set(lengths))} distinct sizes in "
-          f"[{min(lengths)}, {max(lengths)}]: the default buckets") in text
-  assert "would need" in text
+  took = (f"argument `x` axis 0 took {len(set(lengths))} distinct sizes in "
+          f"[{min(lengths)}, {max(lengths)}]: ")
+  assert took + "the cost-aware buckets compiled" in text
   assert "fallback" not in text.splitlines()[0]  # nothing to explain without one
+  fixed = pj.jit(loglik, buckets=pj.buckets.PowersOfTwo())
+  for n in lengths:
+    fixed(np.ones(n, np.float32), 0.5)
+  text = pj.explain(fixed)
+  assert f"bucket x_0={pj.buckets.PowersOfTwo()(second)} for x_0={second}" in text
+  assert took + "powers of two need" in text and "would need" in text
 
 
 def test_watch_and_explain_count_the_same_sizes_the_same_way(monkeypatch):
@@ -67,7 +81,8 @@ def test_watch_and_explain_count_the_same_sizes_the_same_way(monkeypatch):
   watched, explained = str(report), pj.explain(bucketed)
   advice = [line.strip() for line in watched.splitlines() if " distinct sizes in " in line]
   assert len(advice) == 1 and f"took {len(set(lengths))} distinct sizes" in advice[0]
-  assert advice[0] in explained  # the same sizes, the same figures
+  took = advice[0].split(": ")[0]
+  assert took + ": " in explained  # the same sizes, counted the same way
   assert report["loglik"].pj_jit_compiles() == pj.stats(bucketed).compiles
   assert f"{pj.stats(bucketed).compiles} (the first call's shapes + " in watched
   assert "defined at tests/test_diagnostics.py:" in watched  # no absolute path
@@ -99,7 +114,8 @@ def test_watch_sees_recompiles_of_plain_jax_jit(caplog):
   f = report["loss"]
   assert f.compiles == len(compiles) == 12
   assert f.varying == {("x", 0): set(int(n) for n in lengths)}
-  assert f.pj_jit_compiles() == 1 + len({pj.buckets.PowersOfTwo()(n) for n in lengths[1:]})
+  # what pj.jit's default would compile: the first call's shapes, then headroom buckets
+  assert f.pj_jit_compiles() == default_compiles([int(n) for n in lengths])
   text = str(report)
   assert "loss" in text and "x axis 0 (12)" in text and "use pj.jit(loss)" in text
   assert report.as_dict()["loss"]["varying"] == {"x axis 0": sorted(int(n) for n in lengths)}

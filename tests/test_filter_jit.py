@@ -14,6 +14,7 @@ import pytest
 from jax import lax
 
 import polyjit as pj
+from test_jit import default_compiles as expected_compiles
 
 eqx = pytest.importorskip("equinox")
 
@@ -51,12 +52,6 @@ def models():
       "attention": eqx.nn.MultiheadAttention(num_heads=2, query_size=D, key=key),
       "gru": eqx.nn.GRUCell(D, 3, key=key),
   }
-
-
-def expected_compiles(lengths):
-  """The first call's exact program, then one program per bucket."""
-  policy = pj.buckets.as_policy(None)
-  return 1 + len({policy.bucket(n) for n in lengths[1:]})
 
 
 def run(fun, model, lengths):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import polyjit as pj
+from test_jit import default_compiles as expected_compiles
 
 nn = pytest.importorskip("flax.linen")
 nnx = pytest.importorskip("flax.nnx")
@@ -21,12 +22,6 @@ LENGTHS = (5, 9, 17)
 
 def tokens(n):
   return np.random.default_rng(n).standard_normal((n, D)).astype(np.float32)
-
-
-def expected_compiles(lengths):
-  """Automatic mode: the first call's exact program, then one per bucket."""
-  policy = pj.buckets.as_policy(None)
-  return 1 + len({policy.bucket(n) for n in lengths[1:]})
 
 
 def check(pj_fun, jax_fun, *args):

@@ -20,6 +20,18 @@ from jax import lax
 import polyjit as pj
 
 
+def default_compiles(lengths):
+  """Compiles of automatic mode under the default policy for a cheap function
+  (no tighter bucket pays for itself): the first call's exact program, then
+  a headroom bucket whenever no compiled one holds a size."""
+  policy, largest, programs = pj.buckets.CostAware(), lengths[0], []
+  for n in lengths[1:]:
+    if not any(b >= n for b in programs):
+      programs.append(policy.roomy(n, largest))
+    largest = max(largest, n)
+  return 1 + len(programs)
+
+
 def loglik(x, mu):
   return jnp.sum(-0.5 * (x - mu) ** 2) - 0.5 * x.shape[0] * jnp.log(2 * jnp.pi)
 
@@ -111,7 +123,8 @@ def test_no_compile_for_new_lengths_in_a_known_bucket():
 def test_a_known_bucket_with_other_fixed_sizes_or_shared_dims_gets_its_own_program():
   # New sizes in a known bucket reuse its program; a fixed axis of another
   # size, or a shared dim whose axes disagree, must not.
-  f = pj.jit(lambda x, y: (x @ x.T, x.sum(0), y * 2.0), polymorphic_shapes=["(n, _)", "n"])
+  f = pj.jit(lambda x, y: (x @ x.T, x.sum(0), y * 2.0), polymorphic_shapes=["(n, _)", "n"],
+             buckets=pj.buckets.PowersOfTwo())
   rng = np.random.default_rng(0)
   calls = [(20, 3), (21, 3), (30, 3), (22, 4), (23, 4), (40, 4)]
   seen = set()
@@ -176,7 +189,7 @@ def test_branching_on_a_size_gets_guarded_programs(caplog):
   def branchy(x):
     return x.sum() if x.shape[0] > 10 else x.max()
 
-  f = pj.jit(branchy)
+  f = pj.jit(branchy, buckets=pj.buckets.PowersOfTwo())
   with caplog.at_level(logging.WARNING, logger="polyjit"):
     got = [float(f(np.arange(n, dtype=np.float32))) for n in (5, 20, 8, 30, 12, 9, 3)]
   assert got == [4.0, 190.0, 7.0, 435.0, 66.0, 8.0, 2.0]
@@ -246,7 +259,8 @@ def test_the_cache_is_bounded_least_recently_used():
 
 
 def test_precompile_then_no_compiles():
-  f = pj.jit(lambda x: jnp.cumsum(x)[-1], polymorphic_shapes=["n"])
+  f = pj.jit(lambda x: jnp.cumsum(x)[-1], polymorphic_shapes=["n"],
+             buckets=pj.buckets.PowersOfTwo())
   envs = f.precompile(jax.ShapeDtypeStruct((1,), jnp.float32), sizes={"n": range(100, 1001)},
                       progress=False)
   assert sorted(e["n"] for e in envs) == [128, 256, 512, 1024]
@@ -262,7 +276,8 @@ def test_precompile_names_automatic_dimensions():
 
 
 def test_background_compile_borrows_a_larger_bucket():
-  f = pj.jit(lambda x: x.sum(), polymorphic_shapes=["n"], background_compile=True)
+  f = pj.jit(lambda x: x.sum(), polymorphic_shapes=["n"], background_compile=True,
+             buckets=pj.buckets.PowersOfTwo())
   assert float(f(np.ones(900, np.float32))) == 900.0          # compiles 1024
   assert float(f(np.ones(100, np.float32))) == 100.0          # runs on 1024
   assert f.stats.bucket_hits[(("n", 1024),)] == 2
@@ -295,7 +310,8 @@ def test_value_and_grad_inside_is_exact():
     (v, g), (rv, rg) = step(w, x, y), jax.value_and_grad(loss)(w, x, y)
     np.testing.assert_allclose(v, rv, rtol=1e-5)
     np.testing.assert_allclose(g, rg, rtol=1e-4, atol=1e-6)
-  assert step.stats.compiles == 3  # exact, then buckets 16 and 32
+  # exact, then the default's headroom buckets (a cheap step buys no tighter one)
+  assert step.stats.compiles == default_compiles([4, 9, 13, 30])
 
 
 def test_call_padded_chains_on_the_device():

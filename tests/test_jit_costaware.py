@@ -43,7 +43,8 @@ def test_hot_path_repeats_match_jax_jit_for_every_argument_kind():
 
 
 def test_hot_path_sees_a_new_program_after_a_background_compile():
-  f = pj.jit(lambda x: x.sum(), polymorphic_shapes=["n"], background_compile=True)
+  f = pj.jit(lambda x: x.sum(), polymorphic_shapes=["n"], background_compile=True,
+             buckets=pj.buckets.PowersOfTwo())
   assert float(f(np.ones(900, np.float32))) == 900.0          # compiles 1024
   small = np.ones(100, np.float32)
   assert float(f(small)) == 100.0 and float(f(small)) == 100.0  # hot path, on 1024
@@ -78,7 +79,8 @@ def test_cost_aware_compiles_a_tighter_bucket_once_its_waste_pays_for_it():
   # and the tight bucket must agree bit for bit.
   def total(x):
     return jnp.sum(x * x), x * 2
-  f = pj.jit(total, polymorphic_shapes=["n"], buckets=pj.buckets.CostAware())
+  f = pj.jit(total, polymorphic_shapes=["n"],
+             buckets=pj.buckets.CostAware(estimates="measured"))
   ref = jax.jit(total)
   x = np.arange(1, 801, dtype=np.int32)
   f(x)                                          # compiles a bucket >= 1600
@@ -101,7 +103,7 @@ def test_cost_aware_compiles_a_tighter_bucket_once_its_waste_pays_for_it():
 
 
 def test_cost_aware_gives_a_costly_program_its_tight_bucket():
-  rental = Rental({"n": pj.buckets.CostAware()})
+  rental = Rental({"n": pj.buckets.CostAware(estimates="measured")})
   rental.compiled((("n", 1000),), {"n": 1000}, 0.1)
   rental.record_time((("n", 1000),), 0.05)      # 50 ms a call, 100 ms a compile
   assert rental.roomy({"n": 1500}) == rental.tight({"n": 1500})
@@ -110,7 +112,7 @@ def test_cost_aware_gives_a_costly_program_its_tight_bucket():
 
 
 def test_cost_aware_estimates_interpolate_and_keep_the_fixed_cost():
-  rental = Rental({"n": pj.buckets.CostAware()})
+  rental = Rental({"n": pj.buckets.CostAware(estimates="measured")})
   for n, t in ((100, 2e-5), (1000, 1.1e-4)):
     rental.compiled((("n", n),), {"n": n}, 0.1)
     rental.record_time((("n", n),), t)
@@ -154,3 +156,104 @@ def test_precompile_a_fitted_policy_then_compile_nothing():
   assert len(precompiled) == 2 and n_calls == 0
   for g, x in zip(got, data):
     assert_same(g, jax.jit(loglik)(x, mu))
+
+
+# --- the default: cost-aware with deterministic estimates (`_cost_model.py`) --------
+
+def run_sequence(fun, sizes, spec, **kw):
+  """(results, bucket of each call, compiles) of a fresh pj.jit over `sizes`."""
+  f = pj.jit(fun, polymorphic_shapes=spec, **kw)
+  rng = np.random.default_rng(7)
+  data = [rng.standard_normal((n, 64)).astype(np.float32) for n in sizes]
+  results, buckets = [], []
+  with pj.diagnostics.count_compiles() as compiles:
+    for x in data:
+      results.append(np.asarray(f(x, *WEIGHTS)))
+      hits = dict(f.stats.bucket_hits)
+      buckets.append(hits)
+  return f, data, results, buckets, len(compiles)
+
+
+# (Weights as arguments: jaxlib 0.10.2's CPU compiler miscomputes
+# `jnp.sum(x @ jnp.ones(...), axis=1)`, a dot with a constant fused into a
+# reduction, even under plain jax.jit.)
+WEIGHTS = tuple(np.random.default_rng(2).standard_normal(s).astype(np.float32) / 8
+                for s in ((64, 256), (256, 256)))
+
+
+def wide(x, w1, w2):
+  return jnp.sum(jnp.tanh(jnp.tanh(x @ w1) @ w2), axis=1)
+
+
+def test_default_policy_is_cost_aware_and_repeats_its_choices_bit_for_bit():
+  sizes = [300, 40, 290, 610, 77, 600, 33, 300, 599, 45, 512, 260] * 3
+  runs = [run_sequence(wide, sizes, ["n, 64", None, None]) for _ in range(2)]
+  (f, data, results, buckets, compiles), (_, _, results2, buckets2, compiles2) = runs
+  assert isinstance(f.bucket_policy("n"), pj.buckets.CostAware)
+  assert buckets == buckets2 and compiles == compiles2  # same buckets, call by call
+  for a, b in zip(results, results2):
+    assert np.array_equal(a, b)                          # so the same bits
+  ref = jax.jit(wide)
+  for x, got in zip(data, results):
+    np.testing.assert_allclose(got, ref(x, *WEIGHTS), rtol=2e-5, atol=1e-5)
+  struct = next(iter(f._structures.values()))
+  assert struct.rental.model is not None and struct.rental.times == {}  # nothing timed
+
+
+def test_the_model_keeps_a_cheap_program_in_few_buckets_and_gives_a_costly_one_tight_ones():
+  sizes = list(np.random.default_rng(5).permutation(np.arange(40, 1000, 23)))
+  cheap = pj.jit(loglik, polymorphic_shapes=["n", None])
+  rng = np.random.default_rng(3)
+  with pj.diagnostics.count_compiles() as cheap_compiles:
+    for n in sizes:
+      cheap(rng.standard_normal(n).astype(np.float32), 0.1)
+  fixed = len({pj.buckets.CostAware().bucket(n) for n in sizes})
+  assert len(cheap_compiles) <= 3 < fixed   # microseconds of work: headroom, kept
+
+  # 0.3 ms of work per 100 rows: the padding a larger bucket wastes soon pays for tighter ones
+  w = np.random.default_rng(4).standard_normal((256, 256)).astype(np.float32) / 16
+  def costly(x, w):
+    return jnp.sum(jnp.tanh(jnp.tanh(x @ w) @ w), axis=1)
+  f = pj.jit(costly, polymorphic_shapes=["n, 256", None])
+  ref = jax.jit(costly)
+  for i, n in enumerate(sizes * 6):
+    x = rng.standard_normal((n, 256)).astype(np.float32)
+    got = f(x, w)
+    if i % 20 == 0:
+      np.testing.assert_allclose(got, ref(x, w), rtol=2e-5, atol=1e-5)
+  assert len(f.stats.compile_events) >= len(cheap_compiles) + 3
+  assert "(estimated waste" in pj.explain(f)
+
+
+def test_cost_model_counts_contractions_loops_and_branches():
+  from polyjit._cost_model import CostModel, work
+
+  def fun(x, w):
+    def step(c, xt):
+      return jnp.tanh(c @ w + xt), None
+    c, _ = jax.lax.scan(step, jnp.zeros(8), x)
+    y = jax.lax.cond(c[0] > 0, lambda: x @ w, lambda: x)
+    return jnp.sum(y) + jnp.sum(c)
+
+  def flops_at(n):
+    jaxpr = jax.make_jaxpr(fun)(np.ones((n, 8), np.float32), np.ones((8, 8), np.float32))
+    return work(jaxpr.jaxpr, {})
+  small, large = flops_at(10), flops_at(40)
+  # the scan body (a (8,)@(8,8) product: 128 flops) runs n times, the costlier
+  # branch (an (n,8)@(8,8) product: 128 n flops) once: both linear in n
+  assert large.flops - small.flops >= 30 * (128 + 128)
+  assert large.iterations == 40 and small.iterations == 10
+  model = CostModel(jax.make_jaxpr(fun)(np.ones((10, 8)), np.ones((8, 8))).jaxpr, "cpu")
+  assert model.loops == 1 and model.compile_seconds() > 0
+
+
+def test_a_selection_in_a_borrowed_bucket_comes_back_at_its_exact_size():
+  # A call that runs in a larger compiled bucket (the cost-aware default's
+  # headroom) reads its data-dependent sizes back like any other.
+  f = pj.jit(lambda x: (jnp.sum(x[x > 0] ** 2), x[x > 0]), polymorphic_shapes=["n"])
+  for n in (300, 50, 700, 20):
+    x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+    total, kept = f(x)
+    np.testing.assert_allclose(total, np.sum(x[x > 0] ** 2), rtol=1e-5)
+    np.testing.assert_array_equal(kept, x[x > 0])
+  assert len(pj.stats(f).buckets) < 4  # some calls borrowed a compiled bucket

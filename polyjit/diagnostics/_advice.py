@@ -14,7 +14,7 @@ from typing import Iterable
 from .. import _buckets as B
 
 _CANDIDATES = (
-    ("the default buckets (powers of two)", "pj.buckets.PowersOfTwo()", B.PowersOfTwo()),
+    ("powers of two", "pj.buckets.PowersOfTwo()", B.PowersOfTwo()),
     ("geometric buckets, ratio 1.5", "pj.buckets.Geometric(1.5)", B.Geometric(1.5)),
     ("geometric buckets, ratio 1.25", "pj.buckets.Geometric(1.25)", B.Geometric(1.25)),
     ("geometric buckets, ratio 1.1", "pj.buckets.Geometric(1.1)", B.Geometric(1.1)),
@@ -39,7 +39,7 @@ def cost(policy: B.BucketPolicy, sizes: Iterable[int], label: str = "", code: st
 def advise(where: str, sizes: Iterable[int], current: B.BucketPolicy | None = None) -> str:
   """One sentence on an axis's sizes, the current cost and a better trade-off."""
   sizes = sorted(set(int(s) for s in sizes))
-  current = current or B.default()
+  current = current or B.PowersOfTwo()
   now = cost(current, sizes, _label(current), "")
   head = (f"{where} took {len(sizes)} distinct sizes in [{sizes[0]}, {sizes[-1]}]: "
           f"{now.label} need {now.programs} program{'s' * (now.programs != 1)} with "

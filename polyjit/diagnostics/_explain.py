@@ -133,8 +133,9 @@ def _describe(cause: Cause) -> str:
   if cause.became_dynamic:
     became = "; now dynamic: " + ", ".join(cause.became_dynamic)
   variant = f"; the side where {cause.variant}" if cause.variant else ""
-  if cause.shapes is None:  # a cost-aware policy's background compile
-    return f"bucket {_bucket(cause)} in the background{variant} ({cause.reason})"
+  if cause.shapes is None:  # bought by a cost-aware policy's account
+    where = "" if (cause.reason or "").startswith("estimated") else " in the background"
+    return f"bucket {_bucket(cause)}{where}{variant} ({cause.reason})"
   reason = f" ({cause.reason})" if cause.reason else ""
   return (f"{_changes(cause) or 'new sizes'}{became}; bucket {_bucket(cause)} for "
           f"{sizes}{variant}{reason}")
@@ -143,7 +144,7 @@ def _describe(cause: Cause) -> str:
 def _cost_aware_note(f: JitFunction, where: str, dim: str, sizes: Collection[int]) -> str:
   buckets = sorted({dict(e.key.bucket)[dim] for e in f.stats.compile_events
                     if not e.exact and dim in dict(e.key.bucket)})
-  return (f"{where} took {len(sizes)} distinct sizes in [{min(sizes):,}, {max(sizes):,}]: "
+  return (f"{where} took {len(sizes)} distinct sizes in [{min(sizes)}, {max(sizes)}]: "
           f"the cost-aware buckets compiled {len(buckets)} program(s) for it "
           f"({', '.join(map(str, buckets)) or 'none'}); a tighter bucket is compiled once "
           "the run time its padding wastes exceeds a compile.")

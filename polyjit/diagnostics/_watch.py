@@ -17,8 +17,9 @@ import logging
 import os
 from typing import Any, Iterable, Iterator
 
-from .. import _buckets as B
 from .. import _jax_compat as jc
+from .._jit import DEFAULT_BUCKETS
+from .._policy import headroom_programs
 from .._compiles import CompileEvent, count_compiles
 from ._advice import advise
 
@@ -37,14 +38,15 @@ class FunctionReport:
   signatures: list[dict[tuple[str, int], int]] = dataclasses.field(default_factory=list)
 
   def pj_jit_compiles(self) -> int:
-    """Programs `pj.jit` with the default buckets would build for the same calls:
-    one for the first call's exact shapes, then one per distinct bucket."""
+    """Programs `pj.jit` with its default (cost-aware) buckets would build for
+    the same calls: one for the first call's exact shapes, then one per
+    headroom bucket, as long as the function is cheap enough that no tighter
+    bucket pays for itself (a costly one buys more; `pj.explain` tells)."""
     if not self.varying:
       return min(self.compiles, 1)
-    policy = B.default()
-    keys = {tuple(policy.bucket(sig.get(k, 0)) for k in sorted(self.varying))
-            for sig in self.signatures[1:]}
-    return 1 + len(keys)
+    axes = sorted(self.varying)
+    calls = [{f"{p}:{a}": sig.get((p, a), 0) for p, a in axes} for sig in self.signatures]
+    return 1 + len(headroom_programs(DEFAULT_BUCKETS, calls[1:], seen=calls[0]))
 
   def suggestion(self) -> str:
     if self.new_objects > 1:
