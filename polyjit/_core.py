@@ -35,6 +35,7 @@ answer is the worst failure this library can have, so nothing is guessed.
 from __future__ import annotations
 
 import difflib
+import math
 import weakref
 from typing import Any, Callable, Sequence, TypeVar
 
@@ -48,8 +49,8 @@ from ._errors import MaskingError, no_rule_message
 from ._refusals import why_unsupported
 
 Rule = Callable[..., list[Any]]
-#: Masks along axes up to this long slice a constant (see `MaskEnv._axis_mask`).
-_SHORT_MASK = 512
+#: Masks of up to this many entries slice a constant (see `MaskEnv._axis_mask`).
+_SMALL_MASK = 512
 _R = TypeVar("_R", bound=Rule)  # a rule, its signature kept by `register`
 
 #: The masking rules: primitive -> rule(ctx, *padded_args, **params) -> list.
@@ -244,23 +245,26 @@ class MaskEnv:
     mask = self._mask_cache.get(key)
     if mask is None:  # one mask per shape and axes, shared by every rule
       for a, d in dims:
-        below = lax.broadcast_in_dim(self._axis_mask(d, shape[a]), shape, (a,))
+        below = lax.broadcast_in_dim(self._axis_mask(d, shape[a], math.prod(shape)),
+                                     shape, (a,))
         mask = below if mask is None else lax.bitwise_and(mask, below)
       self._mask_cache[key] = mask
     return mask
 
-  def _axis_mask(self, d: Any, size: int) -> Any:
-    """A bool vector of length `size`, True below the logical size of `d`.
+  def _axis_mask(self, d: Any, size: int, total: int) -> Any:
+    """A bool vector of length `size`, True below the logical size of `d`,
+    for a mask of `total` entries.
 
     XLA:CPU runs a program whose cost analysis counts fewer than 1000 flops
     on the calling thread and any other through its thread pool, which costs
-    5-15 us a call. A short mask is therefore a slice of a constant
-    (`size` True, then `size` False) starting at `size - logical`: no flop,
-    so a small masked program stays as cheap as the unmasked one. A long
-    one compares an iota (one flop per entry; no large constant).
+    5-15 us a call. A small mask is therefore a slice of a constant (`size`
+    True, then `size` False) starting at `size - logical`: no flop, so a
+    small masked program stays as cheap as the unmasked one. A large one
+    compares an iota (one flop per entry, but XLA vectorizes it well; a
+    sliced mask broadcast over a large array runs 2x slower in attention).
     """
     logical = self.logical(d)
-    if size > _SHORT_MASK:
+    if total > _SMALL_MASK:
       return lax.lt(lax.iota(jc.dim_value_dtype(), size), logical)
     pattern = np.arange(2 * size) < size
     start = lax.sub(np.asarray(size, logical.dtype), logical)
