@@ -82,7 +82,8 @@ class Traced:
   dim_names: tuple[str, ...]
   cache: dict[Any, Any] = dataclasses.field(default_factory=dict)
   _vjp: "VJP | None" = None
-  _split: "SplitVJP | None | bool" = False
+  _split: "SplitVJP | None" = None
+  _split_traced: bool = False
   # Whether its masked evaluation checks for empty selections (known once it
   # was evaluated; `_data_dependent.extra_outputs`).
   has_checks: bool | None = None
@@ -102,8 +103,9 @@ class Traced:
     return self._vjp
 
   def split_vjp(self) -> "SplitVJP | None":
-    if self._split is False:
+    if not self._split_traced:
       self._split = None if self.size_names else _trace_split_vjp(self)
+      self._split_traced = True
     return self._split
 
 
