@@ -9,7 +9,12 @@ scan RNN), in one run:
   (b) run time of the compiled `jit(mask(f))` against `jit(f)` at the same
       padded size. Target: at most 1.1x.
 
-    python benchmarks/mask_overhead.py [--quick] [--json out.json]
+`--per-call`: the seed log-likelihood on 100 values, per call, interleaved:
+`jax.jit` against `pj.jit` with one bucket of 128, 1024 or 16384 and against
+the masked program alone at those sizes (`jax.jit(pj.mask(f))` on arguments
+padded beforehand). Target: at most 12 us added per call.
+
+    python benchmarks/mask_overhead.py [--quick] [--per-call] [--json out.json]
 """
 
 from __future__ import annotations
@@ -107,9 +112,29 @@ def measure(name, f, specs, args, repeats):
   }
 
 
+def per_call_us(rounds: int) -> dict:
+  """Per call on 100 values (see the module docstring), best of `rounds`."""
+  try:
+    from benchmarks.seed_likelihood import interleaved_per_call_us, loglik as seed
+  except ImportError:  # run as a script from benchmarks/
+    from seed_likelihood import interleaved_per_call_us, loglik as seed
+  small = np.random.default_rng(0).standard_normal(100).astype(np.float32)
+  params = (np.float32(0.1), np.float32(0.2))
+  fns = {"jax.jit": jax.jit(seed)}
+  masked = jax.jit(pj.mask(seed, ["n", None, None]))
+  for size in (128, 1024, 16384):
+    fns[f"pj.jit bucket {size}"] = pj.jit(seed, polymorphic_shapes=["n", None, None],
+                                          buckets=pj.buckets.Explicit([size]))
+    padded = (np.pad(small, (0, size - small.size)), *params)
+    fns[f"masked program alone {size}"] = (
+        lambda padded: lambda *_: masked(padded, {"n": np.int32(small.size)}))(padded)
+  return interleaved_per_call_us(fns, small, params, rounds=rounds, repeats=300)
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--quick", action="store_true", help="small sizes, few repeats")
+  parser.add_argument("--per-call", action="store_true", help="also the per-call overhead")
   parser.add_argument("--json", help="write the results here")
   opts = parser.parse_args(argv)
   repeats = 3 if opts.quick else 15
@@ -120,11 +145,14 @@ def main(argv=None):
     print(f"{r['workload']:<14}{r['padded_size']:>6}{r['trace_plain_ms']:>14.2f}"
           f"{r['trace_masked_ms']:>13.2f}{r['trace_ratio']:>7.2f}{r['run_plain_us']:>12.1f}"
           f"{r['run_masked_us']:>11.1f}{r['run_ratio']:>7.2f}")
+  per_call = per_call_us(5 if opts.quick else 15) if opts.per_call else None
+  if per_call:
+    print("per call on 100 values (us): " + ", ".join(f"{k} {v:.1f}" for k, v in per_call.items()))
   if opts.json:
     meta = {"jax": jax.__version__, "machine": platform.machine(),
             "processor": platform.processor(), "device": str(jax.devices()[0])}
     with open(opts.json, "w") as fh:
-      json.dump({"meta": meta, "rows": rows}, fh, indent=1)
+      json.dump({"meta": meta, "rows": rows, "per_call_us": per_call}, fh, indent=1)
   return rows
 
 

@@ -35,6 +35,7 @@ answer is the worst failure this library can have, so nothing is guessed.
 from __future__ import annotations
 
 import difflib
+import math
 import weakref
 from typing import Any, Callable, Sequence, TypeVar
 
@@ -48,6 +49,8 @@ from ._errors import MaskingError, no_rule_message
 from ._refusals import why_unsupported
 
 Rule = Callable[..., list[Any]]
+#: Masks of up to this many entries slice a constant (see `MaskEnv._axis_mask`).
+_SMALL_MASK = 512
 _R = TypeVar("_R", bound=Rule)  # a rule, its signature kept by `register`
 
 #: The masking rules: primitive -> rule(ctx, *padded_args, **params) -> list.
@@ -154,6 +157,7 @@ class MaskEnv:
     self.cache = {} if cache is None else cache
     self._logical_cache: dict[Any, Any] = {}
     self._mask_cache: dict[Any, Any] = {}
+    self._fill_cache: dict[Any, Any] = {}
     self._padded_cache: dict[Any, int] = {}
     # Data-dependent sizes (`_data_dependent.py`) are bound while the jaxpr
     # runs, only at the top level (`nested` envs evaluate loop bodies and
@@ -241,19 +245,62 @@ class MaskEnv:
     mask = self._mask_cache.get(key)
     if mask is None:  # one mask per shape and axes, shared by every rule
       for a, d in dims:
-        bound = lax.broadcast_in_dim(self.logical(d), shape, ())
-        below = lax.lt(lax.broadcasted_iota(jc.dim_value_dtype(), shape, a), bound)
+        below = lax.broadcast_in_dim(self._axis_mask(d, shape[a], math.prod(shape)),
+                                     shape, (a,))
         mask = below if mask is None else lax.bitwise_and(mask, below)
       self._mask_cache[key] = mask
     return mask
 
+  def _axis_mask(self, d: Any, size: int, total: int) -> Any:
+    """A bool vector of length `size`, True below the logical size of `d`,
+    for a mask of `total` entries.
+
+    XLA:CPU runs a program whose cost analysis counts fewer than 1000 flops
+    on the calling thread and any other through its thread pool, which costs
+    5-15 us a call. A small mask is therefore a slice of a constant (`size`
+    True, then `size` False) starting at `size - logical`: no flop, so a
+    small masked program stays as cheap as the unmasked one. A large one
+    compares an iota (one flop per entry, but XLA vectorizes it well; a
+    sliced mask broadcast over a large array runs 2x slower in attention).
+    """
+    logical = self.logical(d)
+    if total > _SMALL_MASK:
+      return lax.lt(lax.iota(jc.dim_value_dtype(), size), logical)
+    pattern = np.arange(2 * size) < size
+    start = lax.sub(np.asarray(size, logical.dtype), logical)
+    return lax.dynamic_slice(pattern, (start,), (size,))
+
   def fill_padding(self, x: Any, aval: Any, value: Any, axes: Sequence[int] | None = None,
                    eqn: jc.JaxprEqn | None = None) -> Any:
-    """`x` with the padding of `axes` (default: all) replaced by `value`."""
+    """`x` with the padding of `axes` (default: all) replaced by `value`.
+
+    Filled once per value, axes and fill: rules that need the same padding
+    of the same value share one select (the entry keeps `x` alive, so its id
+    cannot be reused while the entry exists).
+    """
     mask = self.valid_mask(aval, axes, eqn)
     if mask is None:
       return x
-    return lax.select(mask, x, lax.full_like(x, value))
+    key = (id(x), id(mask), np.dtype(x.dtype).str, repr(value))
+    hit = self._fill_cache.get(key)
+    if hit is not None and hit[0] is x:
+      return hit[1]
+    filled = lax.select(mask, x, lax.full_like(x, value))
+    self._fill_cache[key] = (x, filled)
+    return filled
+
+  def fill_padding_if(self, x: Any, aval: Any, value: Any, axes: Sequence[int],
+                      eqn: jc.JaxprEqn | None = None) -> Any:
+    """`x` with the padding of *every* dynamic axis replaced by `value` when
+    some axis among `axes` is dynamic, else `x`.
+
+    For rules whose other axes' padding only lands in their output's padding
+    (a reduction's kept axes, a contraction's free axes): filling them too is
+    harmless, and one fill then serves every rule that fills `x` with `value`.
+    """
+    if self.valid_mask(aval, axes, eqn) is None:
+      return x
+    return self.fill_padding(x, aval, value, None, eqn)
 
   def padded_aval(self, aval: Any, eqn: jc.JaxprEqn | None = None) -> Any:
     return jc.shaped(self.padded_shape(aval.shape, eqn), aval.dtype,
@@ -428,6 +475,10 @@ class RuleContext:
                    axes: Sequence[int] | None = None) -> Any:
     """See `MaskEnv.fill_padding`."""
     return self.env.fill_padding(x, aval, value, axes, self.eqn)
+
+  def fill_padding_if(self, x: Any, aval: Any, value: Any, axes: Sequence[int]) -> Any:
+    """See `MaskEnv.fill_padding_if`."""
+    return self.env.fill_padding_if(x, aval, value, axes, self.eqn)
 
   def error(self, what: str, todo: str) -> MaskingError:
     source = jc.source_line(self.eqn)

@@ -23,6 +23,16 @@ that the same rules mask before anything mixes positions. That backward pass
 is itself a masked function, so higher derivatives are safe too. Gradients
 with respect to padded inputs have zeros in their padding.
 
+The VJP is traced in two parts where JAX splits it (`SplitVJP`): the forward
+part returns `fun`'s outputs and the residuals (the pullback's array leaves),
+the backward part maps residuals and cotangents to gradients. The custom_vjp's
+forward pass evaluates the first (masked, as a custom_vjp itself, so a second
+derivative through it is safe) and its backward pass the second, so a
+gradient runs the forward computation once, as `jax.grad` of the unmasked
+function does. Residuals are padded values like any other: their padding is
+unspecified and the backward rules mask it. A function with data-dependent
+sizes, or whose split fails, replays the forward pass in the backward one.
+
 Values `fun` closes over become inputs of the custom_vjp (closure
 conversion), so gradients reach them as well. Forward-mode differentiation
 (`jax.jvp`, `jax.jacfwd`) of a masked function is not supported: JAX forbids
@@ -72,6 +82,8 @@ class Traced:
   dim_names: tuple[str, ...]
   cache: dict[Any, Any] = dataclasses.field(default_factory=dict)
   _vjp: "VJP | None" = None
+  _split: "SplitVJP | None" = None
+  _split_traced: bool = False
   # Whether its masked evaluation checks for empty selections (known once it
   # was evaluated; `_data_dependent.extra_outputs`).
   has_checks: bool | None = None
@@ -90,6 +102,12 @@ class Traced:
       self._vjp = _trace_vjp(self)
     return self._vjp
 
+  def split_vjp(self) -> "SplitVJP | None":
+    if not self._split_traced:
+      self._split = None if self.size_names else _trace_split_vjp(self)
+      self._split_traced = True
+    return self._split
+
 
 @dataclasses.dataclass(eq=False)
 class VJP:
@@ -97,6 +115,70 @@ class VJP:
   traced: Traced
   diff_in: list[int]        # which inputs are differentiable
   diff_out: list[int]       # which outputs carry cotangents
+
+
+@dataclasses.dataclass(eq=False)
+class SplitVJP:
+  """`fun`'s VJP in two traces: `fwd` (inputs -> outputs, then residuals)
+  and `bwd` (residuals, cts -> grads of `diff_in`), so a gradient computes
+  the forward pass once."""
+  fwd: Traced
+  bwd: Traced
+  diff_in: list[int]
+  diff_out: list[int]
+
+
+def _is_array(x: Any) -> bool:
+  return isinstance(x, (jc.Tracer, jax.Array, np.ndarray))
+
+
+def _trace_split_vjp(traced: Traced) -> SplitVJP | None:
+  """`fun`'s VJP split where JAX splits it: `jax.vjp` traced symbolically
+  returns the outputs and the pullback, a pytree whose array leaves are the
+  residuals; the backward trace rebuilds the pullback from them. None when
+  that fails or the backward pass has effects that must not run (then the
+  gradient replays the forward pass, `_trace_vjp`, which explains itself)."""
+  diff_in = [i for i, a in enumerate(traced.in_avals) if _inexact(a)]
+  diff_out = [j for j, a in enumerate(traced.out_avals) if _inexact(a)]
+  primal_fun = jc.jaxpr_as_fun(traced.jaxpr)
+  box: list[Any] = []
+
+  def fwd_fun(*inputs: Any) -> list[Any]:
+    def primal(*diff_values: Any) -> tuple[list[Any], list[Any]]:
+      full = list(inputs)
+      for i, v in zip(diff_in, diff_values):
+        full[i] = v
+      outs = primal_fun(*full)
+      return [outs[j] for j in diff_out], outs
+
+    _, pullback, outs = jax.vjp(primal, *[inputs[i] for i in diff_in], has_aux=True)
+    leaves, tree = jax.tree.flatten(pullback)
+    dynamic = [k for k, leaf in enumerate(leaves) if _is_array(leaf)]
+    box.append((tree, [None if k in dynamic else leaf for k, leaf in enumerate(leaves)],
+                dynamic))
+    return [*outs, *[leaves[k] for k in dynamic]]
+
+  try:
+    fwd = trace_flat(fwd_fun, traced.in_avals, traced.dim_names)
+    tree, leaves, dynamic = box[0]
+    res_avals = fwd.out_avals[len(traced.out_avals):]
+    n_res = len(res_avals)
+
+    def bwd_fun(*flat: Any) -> list[Any]:
+      full = list(leaves)
+      for k, r in zip(dynamic, flat[:n_res]):
+        full[k] = r
+      pullback = jax.tree.unflatten(tree, full)
+      return list(pullback(list(flat[n_res:])))
+
+    ct_avals = [jc.shaped(traced.out_avals[j].shape, traced.out_avals[j].dtype)
+                for j in diff_out]
+    bwd = trace_flat(bwd_fun, [*res_avals, *ct_avals], traced.dim_names)
+  except Exception:
+    return None  # the VJP that replays the forward pass explains the failure
+  if jc.replay_unsafe_effects(bwd.jaxpr) or fwd.size_names or bwd.size_names:
+    return None
+  return SplitVJP(fwd, bwd, diff_in, diff_out)
 
 
 def _inexact(aval: Any) -> bool:
@@ -188,13 +270,28 @@ def _apply_inputs(traced: Traced, padded: dict[str, int], inputs: list[Any],
     return outs + _data_dependent.extra_outputs(env, traced)
 
   def fwd(inputs: list[Any], logical: tuple[Any, ...]
-          ) -> tuple[list[Any], tuple[list[Any], tuple[Any, ...]]]:
-    return run(inputs, logical), (inputs, logical)
+          ) -> tuple[list[Any], tuple[list[Any], tuple[Any, ...], bool]]:
+    split = traced.split_vjp()
+    if split is None:
+      return run(inputs, logical), (inputs, logical, False)
+    both = _apply_inputs(split.fwd, padded, [*split.fwd.consts, *inputs], logical)
+    n = len(traced.out_avals)
+    return both[:n], (both[n:], logical, True)
 
-  def bwd(res: tuple[list[Any], tuple[Any, ...]], cts: Sequence[Any]
+  def bwd(res: tuple[list[Any], tuple[Any, ...], bool], cts: Sequence[Any]
           ) -> tuple[list[Any], None]:
-    inputs, logical = res
-    grads: list[Any] = [None] * len(inputs)
+    saved, logical, is_split = res
+    grads: list[Any] = [None] * len(traced.in_avals)
+    if is_split:
+      split = traced.split_vjp()
+      assert split is not None
+      diff_cts = [cts[j] for j in split.diff_out]
+      outs = apply(split.bwd, padded, [*saved, *diff_cts], logical)
+      env = MaskEnv(traced.dim_names, padded, logical)
+      for i, g in zip(split.diff_in, outs):
+        grads[i] = env.fill_padding(g, traced.in_avals[i], np.zeros((), g.dtype)[()])
+      return grads, None
+    inputs = saved
     if any(_inexact(a) for a in traced.in_avals):
       vjp = traced.vjp()
       diff_cts = [cts[j] for j in vjp.diff_out]

@@ -178,3 +178,27 @@ def test_garbage_padding_everywhere_leaves_outputs_unchanged():
   outs = [masked([pad_to(x, np.zeros((8, 3), np.float32), rng)], {"n": 4}) for _ in range(3)]
   for o in outs[1:]:
     np.testing.assert_array_equal(o, outs[0])
+
+
+@pytest.mark.parametrize("size", [8, 40])  # an 8x8 mask slices a constant, 40x40 compares
+def test_small_and_large_masks_are_exact_with_gradients_under_vmap(size):
+  rng = np.random.default_rng(7)
+  w = rng.standard_normal((4, 4)).astype(np.float32)
+
+  def f(x, w):  # softmax attention: masked max, sum and contractions, forward and backward
+    s = (x @ w) @ x.T
+    return jnp.sum(jax.nn.softmax(s, axis=-1) @ x) + jnp.max(x)
+
+  sizes = [3, size - 1, size]
+  data = [rng.standard_normal((n, 4)).astype(np.float32) for n in sizes]
+  xs = np.stack([pad_to(d, np.zeros((size, 4), np.float32), rng) for d in data])
+  masked = pj.mask(f, ["(n, _)", None])
+  value_and_grad = jax.jit(jax.vmap(jax.value_and_grad(
+      lambda x, w, n: masked([x, w], {"n": n}), (0, 1)), (0, None, 0)))
+  values, (dx, dw) = value_and_grad(xs, w, np.array(sizes, np.int32))
+  for b, d in enumerate(data):
+    ref, (rx, rw) = jax.value_and_grad(f, (0, 1))(d, w)
+    np.testing.assert_allclose(values[b], ref, rtol=1e-4)
+    np.testing.assert_allclose(dx[b, :len(d)], rx, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(dw[b], rw, rtol=1e-4, atol=1e-5)
+    assert np.all(dx[b, len(d):] == 0)

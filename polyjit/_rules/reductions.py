@@ -34,7 +34,7 @@ _CUMULATIVE = {
 def _reducer(kind: str) -> Rule:
   def rule(ctx: RuleContext, x: Any, *, axes: Any, **params: Any) -> list[Any]:
     aval, = ctx.in_avals
-    x = ctx.fill_padding(x, aval, identity_value(kind, aval.dtype), axes=axes)
+    x = ctx.fill_padding_if(x, aval, identity_value(kind, aval.dtype), axes)
     return ctx.bind(x, axes=axes, **params)
   return rule
 
