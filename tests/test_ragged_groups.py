@@ -1,0 +1,134 @@
+"""Length groups (`pj.LengthGroups`): a ragged batch in blocks by length.
+
+Checked against a Python loop over the unpadded examples, with NaN and inf in
+every block's padding: per-example and ragged outputs, their order, gradients
+under `jax.jit(jax.value_and_grad(...))`, and the number of programs compiled
+over batches of changing lengths (measured with `jax.monitoring`).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import polyjit as pj
+
+TOL = dict(rtol=2e-5, atol=2e-5)
+LENGTHS = [3, 17, 5, 40, 9, 33, 2]   # blocks 2x64, 2x32, 3x16 with groups=3, rows=2
+
+
+def normal(rng, *shape):
+  return rng.standard_normal(shape).astype(np.float32)
+
+
+def attention(w, x):                        # one unpadded example (n, 3)
+  scores = (x @ w) @ x.T / np.sqrt(3.0)
+  return jax.nn.softmax(scores, axis=-1) @ x
+
+
+def loss(w, x, y):
+  return (jnp.mean(attention(w, x)) - y) ** 2
+
+
+def numpy_attention(w, x):                  # the reference, on the unpadded example
+  scores = (x @ w) @ x.T / np.sqrt(3.0)
+  e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+  return (e / e.sum(axis=-1, keepdims=True)) @ x
+
+
+def poisoned(batch: pj.GroupedRagged) -> pj.GroupedRagged:
+  """The same batch with NaN and inf in every block's padding."""
+  def poison(block):
+    mask = np.asarray(block.mask)
+    garbage = np.where(np.indices(mask.shape).sum(0) % 2, np.nan, np.inf).astype(np.float32)
+    return pj.Ragged(np.where(mask, np.asarray(block.data), garbage), block.lengths)
+  return pj.GroupedRagged(tuple(poison(b) for b in batch.blocks), batch.order, batch.position,
+                          batch.batch_size_per_run)
+
+
+def make(rng, lengths, **groups):
+  xs = [normal(rng, n, 3) for n in lengths]
+  batch = pj.Ragged.from_list(xs, groups=pj.LengthGroups(**groups))
+  return xs, poisoned(batch)
+
+
+def test_split_rows_classes_and_order():
+  blocks = pj.LengthGroups(groups=3, rows=4).split(np.arange(1, 33) * 16)   # 16..512
+  assert [p for _, p in blocks] == [512, 256, 128]
+  assert [len(i) for i, _ in blocks] == [16, 8, 8]          # multiples of rows, then the rest
+  seen = np.concatenate([i for i, _ in blocks])
+  assert sorted(seen) == list(range(32))                    # every example once
+  lengths = (np.arange(1, 33) * 16)[seen]
+  assert all(np.diff(lengths) <= 0)                         # longest first
+  for idx, padded in blocks:
+    assert np.max((np.arange(1, 33) * 16)[idx]) <= padded
+
+
+@pytest.mark.parametrize("batch_size", [None, 2])   # 2: lax.map, and a remainder
+def test_outputs_exact_and_in_order(batch_size):
+  rng = np.random.default_rng(0)
+  xs, batch = make(rng, LENGTHS, groups=3, rows=2, batch_size=batch_size)
+  assert batch.padded_lengths == (64, 32, 16)
+  assert batch.to_list()[3].shape == (40, 3) and np.asarray(batch.lengths).tolist() == LENGTHS
+  w, ys = normal(rng, 3, 3), normal(rng, len(xs))
+  per_example = pj.vmap(loss, in_axes=(None, 0, 0))(w, batch, ys)
+  want = [(numpy_attention(w, x).mean() - y) ** 2 for x, y in zip(xs, ys)]
+  np.testing.assert_allclose(per_example, want, **TOL)
+  ragged = pj.vmap(attention, in_axes=(None, 0))(w, batch)
+  assert isinstance(ragged, pj.Ragged)
+  assert np.asarray(ragged.lengths).tolist() == LENGTHS
+  for got, x in zip(ragged.to_list(), xs):
+    np.testing.assert_allclose(got, numpy_attention(w, x), **TOL)
+
+
+def test_gradients_under_jit_value_and_grad():
+  rng = np.random.default_rng(1)
+  xs, batch = make(rng, LENGTHS, groups=3, rows=2, batch_size=1)
+  w, ys = normal(rng, 3, 3), normal(rng, len(xs))
+  step = jax.jit(jax.value_and_grad(
+      lambda w, b, y: pj.vmap(loss, in_axes=(None, 0, 0))(w, b, y).mean(), argnums=(0, 2)))
+  value, (gw, gy) = step(w, batch, ys)
+  one = jax.jit(jax.value_and_grad(loss, argnums=(0, 2)))   # per unpadded example
+  parts = [one(w, x, y) for x, y in zip(xs, ys)]
+  want_value = np.mean([v for v, _ in parts])
+  want_w = np.mean([g[0] for _, g in parts], axis=0)
+  want_y = np.array([g[1] for _, g in parts]) / len(xs)
+  np.testing.assert_allclose(value, want_value, **TOL)
+  for got, want in ((gw, want_w), (gy, want_y)):
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_programs_follow_block_shapes_across_batches():
+  rng = np.random.default_rng(2)
+  w = normal(rng, 3, 3)
+  step = jax.jit(jax.grad(lambda w, b, y: pj.vmap(loss, in_axes=(None, 0, 0))(w, b, y).mean()))
+  shapes, compiled = [], []
+  for lengths in ([50, 3, 9, 40, 6, 2], [60, 5, 7, 34, 2, 11],        # 2 long: blocks 2x64, 4x32
+                  [60, 44, 39, 8, 2, 11]):                              # 3 long: 4x64, 2x32
+    xs = [normal(rng, n, 3) for n in lengths]
+    batch = pj.Ragged.from_list(xs, groups=pj.LengthGroups(groups=2, rows=2))
+    with pj.diagnostics.count_compiles() as compiles:
+      jax.block_until_ready(step(w, batch, normal(rng, len(xs))))
+    shapes.append(tuple((b.batch_size, b.padded_lengths) for b in batch.blocks))
+    compiled.append(len(compiles))
+  assert shapes[0] == shapes[1] and len(set(shapes)) == 2
+  assert compiled[1] == 0                                   # same block shapes: no compile
+  assert all(c >= 1 for i, c in enumerate(compiled) if shapes[i] not in shapes[:i])
+
+
+def test_errors_name_what_to_do():
+  rng = np.random.default_rng(3)
+  xs = [normal(rng, n, 3) for n in (4, 9)]
+  groups = pj.LengthGroups(rows=1)
+  with pytest.raises(TypeError, match="batch_buckets nor"):
+    pj.Ragged.from_list(xs, groups=groups, batch_buckets=8)
+  with pytest.raises(pj.ShapeError, match="ragged_axes=2"):
+    pj.Ragged.from_list([normal(rng, 2, 2, 3)], ragged_axes=2, groups=groups)
+  a, b = (pj.Ragged.from_list(xs, groups=groups) for _ in range(2))
+  with pytest.raises(pj.ShapeError, match="one pj.Ragged"):
+    pj.vmap(lambda x, y: x.sum() + y.sum())(a, b)
+  with pytest.raises(TypeError, match="int >= 1"):
+    pj.LengthGroups(rows=0)
