@@ -174,6 +174,14 @@ class GroupedRagged:
     self.order = order
     self.position = position
     self.batch_size_per_run = batch_size_per_run
+    rows = sum(b.batch_size for b in self.blocks if isinstance(b, Ragged))
+    if (not self.blocks or any(not isinstance(b, Ragged) or b.ragged_axes != 1
+                               or b.batch_padded for b in self.blocks)
+        or np.shape(order) != (rows,) or np.shape(position) != (rows,)):
+      raise ShapeError(
+          "GroupedRagged needs blocks that are pj.Ragged with one ragged axis and no "
+          "batch padding, and order and position of shape (examples,); build one with "
+          "pj.Ragged.from_list(examples, groups=pj.LengthGroups()).")
 
   def tree_flatten_with_keys(self) -> tuple[tuple[tuple[Any, Any], ...], int | None]:
     key = jax.tree_util.GetAttrKey
@@ -183,7 +191,9 @@ class GroupedRagged:
   @classmethod
   def tree_unflatten(cls, chunk: int | None, children: Sequence[Any]) -> "GroupedRagged":
     blocks, order, position = children
-    return cls(blocks, order, position, chunk)
+    r = object.__new__(cls)   # no validation: JAX unflattens with placeholder leaves
+    r.blocks, r.order, r.position, r.batch_size_per_run = blocks, order, position, chunk
+    return r
 
   ragged_axes = 1
 
