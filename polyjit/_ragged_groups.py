@@ -366,6 +366,7 @@ class GroupedVmapped(RaggedVmapped):
     merged: list[Any] = []
     for x, axis in zip(out_leaves, self._out_axes(looped)):
       def merge(a: Any, axis: int) -> Any:   # (loops, ..., chunk at axis+1, ...) -> rows
+        axis = axis % (a.ndim - 1)           # (a negative out_axes counts from the end)
         a = jnp.moveaxis(a, 0, axis)
         return a.reshape(*a.shape[:axis], head, *a.shape[axis + 2:])
       if isinstance(x, Ragged):
