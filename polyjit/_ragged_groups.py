@@ -28,9 +28,15 @@ fitted to each batch. `LengthGroups(groups=2, rows=8)`:
   example longer than the next class, its count rounded *up* to a multiple of
   `rows` with the next-longest examples (which are shorter, so they fit); the
   last block takes the rest. Block row counts are then multiples of `rows`
-  (but the last), and a batch's shapes take few values: 3 programs for 200
-  batches of 32 log-uniform lengths in the benchmark, against 2 ungrouped.
+  (but the last), and a batch's shapes take few values: 3 layouts for 200
+  batches of 32 log-uniform lengths in the benchmark.
 * No block is ever padded with dummy rows: every row is a real example.
+* A `LengthGroups` object remembers the layouts (block shapes) it has used.
+  A batch whose own layout is new runs in the cheapest used layout that fits
+  it (no compile), until its own was wanted `patience` times (a count-based
+  ski rental: a layout wanted often earns its program). In the benchmark the
+  rare batch whose longest is <= 256 then runs in the common layout: 2
+  programs for 200 batches, as many as without groups.
 
 `batch_size` (as in `jax.lax.map`) runs a block's examples that many at a time
 with `lax.map` (one compiled loop body per block; the remainder, if any, is
@@ -57,7 +63,8 @@ to the largest block's size) in the original order; the others are stacked.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Sequence
+import threading
+from typing import Any, Callable, Sequence, TypeAlias
 
 import jax
 import jax.numpy as jnp
@@ -69,6 +76,22 @@ from ._errors import ShapeError
 from ._ragged import (InAxes, OutAxes, Ragged, RaggedVmapped, _broadcast, _describe,
                       _hashable, _host_examples, _is_ragged, _unhashable)
 from ._ragged import vmap as _plain_vmap
+
+
+#: Block shapes of a grouped batch: (rows, padded length) per block.
+Layout: TypeAlias = "tuple[tuple[int, int], ...]"
+
+
+def _fits(layout: Layout, longest_first: np.ndarray) -> bool:
+  """Whether lengths sorted longest first fit these blocks, in order."""
+  if sum(r for r, _ in layout) != longest_first.size:
+    return False
+  start = 0
+  for rows, padded in layout:
+    if rows and longest_first[start] > padded:
+      return False
+    start += rows
+  return True
 
 
 class LengthGroups:
@@ -83,21 +106,58 @@ class LengthGroups:
     batch_size: None (default): each block runs vectorized at once. An int k:
       k examples at a time (`jax.lax.map(..., batch_size=k)`); `1` is the
       fastest for attention over long sequences on a CPU.
+    patience: a batch whose own layout (block shapes) this object has not
+      used yet runs in the cheapest layout it has used that fits it (its
+      longest examples fit each block), so no new program is compiled,
+      until its own layout has been wanted `patience` times; then its own
+      is used from then on. A batch that fits none gets its own at once.
+      None: every batch gets its own layout (`split`), whatever came before.
+      Results are exact in any layout; only which programs run depends on
+      the batches seen.
   """
 
-  def __init__(self, groups: int = 2, rows: int = 8, batch_size: int | None = None) -> None:
-    for name, value in (("groups", groups), ("rows", rows), ("batch_size", batch_size)):
-      if value is None and name == "batch_size":
+  def __init__(self, groups: int = 2, rows: int = 8, batch_size: int | None = None,
+               patience: int | None = 8) -> None:
+    for name, value in (("groups", groups), ("rows", rows), ("batch_size", batch_size),
+                        ("patience", patience)):
+      if value is None and name in ("batch_size", "patience"):
         continue
       if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise TypeError(f"LengthGroups({name}=...) must be an int >= 1, got {value!r}")
     self.groups = groups
     self.rows = rows
     self.batch_size = batch_size
+    self.patience = patience
+    self._used: list[Layout] = []            # layouts batches ran in (compiled)
+    self._wanted: dict[Layout, int] = {}     # own layouts not used yet: times wanted
+    self._lock = threading.Lock()
+
+  def layout(self, sizes: Sequence[int] | np.ndarray, buckets: _buckets.BucketSpec = None
+             ) -> list[tuple[np.ndarray, int]]:
+    """The blocks this batch runs in (as `split`, but reusing a layout already
+    used when it fits; see `patience`). Records the choice."""
+    lengths = np.asarray(sizes).reshape(-1)
+    own = self.split(lengths, buckets)
+    order = np.concatenate([idx for idx, _ in own])
+    mine: Layout = tuple((len(idx), padded) for idx, padded in own)
+    with self._lock:
+      chosen = mine
+      if self.patience is not None and mine not in self._used:
+        wanted = self._wanted.get(mine, 0) + 1
+        fitting = [l for l in self._used if _fits(l, lengths[order])]
+        if fitting and wanted < self.patience:
+          self._wanted[mine] = wanted
+          chosen = min(fitting, key=lambda l: sum(r * p * p for r, p in l))
+        else:
+          self._wanted.pop(mine, None)
+      if chosen not in self._used:
+        self._used.append(chosen)
+    starts = np.cumsum([0, *[r for r, _ in chosen]])
+    return [(order[a:b], p) for a, b, (_, p) in zip(starts[:-1], starts[1:], chosen)]
 
   def __repr__(self) -> str:
     return (f"LengthGroups(groups={self.groups}, rows={self.rows}, "
-            f"batch_size={self.batch_size})")
+            f"batch_size={self.batch_size}, patience={self.patience})")
 
   def split(self, sizes: Sequence[int] | np.ndarray, buckets: _buckets.BucketSpec = None
             ) -> list[tuple[np.ndarray, int]]:
@@ -141,7 +201,7 @@ class LengthGroups:
       raise ShapeError("Ragged.from_list needs at least one example.")
     _, _, sizes = _host_examples(examples, 1)
     lengths = np.asarray([s[0] for s in sizes])
-    blocks = self.split(lengths, buckets)
+    blocks = self.layout(lengths, buckets)
     order = np.concatenate([idx for idx, _ in blocks]).astype(np.int32)
     position = np.empty_like(order)
     position[order] = np.arange(order.size, dtype=np.int32)

@@ -16,7 +16,7 @@ import pytest
 import polyjit as pj
 
 TOL = dict(rtol=2e-5, atol=2e-5)
-LENGTHS = [3, 17, 5, 40, 9, 33, 2]   # blocks 2x64, 2x32, 3x16 with groups=3, rows=2
+LENGTHS = [3, 17, 2, 40, 17, 33, 3]   # blocks 2x64, 2x32, 3x16 with groups=3, rows=2
 
 
 def normal(rng, *shape):
@@ -66,10 +66,23 @@ def test_split_rows_classes_and_order():
     assert np.max((np.arange(1, 33) * 16)[idx]) <= padded
 
 
-@pytest.mark.parametrize("batch_size", [None, 2])   # 2: lax.map, and a remainder
-def test_outputs_exact_and_in_order(batch_size):
+def test_a_new_layout_waits_in_a_used_one_that_fits():
+  groups = pj.LengthGroups(rows=2, patience=2)
+  def shapes(lengths):
+    return [(len(idx), padded) for idx, padded in groups.layout(lengths)]
+  first = shapes([50, 40, 3, 9, 6, 2])
+  assert first == [(2, 64), (4, 32)]
+  own = [(len(i), p) for i, p in groups.split([20, 3, 9, 4, 6, 2])]
+  assert own == [(2, 32), (4, 16)]
+  assert shapes([20, 3, 9, 4, 6, 2]) == first          # fits the used layout: no program
+  assert shapes([20, 3, 9, 4, 6, 2]) == own            # wanted `patience` times: its own
+  assert shapes([60, 50, 45, 9, 6, 2]) == [(4, 64), (2, 32)]   # fits none: its own
+
+
+def test_outputs_exact_and_in_order():
   rng = np.random.default_rng(0)
-  xs, batch = make(rng, LENGTHS, groups=3, rows=2, batch_size=batch_size)
+  # batch_size=2: blocks of 2 run at once, the block of 3 as lax.map + a remainder
+  xs, batch = make(rng, LENGTHS, groups=3, rows=2, batch_size=2)
   assert batch.padded_lengths == (64, 32, 16)
   assert batch.to_list()[3].shape == (40, 3) and np.asarray(batch.lengths).tolist() == LENGTHS
   w, ys = normal(rng, 3, 3), normal(rng, len(xs))
@@ -85,16 +98,16 @@ def test_outputs_exact_and_in_order(batch_size):
 
 def test_gradients_under_jit_value_and_grad():
   rng = np.random.default_rng(1)
-  xs, batch = make(rng, LENGTHS, groups=3, rows=2, batch_size=1)
+  xs, batch = make(rng, LENGTHS, groups=2, rows=2, batch_size=2)   # 2x64; 5x32 in lax.map
+  assert batch.padded_lengths == (64, 32)
   w, ys = normal(rng, 3, 3), normal(rng, len(xs))
   step = jax.jit(jax.value_and_grad(
       lambda w, b, y: pj.vmap(loss, in_axes=(None, 0, 0))(w, b, y).mean(), argnums=(0, 2)))
   value, (gw, gy) = step(w, batch, ys)
-  one = jax.jit(jax.value_and_grad(loss, argnums=(0, 2)))   # per unpadded example
-  parts = [one(w, x, y) for x, y in zip(xs, ys)]
-  want_value = np.mean([v for v, _ in parts])
-  want_w = np.mean([g[0] for _, g in parts], axis=0)
-  want_y = np.array([g[1] for _, g in parts]) / len(xs)
+  # The reference: a loop over the unpadded examples (one program, exact shapes).
+  want_value, (want_w, want_y) = jax.jit(jax.value_and_grad(
+      lambda w, ys: jnp.mean(jnp.stack([loss(w, x, y) for x, y in zip(xs, ys)])),
+      argnums=(0, 1)))(w, ys)
   np.testing.assert_allclose(value, want_value, **TOL)
   for got, want in ((gw, want_w), (gy, want_y)):
     assert np.all(np.isfinite(got))
