@@ -79,31 +79,26 @@ def test_a_new_layout_waits_in_a_used_one_that_fits():
   assert shapes([60, 50, 45, 9, 6, 2]) == [(4, 64), (2, 32)]   # fits none: its own
 
 
-def test_outputs_exact_and_in_order():
+def test_outputs_and_gradients_exact_in_order_under_jit():
   rng = np.random.default_rng(0)
   # batch_size=2: blocks of 2 run at once, the block of 3 as lax.map + a remainder
   xs, batch = make(rng, LENGTHS, groups=3, rows=2, batch_size=2)
   assert batch.padded_lengths == (64, 32, 16)
   assert batch.to_list()[3].shape == (40, 3) and np.asarray(batch.lengths).tolist() == LENGTHS
   w, ys = normal(rng, 3, 3), normal(rng, len(xs))
-  per_example = pj.vmap(loss, in_axes=(None, 0, 0))(w, batch, ys)
+
+  def total(w, b, y):
+    losses = pj.vmap(loss, in_axes=(None, 0, 0))(w, b, y)        # per example
+    return losses.mean(), (losses, pj.vmap(attention, in_axes=(None, 0))(w, b))
+
+  step = jax.jit(jax.value_and_grad(total, argnums=(0, 2), has_aux=True))
+  (value, (losses, ragged)), (gw, gy) = step(w, batch, ys)
   want = [(numpy_attention(w, x).mean() - y) ** 2 for x, y in zip(xs, ys)]
-  np.testing.assert_allclose(per_example, want, **TOL)
-  ragged = pj.vmap(attention, in_axes=(None, 0))(w, batch)
+  np.testing.assert_allclose(losses, want, **TOL)
   assert isinstance(ragged, pj.Ragged)
   assert np.asarray(ragged.lengths).tolist() == LENGTHS
   for got, x in zip(ragged.to_list(), xs):
     np.testing.assert_allclose(got, numpy_attention(w, x), **TOL)
-
-
-def test_gradients_under_jit_value_and_grad():
-  rng = np.random.default_rng(1)
-  xs, batch = make(rng, LENGTHS, groups=2, rows=2, batch_size=2)   # 2x64; 5x32 in lax.map
-  assert batch.padded_lengths == (64, 32)
-  w, ys = normal(rng, 3, 3), normal(rng, len(xs))
-  step = jax.jit(jax.value_and_grad(
-      lambda w, b, y: pj.vmap(loss, in_axes=(None, 0, 0))(w, b, y).mean(), argnums=(0, 2)))
-  value, (gw, gy) = step(w, batch, ys)
   # The reference: a loop over the unpadded examples (one program, exact shapes).
   want_value, (want_w, want_y) = jax.jit(jax.value_and_grad(
       lambda w, ys: jnp.mean(jnp.stack([loss(w, x, y) for x, y in zip(xs, ys)])),
