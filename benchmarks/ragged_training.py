@@ -185,18 +185,19 @@ class PerExample:
 # length groups run one example at a time (`pj.LengthGroups(batch_size=1)`);
 # scans (run time = number of sequential steps, which groups would add up)
 # use one plain `pj.Ragged`. The others force one layout for every model.
+# (A LengthGroups remembers the layouts it used: one fresh object per approach.)
 GROUPINGS = {
-    "none": None,
-    "lengths": pj.LengthGroups(),                           # blocks by length, vectorized
-    "one_at_a_time": pj.LengthGroups(groups=1, batch_size=1),  # one block, lax.map
-    "both": pj.LengthGroups(batch_size=1),
+    "none": lambda: None,
+    "lengths": lambda: pj.LengthGroups(),                     # blocks by length, vectorized
+    "one_at_a_time": lambda: pj.LengthGroups(groups=1, batch_size=1),  # one block, lax.map
+    "both": lambda: pj.LengthGroups(batch_size=1),
 }
 
 
 def grouping_for(stages, choice: str):
   if choice == "auto":
-    return GROUPINGS["both" if "attend" in stages and "recur" not in stages else "none"]
-  return GROUPINGS[choice]
+    choice = "both" if "attend" in stages and "recur" not in stages else "none"
+  return GROUPINGS[choice]()
 
 
 class Polyjit:
