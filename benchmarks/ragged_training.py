@@ -17,7 +17,10 @@ initial parameters:
                   two (at least 16): what careful users write today.
   polyjit         the model written for one unpadded sequence, `pj.vmap` over
                   a `pj.Ragged` batch (default buckets), inside `jax.jit`: the
-                  README's training step.
+                  README's training step. With attention, the batch is built
+                  with `groups=pj.LengthGroups(batch_size=1)`: examples in
+                  blocks by length, each block run one example at a time
+                  (`--groups` chooses another layout for every model).
 
 Reported per approach: total time (host padding, compiles and steps; wall
 clock, and the process's CPU time, steadier on a shared machine), compiles
@@ -177,20 +180,41 @@ class PerExample:
     return self.update(params, total_grads, n), total_loss / n, grads
 
 
+# `--groups`: how the polyjit approach lays out a batch. "auto": models with
+# attention (cost grows with the square of the length) keep their examples in
+# length groups run one example at a time (`pj.LengthGroups(batch_size=1)`);
+# scans (run time = number of sequential steps, which groups would add up)
+# use one plain `pj.Ragged`. The others force one layout for every model.
+# (A LengthGroups remembers the layouts it used: one fresh object per approach.)
+GROUPINGS = {
+    "none": lambda: None,
+    "lengths": lambda: pj.LengthGroups(),                     # blocks by length, vectorized
+    "one_at_a_time": lambda: pj.LengthGroups(groups=1, batch_size=1),  # one block, lax.map
+    "both": lambda: pj.LengthGroups(batch_size=1),
+}
+
+
+def grouping_for(stages, choice: str):
+  if choice == "auto":
+    choice = "both" if "attend" in stages and "recur" not in stages else "none"
+  return GROUPINGS[choice]()
+
+
 class Polyjit:
-  def __init__(self, stages):
+  def __init__(self, stages, groups=None):
     per_example = pj.vmap(functools.partial(example_loss, stages), in_axes=(None, 0, 0))
     self.step = _train_step(lambda params, batch, ys: per_example(params, batch, ys).mean())
+    self.groups = groups
 
   def __call__(self, params, xs, ys):
-    return self.step(params, pj.Ragged.from_list(xs), ys)
+    return self.step(params, pj.Ragged.from_list(xs, groups=self.groups), ys)
 
 
-def make(name: str, stages):
+def make(name: str, stages, groups: str = "auto"):
   return {"jax_jit": lambda: HandMasked(stages, lambda n: n),
           "per_example": lambda: PerExample(stages),
           "hand_buckets": lambda: HandMasked(stages, pj.buckets.PowersOfTwo(minimum=16)),
-          "polyjit": lambda: Polyjit(stages)}[name]()
+          "polyjit": lambda: Polyjit(stages, grouping_for(stages, groups))}[name]()
 
 
 # --- the run ------------------------------------------------------------------
@@ -234,12 +258,12 @@ def grad_difference(got, want) -> tuple[float, float]:
   return float(max(diffs)), float(max(diffs) / scale)
 
 
-def run_model(stages, approaches, params0, batches, check) -> dict:
+def run_model(stages, approaches, params0, batches, check, groups="auto") -> dict:
   """Trains with each approach; checks gradients against the per-example loop."""
   print(f"model {' -> '.join(stages)}", flush=True)
   rows, grads = {}, {}
   for name in approaches:
-    approach = make(name, stages)
+    approach = make(name, stages, groups)
     rows[name] = train(approach, params0, batches)
     print(f"  trained {name}: {rows[name]['total_s']:.1f} s", flush=True)
     # At the initial parameters, on batches seen in training: no new compiles.
@@ -272,6 +296,8 @@ def main(argv=None):
   parser.add_argument("--check", type=int, default=3, help="batches in the gradient check")
   parser.add_argument("--models", nargs="+", choices=tuple(MODELS), default=["rnn", "attention"])
   parser.add_argument("--approaches", nargs="+", choices=APPROACHES, default=list(APPROACHES))
+  parser.add_argument("--groups", choices=("auto", *GROUPINGS), default="auto",
+                      help="the polyjit approach's batch layout (see GROUPINGS)")
   parser.add_argument("--json", help="write the results here")
   opts = parser.parse_args(argv)
   steps = opts.steps or (8 if opts.quick else 200)
@@ -282,7 +308,7 @@ def main(argv=None):
   batches = make_batches(steps, batch, 10, high, features, opts.lengths)
   params0 = init_params(features, opts.width)
   results = {model: run_model(MODELS[model], opts.approaches, params0, batches,
-                              batches[:opts.check])
+                              batches[:opts.check], opts.groups)
              for model in opts.models}
   if opts.json:
     lengths = [len(x) for xs, _ in batches for x in xs]
@@ -290,7 +316,7 @@ def main(argv=None):
     meta = {"jax": jax.__version__, "polyjit": pj.__version__, "machine": platform.machine(),
             "processor": platform.processor(), "device": str(jax.devices()[0]),
             "steps": steps, "batch": batch, "lengths": f"{opts.lengths} 10..{high}",
-            "width": opts.width, "features": features,
+            "width": opts.width, "features": features, "groups": opts.groups,
             "distinct_lengths": len(set(lengths)), "distinct_maxima": len(set(maxima))}
     with open(opts.json, "w") as fh:
       json.dump({"meta": meta, "models": results}, fh, indent=1)

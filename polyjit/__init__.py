@@ -13,14 +13,16 @@ from ._filter_jit import FilterJitFunction, filter_jit
 from ._jit import JitFunction, jit
 from ._mask import Masked, mask
 from ._padding import Padded
-from ._ragged import Ragged, vmap
+from ._ragged import Ragged
+from ._ragged_groups import GroupedRagged, LengthGroups, vmap
 from ._selection import boolean_mask, nonzero, unique
 from .diagnostics import assert_max_compiles, explain, shapecheck, stats, watch
 
 __version__ = "0.1.0"
 
-__all__ = ["CompileLimitError", "FallbackWarning", "FilterJitFunction", "JitFunction",
-           "MaskingError", "Masked", "Padded", "PolyjitError", "PolyjitWarning", "Ragged",
+__all__ = ["CompileLimitError", "FallbackWarning", "FilterJitFunction", "GroupedRagged",
+           "JitFunction", "LengthGroups", "MaskingError", "Masked", "Padded", "PolyjitError",
+           "PolyjitWarning", "Ragged",
            "ShapeError", "assert_max_compiles", "boolean_mask", "buckets", "diagnostics",
            "enable_persistent_cache", "explain", "filter_jit", "jit", "mask", "nonzero",
            "shapecheck", "stats", "unique", "vmap", "watch"]

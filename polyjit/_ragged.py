@@ -105,7 +105,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from typing import Any, Callable, Sequence, TypeAlias
+from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence, TypeAlias, overload
 
 import jax
 import jax.numpy as jnp
@@ -120,6 +120,9 @@ from . import _jax_compat as jc
 from . import _sharding
 from ._errors import MaskingError, ShapeError
 from ._mask import Masked
+
+if TYPE_CHECKING:  # (_ragged_groups builds on this module)
+  from ._ragged_groups import GroupedRagged, LengthGroups
 
 #: `pj.vmap`'s `in_axes`, as in `jax.vmap`: an int, None, or a list or tuple
 #: with one pytree prefix (of ints and Nones) per positional argument.
@@ -198,10 +201,23 @@ class Ragged:
 
   # --- construction on the host ----------------------------------------------
 
+  @overload
   @classmethod
   def from_list(cls, arrays: Sequence[Any], *, ragged_axes: int = 1,
                 buckets: _buckets.BucketSpec = None, batch_buckets: _buckets.BucketSpec = None,
-                sharding: Sharding | None = None) -> "Ragged":
+                sharding: Sharding | None = None, groups: None = None) -> "Ragged": ...
+
+  @overload
+  @classmethod
+  def from_list(cls, arrays: Sequence[Any], *, ragged_axes: int = 1,
+                buckets: _buckets.BucketSpec = None, batch_buckets: Literal[None] = None,
+                sharding: Literal[None] = None, groups: "LengthGroups") -> "GroupedRagged": ...
+
+  @classmethod
+  def from_list(cls, arrays: Sequence[Any], *, ragged_axes: int = 1,
+                buckets: _buckets.BucketSpec = None, batch_buckets: _buckets.BucketSpec = None,
+                sharding: Sharding | None = None,
+                groups: "LengthGroups | None" = None) -> "Ragged | GroupedRagged":
     """Pads examples of different sizes into one `Ragged` (on the host).
 
     Args:
@@ -225,9 +241,20 @@ class Ragged:
         over the mesh). The number of rows (after `batch_buckets`, rounded up
         to a multiple of the shard count) must split evenly.
 
+      groups: None, or a `pj.LengthGroups`: the examples are kept in a few
+        blocks by length, each padded to its own size, and a
+        `GroupedRagged` comes back (`_ragged_groups.py`): for functions whose
+        cost grows faster than the length (attention). One ragged axis, no
+        `batch_buckets` or `sharding`.
+
     Padding is done with NumPy and the result is transferred with
     `jax.device_put`: no device program is compiled for any shape.
     """
+    if groups is not None:
+      if batch_buckets is not None or sharding is not None:
+        raise TypeError("Ragged.from_list(groups=...) takes neither batch_buckets nor "
+                        "sharding: a grouped batch has no padded rows and one device.")
+      return groups.from_list(arrays, ragged_axes=ragged_axes, buckets=buckets)
     examples = list(arrays)
     if not examples:
       raise ShapeError("Ragged.from_list needs at least one example.")
