@@ -14,7 +14,8 @@ depends only on the function's jaxpr and the padded sizes:
   equation's output written once, a contraction's operands read), a scan's
   body counted `length` times and a `cond` as its costliest branch, turned
   into seconds with per-platform throughputs and a fixed cost per loop
-  iteration (`THROUGHPUT`);
+  iteration (`THROUGHPUT`), plus XLA:CPU's thread-pool hand-off for programs
+  above its inline threshold (`HANDOFF`);
 * compile time: a fixed cost plus a cost per equation (sub-jaxprs included,
   a scan body once) and per loop, per platform (`COMPILE`).
 
@@ -46,6 +47,10 @@ THROUGHPUT: dict[str, tuple[float, float, float]] = {
     "gpu": (1.0e14, 5.0e12, 1e-5),
     "tpu": (1.0e14, 5.0e12, 2e-6),
 }
+#: platform -> (flops, seconds): XLA:CPU runs a program whose cost analysis
+#: counts fewer flops than this on the calling thread, a larger one through its
+#: thread pool, which costs a hand-off per call (measured: 5 to 15 us).
+HANDOFF: dict[str, tuple[float, float]] = {"cpu": (1000.0, 1e-5)}
 #: platform -> (seconds per compile, per jaxpr equation, per loop).
 COMPILE: dict[str, tuple[float, float, float]] = {
     "cpu": (0.06, 0.003, 0.1),
@@ -73,7 +78,9 @@ class Work:
 
   def seconds(self, platform: str) -> float:
     flops, bandwidth, iteration = THROUGHPUT.get(platform, THROUGHPUT["cpu"])
-    return self.flops / flops + self.bytes / bandwidth + self.iterations * iteration
+    inline, handoff = HANDOFF.get(platform, (math.inf, 0.0))
+    return (self.flops / flops + self.bytes / bandwidth + self.iterations * iteration
+            + (handoff if self.flops >= inline else 0.0))
 
 
 class CostModel:
