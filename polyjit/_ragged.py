@@ -105,7 +105,8 @@ from __future__ import annotations
 import functools
 import math
 import re
-from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence, TypeAlias, overload
+from typing import (TYPE_CHECKING, Any, Callable, Hashable, Literal, Sequence, TypeAlias,
+                    TypeVar, cast, overload)
 
 import jax
 import jax.numpy as jnp
@@ -946,29 +947,35 @@ def _describe(path: tuple[Any, ...]) -> str:
   return name + (f" at {jax.tree_util.keystr(rest)}" if rest else "")
 
 
-def _broadcast(prefix: Any, tree: Any, n_leaves: int, what: str) -> list[Any]:
-  """`prefix` (ints and None) broadcast over `tree`'s leaves, Ragged as leaves."""
+def _broadcast(prefix: Any, tree: Any, n_leaves: int, what: str,
+               is_leaf: Callable[[Any], bool] = _is_ragged,
+               batch: str = "a pj.Ragged") -> list[Any]:
+  """`prefix` (ints and None) broadcast over `tree`'s leaves (`is_leaf`:
+  Ragged, or grouped batches too, count as leaves)."""
   out: list[Any] = []
-  extend = lambda ax, sub: out.extend([ax] * len(jax.tree.leaves(sub, is_leaf=_is_ragged)))
+  extend = lambda ax, sub: out.extend([ax] * len(jax.tree.leaves(sub, is_leaf=is_leaf)))
   try:
     jax.tree.map(extend, prefix, tree, is_leaf=lambda x: x is None)
   except ValueError as e:
     raise ValueError(f"pj.vmap {what} {prefix!r} is not a pytree prefix of the "
                      f"values: {e}") from None
   if len(out) != n_leaves:
-    raise TypeError(f"pj.vmap {what} must give a pj.Ragged one axis (0), not a "
+    raise TypeError(f"pj.vmap {what} must give {batch} one axis (0), not a "
                     f"pytree of axes; got {prefix!r}.")
   return out
 
 
-def _leaf_axes(in_axes: Any, args: tuple[Any, ...], n_leaves: int) -> list[Any]:
+def _leaf_axes(in_axes: Any, args: tuple[Any, ...], n_leaves: int,
+               is_leaf: Callable[[Any], bool] = _is_ragged,
+               batch: str = "a pj.Ragged") -> list[Any]:
+  """`in_axes` per flat argument (one entry per positional argument, or one for all)."""
   if not isinstance(in_axes, tuple):
     in_axes = (in_axes,) * len(args)
   elif len(in_axes) != len(args):
     raise ValueError(
         f"pj.vmap in_axes has {len(in_axes)} entries but the function was called "
         f"with {len(args)} positional arguments; give one entry per argument.")
-  return _broadcast(in_axes, args, n_leaves, "in_axes")
+  return _broadcast(in_axes, args, n_leaves, "in_axes", is_leaf, batch)
 
 
 def _batch(leaves: list[Any], axes: list[Any], paths: list[str]) -> tuple[int, Any]:
@@ -1077,19 +1084,32 @@ def vmap(fun: Callable[..., Any], in_axes: InAxes = 0, out_axes: OutAxes = 0) ->
   is one `jax.jit` of the masked function, so batches in the same buckets
   reuse one compiled program.
   """
+  return shared_vmap(RaggedVmapped, fun, in_axes, out_axes)
+
+
+_V = TypeVar("_V", bound="RaggedVmapped")
+
+
+def shared_vmap(cls: type[_V], fun: Callable[..., Any], in_axes: InAxes,
+                out_axes: OutAxes) -> _V:
+  """`cls(fun, in_axes, out_axes)`, the same instance for the same arguments."""
   if not callable(fun):
     raise TypeError(f"pj.vmap expects a callable, got {type(fun).__name__}")
-  key = (fun, _hashable(in_axes), _hashable(out_axes))
+  ins, outs = _hashable(in_axes), _hashable(out_axes)
   try:
-    hash(key)
+    hash((fun, ins, outs))
   except TypeError:  # an unhashable function: no reuse across pj.vmap calls
-    return RaggedVmapped(fun, in_axes, out_axes)
-  return _cached_vmap(*key)
+    return cls(fun, in_axes, out_axes)
+  instance = _cached_vmap(cast(Hashable, cls), fun, ins, outs)  # (mypy: a class hashes)
+  assert isinstance(instance, cls)  # (made by `cls` itself)
+  return instance
 
 
 # Calling pj.vmap(f) again for the same f (in an eager loop) must not retrace
 # and recompile: instances are shared. Bounded, like JAX's own trace caches,
 # because each holds its function and compiled programs.
 @functools.lru_cache(maxsize=128)
-def _cached_vmap(fun: Callable[..., Any], in_axes: Any, out_axes: Any) -> RaggedVmapped:
-  return RaggedVmapped(fun, _unhashable(in_axes), _unhashable(out_axes))
+def _cached_vmap(cls: Any, fun: Callable[..., Any], in_axes: Any,  # cls: a RaggedVmapped class
+                 out_axes: Any) -> RaggedVmapped:
+  instance: RaggedVmapped = cls(fun, _unhashable(in_axes), _unhashable(out_axes))
+  return instance

@@ -62,7 +62,6 @@ to the largest block's size) in the original order; the others are stacked.
 
 from __future__ import annotations
 
-import functools
 import threading
 from typing import Any, Callable, Sequence, TypeAlias
 
@@ -74,7 +73,7 @@ from jax import lax
 from . import _buckets
 from ._errors import ShapeError
 from ._ragged import (InAxes, OutAxes, Ragged, RaggedVmapped, _broadcast, _describe,
-                      _hashable, _host_examples, _is_ragged, _unhashable)
+                      _host_examples, _is_ragged, _leaf_axes, shared_vmap)
 from ._ragged import vmap as _plain_vmap
 
 
@@ -295,26 +294,8 @@ def _is_leaf(x: object) -> bool:
 
 
 def _in_axes(in_axes: Any, args: tuple[Any, ...], n_leaves: int) -> list[Any]:
-  """`in_axes` per flat argument, grouped batches and Ragged as leaves (as
-  `_ragged._leaf_axes`, one level up)."""
-  if not isinstance(in_axes, tuple):
-    in_axes = (in_axes,) * len(args)
-  elif len(in_axes) != len(args):
-    raise ValueError(
-        f"pj.vmap in_axes has {len(in_axes)} entries but the function was called "
-        f"with {len(args)} positional arguments; give one entry per argument.")
-  out: list[Any] = []
-  def extend(axis: Any, sub: Any) -> None:
-    out.extend([axis] * len(jax.tree.leaves(sub, is_leaf=_is_leaf)))
-  try:
-    jax.tree.map(extend, in_axes, args, is_leaf=lambda x: x is None)
-  except ValueError as e:
-    raise ValueError(f"pj.vmap in_axes {in_axes!r} is not a pytree prefix of the "
-                     f"arguments: {e}") from None
-  if len(out) != n_leaves:
-    raise TypeError(f"pj.vmap in_axes must give a grouped batch one axis (0), not a "
-                    f"pytree of axes; got {in_axes!r}.")
-  return out
+  """`in_axes` per flat argument, grouped batches and Ragged as leaves."""
+  return _leaf_axes(in_axes, args, n_leaves, _is_leaf, "a grouped batch")
 
 
 def _take_rows(x: Any, rows: Any, axis: int | None) -> Any:
@@ -469,14 +450,7 @@ class GroupedVmapped(RaggedVmapped):
 
 
 def vmap(fun: Callable[..., Any], in_axes: InAxes = 0, out_axes: OutAxes = 0) -> GroupedVmapped:
-  if not callable(fun):
-    raise TypeError(f"pj.vmap expects a callable, got {type(fun).__name__}")
-  key = (fun, _hashable(in_axes), _hashable(out_axes))
-  try:
-    hash(key)
-  except TypeError:  # an unhashable function: no reuse across pj.vmap calls
-    return GroupedVmapped(fun, in_axes, out_axes)
-  return _cached_vmap(*key)
+  return shared_vmap(GroupedVmapped, fun, in_axes, out_axes)
 
 
 vmap.__doc__ = (_plain_vmap.__doc__ or "") + """
@@ -486,7 +460,3 @@ vmap.__doc__ = (_plain_vmap.__doc__ or "") + """
   """
 
 
-# As `_ragged._cached_vmap`: pj.vmap(f) again for the same f must not retrace.
-@functools.lru_cache(maxsize=128)
-def _cached_vmap(fun: Callable[..., Any], in_axes: Any, out_axes: Any) -> GroupedVmapped:
-  return GroupedVmapped(fun, _unhashable(in_axes), _unhashable(out_axes))
