@@ -1,15 +1,17 @@
 """Bucket policies: which padded size serves a given logical size.
 
 A policy maps a logical size to the padded size of its bucket; every size in a
-bucket shares one compiled program. Powers of two (the default) keep the number
-of programs at about log2(largest / smallest) + 1; a geometric ratio below 2
+bucket shares one compiled program. Powers of two (`pj.Ragged.from_list`'s
+default) keep the number of programs at about log2(largest / smallest) + 1;
+`steps=k` puts k - 1 more sizes in each octave; a geometric ratio below 2
 trades more programs for less padding; multiples of k and explicit lists fit
 known distributions. Above the largest bucket a policy either compiles the
 exact size (`overflow="exact"`) or raises `ShapeError` (`overflow="raise"`).
 
 These policies are fixed: a size always gets the same bucket. `CostAware`
-(`_policy.py`) decides from measured compile and run times which buckets to
-compile, and `fit` (`_fit.py`) plans buckets from a sample of sizes.
+(`_policy.py`, `pj.jit`'s default) decides from estimated compile and run
+times which of its grid's buckets to compile, and `fit` (`_fit.py`) plans
+buckets from a sample of sizes.
 """
 
 from __future__ import annotations
@@ -169,7 +171,8 @@ def _round_up(x: int, k: int) -> int:
 
 #: What `buckets=` takes for one padded size: a policy, an int k (multiples of
 #: k), a sequence of sizes (explicit buckets), a callable size -> padded size,
-#: or None (the default, powers of two from 16). See `as_policy`.
+#: or None (the default: `pj.jit`'s cost-aware policy, `pj.Ragged.from_list`'s
+#: powers of two from 16). See `as_policy`.
 BucketSpec: TypeAlias = "BucketPolicy | int | Sequence[int] | Callable[[int], int] | None"
 
 #: `pj.jit`'s `buckets=`: one `BucketSpec` for every dimension, or a dict from
@@ -178,13 +181,17 @@ PerDimBucketSpec: TypeAlias = "BucketSpec | dict[str, BucketSpec]"
 
 
 def default() -> BucketPolicy:
+  """The stateless default (powers of two from 16): `pj.Ragged.from_list`'s,
+  and `as_policy(None)`'s. `pj.jit`'s default is `CostAware()` (`_policy.py`),
+  which this module cannot import."""
   return PowersOfTwo()
 
 
 def as_policy(spec: object) -> BucketPolicy:
   """A policy from what users pass as `buckets=`.
 
-  None: the default (powers of two from 16); a policy; a sequence of sizes
+  None: the stateless default (powers of two from 16; `pj.jit` maps None to
+  `CostAware()` itself); a policy; a sequence of sizes
   (explicit buckets); an int k (multiples of k); a callable size -> padded size.
   """
   if spec is None:

@@ -257,3 +257,19 @@ def test_a_selection_in_a_borrowed_bucket_comes_back_at_its_exact_size():
     np.testing.assert_allclose(total, np.sum(x[x > 0] ** 2), rtol=1e-5)
     np.testing.assert_array_equal(kept, x[x > 0])
   assert len(pj.stats(f).buckets) < 4  # some calls borrowed a compiled bucket
+
+
+def test_powers_of_two_with_steps_is_the_smallest_grid_size_that_holds():
+  # Brute force: the sizes 2^k * (1 + j/steps), from 16; every power of two is one.
+  for steps in (1, 2, 4):
+    policy = pj.buckets.PowersOfTwo(steps=steps)
+    grid = sorted({16} | {(2 ** k) * (steps + j) // steps for k in range(4, 14)
+                          for j in range(steps)})
+    for n in range(0, 5000, 7):
+      assert policy(n) == min(b for b in grid if b >= n), (steps, n)
+  assert pj.buckets.PowersOfTwo(steps=4).sizes(33, 64) == [40, 48, 56, 64]
+  with pytest.raises(ValueError, match="steps"):
+    pj.buckets.PowersOfTwo(steps=0)
+  # the default's headroom bucket: nearby sizes agree, whatever came first
+  policy = pj.buckets.CostAware()
+  assert {policy.roomy(n, seen) for n in range(20, 26) for seen in range(20, 26)} == {64}
