@@ -13,7 +13,8 @@ Two workloads whose intermediate sizes depend on the data, in one run:
 
 Contenders, on the same inputs:
 
-* `pj.jit` of the natural code (`x[m]`, automatic mode, no arguments);
+* `pj.jit` of the natural code (`x[m]`, automatic mode, no arguments), and the same
+  with `buckets=pj.buckets.PowersOfTwo()` (the default before the cost-aware one);
 * `jax.jit` of what users write today: host padding to a power of two, and
   the selection rewritten with masks (`where`, fill values, counts);
 * `torch.compile(dynamic=True)` of the natural code (boolean indexing);
@@ -233,6 +234,7 @@ def run(opts) -> dict:
   clouds = [(p,) for p in cloud_inputs(opts.calls, rng, opts.min_points, opts.max_points)]
   refs = [cloud_stats(np, p.astype(np.float64)) for (p,) in clouds]
   contenders = {"pj.jit (natural code)": pj.jit(cloud_jax),
+                "pj.jit, powers of two": pj.jit(cloud_jax, buckets=pj.buckets.PowersOfTwo()),
                 "jax.jit hand-written (pad + masks)": cloud_hand,
                 "numpy eager": lambda p: cloud_stats(np, p)}
   if isinstance(torch_run, tuple):
@@ -244,6 +246,7 @@ def run(opts) -> dict:
   refs = [tuple(int(v) for v in nucleus(np, l.astype(np.float64), float(u)))
           for l, u in logits]
   contenders = {"pj.jit (natural code)": pj.jit(nucleus_jax),
+                "pj.jit, powers of two": pj.jit(nucleus_jax, buckets=pj.buckets.PowersOfTwo()),
                 "jax.jit hand-written (pad + masks)": nucleus_hand,
                 "numpy eager": lambda l, u: nucleus(np, l, u)}
   if isinstance(torch_run, tuple):
