@@ -22,8 +22,8 @@ depends only on the function's jaxpr and the padded sizes:
 The CPU constants were fitted on a 2-core x86 CPU with jaxlib 0.10.2 (a
 seed likelihood, a 1024-wide MLP, attention and a scan RNN, with gradients);
 the GPU and TPU ones are nominal figures of current accelerators, not fitted.
-They are coarse (a factor of 2 either way), which the ski-rental rule
-tolerates: it compiles a bucket once the waste the model charges reaches the
+They are coarse (within 2 to 3 times the measured figures there), which
+the ski-rental rule tolerates: it compiles a bucket once the waste the model charges reaches the
 model's compile cost, so an error in the ratio only moves that point. Costs
 are cached per (jaxpr, sizes).
 """

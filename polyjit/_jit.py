@@ -357,10 +357,8 @@ class JitFunction:
       struct.shard_multiples = _sharding.dim_multiples(binding, struct.shardings)
     buckets = {v: self._bucket(struct, v, n) for v, n in logical.items()}
     self.stats.record_sizes(binding, struct.leaf_names, logical)
-    rental = self._rental(struct, logical)
+    rental = self._rental(struct, logical, variant)
     if rental is not None:
-      if variant.traced is not None:
-        rental.use_model(variant.traced.jaxpr, jax.default_backend())
       plan = self._borrowed_plan(struct, shapes, rental, binding, variant, logical, buckets)
       if plan is not None:
         return plan
@@ -407,10 +405,12 @@ class JitFunction:
 
   # --- the cost-aware policy (`_policy.py`) ----------------------------------------
 
-  def _rental(self, struct: Structure, logical: dict[str, int]) -> Rental | None:
+  def _rental(self, struct: Structure, logical: dict[str, int],
+              variant: Variant | None = None) -> Rental | None:
     """The structure's ski-rental state when every dimension's policy is cost-aware.
     On a mesh the policies are the fixed ones: the processes must pick the
-    same buckets, and the cost-aware choice depends on timings."""
+    same buckets, and the cost-aware choice depends on timings. With
+    `variant`, its traced jaxpr gives the estimates (the first one does)."""
     if struct.shardings is not None:
       return None
     if struct.rental is None:
@@ -427,6 +427,8 @@ class JitFunction:
               struct.abstract_args(struct.tracker.first)).padded)
         except PolyjitError:
           pass  # first shapes this variant cannot bind: only later sizes count
+    if variant is not None and variant.traced is not None:
+      struct.rental.use_model(variant.traced.jaxpr, jax.default_backend())
     return struct.rental
 
   def _borrowed_plan(self, struct: Structure, shapes: Shapes, rental: Rental, binding: Binding,
@@ -467,11 +469,9 @@ class JitFunction:
     """The padded sizes a call with these logical sizes runs at (what
     `_masked_plan` decides, without compiling: for `lower` and `trace`)."""
     tight = {v: self._bucket(struct, v, n) for v, n in logical.items()}
-    rental = self._rental(struct, logical)
+    rental = self._rental(struct, logical, variant)
     if rental is None:
       return tight
-    if variant.traced is not None:
-      rental.use_model(variant.traced.jaxpr, jax.default_backend())
     found = self._compiled_bucket(struct, rental, binding, variant, logical)
     return dict(found[1].bucket) if found is not None else rental.roomy(logical)
 
@@ -505,12 +505,14 @@ class JitFunction:
     """Compiles the bucket `env`, whose account has paid for it: here, under
     deterministic estimates (so that the next call's bucket never depends on
     when a thread finishes), else in the background."""
-    what = "estimated " if struct.rental is not None and struct.rental.deterministic else ""
+    rental = struct.rental
+    assert rental is not None  # (an account of this structure's rental paid)
+    what = "" if rental.measured else "estimated "
     cause = Cause("bucket", bucket=dict(env),
                   reason=f"{what}waste {wasted:.3g} s > compile {compile_cost:.3g} s")
     assert struct.masked is not None  # (a bucket of a masked plan)
     key, build = self._masked_program(struct, struct.masked, binding, variant, env, cause)
-    if self.background_compile or struct.rental is None or not struct.rental.deterministic:
+    if self.background_compile or rental.measured:
       return self._cache.submit(key, build)
     done: Future[Any] = Future()
     done.set_result(self._cache.get(key, build))
@@ -627,9 +629,7 @@ class JitFunction:
       self._plan_for(struct, shapes)
       return [{}]
     masked, binding, variant = self._variant(struct, shapes)
-    rental = self._rental(struct, binding.padded)  # a cost-aware policy learns of these programs
-    if rental is not None and variant.traced is not None:
-      rental.use_model(variant.traced.jaxpr, jax.default_backend())
+    self._rental(struct, binding.padded, variant)  # a cost-aware policy learns of these programs
     unknown = set(sizes) - set(binding.dim_names)
     if unknown:
       raise ShapeError(f"precompile: unknown dimension names {sorted(unknown)}; this "

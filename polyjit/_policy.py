@@ -268,10 +268,6 @@ class Rental:
       self.model = CostModel(jaxpr, platform)
       self.compile_estimate = self.model.compile_seconds()
 
-  @property
-  def deterministic(self) -> bool:
-    return not self.measured
-
   def compiled(self, bucket: BucketKey, env: dict[str, int], wall_seconds: float) -> None:
     self.charge_cache = {}
     self.envs[bucket] = dict(env)
