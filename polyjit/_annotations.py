@@ -195,7 +195,7 @@ def check_annotated(fun: Callable[..., Any], constraints: Sequence[str] = ()) ->
                      "yourself, pj.shapecheck(in_shapes, out_shape)(f).")
   sig = _signature(fun)
   params = _positional(sig) if sig is not None else []
-  scope = _spec.make_scope(constraints)
+  scope = _spec.fresh_scope(constraints)
   fresh = (f"_anon{i}" for i in itertools.count())
   avals = []
   for p in params:

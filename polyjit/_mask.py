@@ -365,9 +365,8 @@ class Masked:
     leaves, in_tree = jax.tree.flatten(tuple(args))
 
     def trace(constraints: tuple[str, ...], oracle: Callable[..., bool]) -> Traced:
-      scope = _spec.make_scope(constraints)
-      bound = (binding if constraints == self.constraints
-               else _spec.bind(self.in_shapes, args, scope, check=False))
+      scope = _spec.fresh_scope(constraints)   # no JAX cache crosses traces
+      bound = _spec.bind(self.in_shapes, args, scope, check=False)
       avals = [jc.shaped(leaf.symbolic_shape, jc.typeof(x).dtype, jc.typeof(x).weak_type)
                for leaf, x in zip(bound.leaves, leaves)]
       with jc.size_decisions(oracle):

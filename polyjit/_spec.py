@@ -69,20 +69,34 @@ _scopes: dict[tuple[str, ...], jc.SymbolicScope] = {}
 
 
 def make_scope(constraints: str | Sequence[str]) -> jc.SymbolicScope:
-  """The symbolic scope for a set of constraints, shared by every masked
-  function with the same constraints: equal dimension names then give equal
-  symbolic shapes, so JAX's own trace caches (jnp functions are jitted) hit
-  across masked functions instead of retracing."""
+  """The scope for a set of constraints, for parsing specs and checking sizes
+  against constraints (shared: it never reaches a trace of user code)."""
   if isinstance(constraints, str):
     constraints = (constraints,)
   key = tuple(constraints)
   scope = _scopes.get(key)
   if scope is None:
-    try:
-      scope = _scopes.setdefault(key, jc.SymbolicScope(key))
-    except Exception as e:
-      raise ShapeError(f"invalid constraints {list(constraints)!r}: {e}") from None
+    scope = _scopes.setdefault(key, fresh_scope(key))
   return scope
+
+
+def fresh_scope(constraints: str | Sequence[str]) -> jc.SymbolicScope:
+  """A new scope, never shared: every symbolic trace of user code gets one.
+
+  JAX's trace caches (a `jax.jit` helper, a `lax.scan`/`lax.cond` body,
+  `jax.checkpoint`, `eqx.filter_jit`) are keyed by avals, and symbolic avals of
+  one scope compare equal across traces. A helper that branched on a size in
+  one trace (its answer recorded there) would then be replayed in another with
+  that answer, unrecorded, possibly on the other side. Avals of different
+  scopes never compare equal, so no size decision crosses from one trace into
+  another. The price: JAX retraces its own jitted jnp helpers once per trace.
+  """
+  if isinstance(constraints, str):
+    constraints = (constraints,)
+  try:
+    return jc.SymbolicScope(tuple(constraints))
+  except Exception as e:
+    raise ShapeError(f"invalid constraints {list(constraints)!r}: {e}") from None
 
 
 def parse_shape(spec: str | None, like: tuple[int | None, ...], scope: jc.SymbolicScope,

@@ -52,7 +52,7 @@ def shapecheck(in_shapes: Sequence[Any] | Callable[..., Any] | None = None,
     raise TypeError("pj.shapecheck(in_shapes, out_shape): in_shapes must be a sequence of "
                     "specs, one per argument.")
   specs: Sequence[Any] = in_shapes
-  scope = _spec.make_scope(constraints)
+  scope = _spec.fresh_scope(constraints)
 
   def decorate(fun: F) -> F:
     args = [jax.tree.map(lambda leaf: _abstract(leaf, scope), spec, is_leaf=_is_leaf)
