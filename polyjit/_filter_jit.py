@@ -16,9 +16,12 @@ Outputs follow Equinox too: array leaves come back from the program, every
 other leaf is returned as the trace produced it. One case needs care under
 masking: a size (`x.shape[0]`) returned as a Python int is a symbolic
 dimension in a masked trace, so it is returned from the program as a value
-and turned back into an int. The static part of the outputs is kept per
-static key and per tree of array outputs, so an exact-shape program and a
-bucket program of the same function each get their own.
+and turned back into an int. Every other non-array output leaf travels in
+the output's *tree structure* (`_StaticOut`, whose pytree aux data is the
+value): the structure belongs to the trace, and each trace serves exactly the
+sizes it was made for (a variant per side of a size comparison, a bucket, an
+exact shape), so `x.shape[0] > 4` returned as a bool is right for every size,
+with no side table that one trace could fill for another.
 """
 
 from __future__ import annotations
@@ -58,7 +61,6 @@ class FilterJitFunction:
       raise ValueError(f"donate must be 'none', 'all' or 'all-except-first', got {donate!r}")
     self.fun = fun
     self.donate = donate
-    self._out_static: dict[Any, Any] = {}   # (static key, tree of array outputs) -> rest of outputs
     self._jit_kwargs = jit_kwargs
     self._inner_named = _named(self._inner, fun)
     self._jit = JitFunction(self._inner_named, static_argnums=0, **jit_kwargs)
@@ -79,7 +81,6 @@ class FilterJitFunction:
   def clear_cache(self) -> None:
     """Drops every compiled program, plan and trace."""
     self._jit.clear_cache()
-    self._out_static.clear()
 
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
     static, dynamic = _partition((self.fun, args, kwargs))
@@ -102,33 +103,73 @@ class FilterJitFunction:
     treedef, static_leaves = static
     dyn_leaves = treedef.flatten_up_to((fun_dyn, args_dyn, kwargs_dyn))
     fun, args, kwargs = jax.tree.unflatten(treedef,
-        [s if d is None else d for d, s in zip(dyn_leaves, static_leaves)])
+        [s if d is None else d for d, s in zip(dyn_leaves, static_leaves, strict=True)])
     out_leaves, out_tree = jax.tree.flatten(fun(*args, **kwargs), is_leaf=is_padded)
-    arrays: list[Any] = []
-    rest: list[Any] = []
-    sizes: list[int] = []
-    for i, x in enumerate(out_leaves):
+    leaves: list[Any] = []
+    for x in out_leaves:
       if is_array(x):
-        arrays.append(x)
-        rest.append(None)
+        leaves.append(x)
       elif jc.is_symbolic_dim(x):   # a size, symbolic in a masked trace
-        arrays.append(jnp.asarray(x))
-        rest.append(None)
-        sizes.append(i)
+        leaves.append(_SizeOut(jnp.asarray(x)))
       else:
-        arrays.append(None)
-        rest.append(x)
-    dyn_out = jax.tree.unflatten(out_tree, arrays)
-    self._out_static[(static, jax.tree.structure(dyn_out))] = (out_tree, rest, tuple(sizes))
-    return dyn_out
+        leaves.append(_StaticOut(x))
+    return jax.tree.unflatten(out_tree, leaves)
 
   def _combine(self, static: Any, out: Any) -> Any:
-    out_tree, rest, sizes = self._out_static[(static, jax.tree.structure(out))]
-    arrays = iter(jax.tree.leaves(out))
-    leaves = [next(arrays) if r is None else r for r in rest]
-    for i in sizes:
-      leaves[i] = int(leaves[i])
-    return jax.tree.unflatten(out_tree, leaves)
+    def restore(x: Any) -> Any:
+      if isinstance(x, _StaticOut):
+        return x.value
+      if isinstance(x, _SizeOut):
+        return int(x.size)
+      return x
+    return jax.tree.map(restore, out, is_leaf=lambda x: isinstance(x, (_StaticOut, _SizeOut)))
+
+
+class _Value:
+  """A static output value as pytree aux data: compared by value (identity
+  where `==` does not give a bool), hashed by value (identity if unhashable)."""
+  __slots__ = ("value",)
+
+  def __init__(self, value: Any) -> None:
+    self.value = value
+
+  def __eq__(self, other: object) -> bool:
+    if not isinstance(other, _Value):
+      return NotImplemented
+    if self.value is other.value:
+      return True
+    try:
+      return type(self.value) is type(other.value) and bool(self.value == other.value)
+    except Exception:
+      return False
+
+  def __hash__(self) -> int:
+    try:
+      return hash((type(self.value), self.value))
+    except TypeError:
+      return id(self.value)
+
+
+class _StaticOut:
+  """A non-array output leaf, carried in the tree structure (no children)."""
+  __slots__ = ("value",)
+
+  def __init__(self, value: Any) -> None:
+    self.value = value
+
+
+class _SizeOut:
+  """A size returned as an int: an int32 array child, turned back into an int."""
+  __slots__ = ("size",)
+
+  def __init__(self, size: Any) -> None:
+    self.size = size
+
+
+jax.tree_util.register_pytree_node(
+    _StaticOut, lambda s: ((), _Value(s.value)), lambda aux, _: _StaticOut(aux.value))
+jax.tree_util.register_pytree_node(
+    _SizeOut, lambda s: ((s.size,), None), lambda _, children: _SizeOut(children[0]))
 
 
 def filter_jit(fun: Callable[..., Any] | None = None, *, donate: Donate = "none",
