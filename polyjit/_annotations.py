@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterator, Sequence
 import jax
 import numpy as np
 
-from . import _jax_compat as jc
+from . import _jax as jc
 from . import _spec
 from ._errors import ShapeError
 from ._mask import check_out_shape, trace_flat

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from . import _jax_compat as jc
+from . import _jax as jc
 from ._spec import violated_constraint
 
 Dim = tuple[int, int]  # (leaf index, axis)

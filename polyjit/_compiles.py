@@ -1,10 +1,10 @@
 """Counting compiles with `jax.monitoring`.
 
 JAX reports each XLA backend compile as a duration event
-(`_jax_compat.BACKEND_COMPILE_EVENT`), tagged with the function name. The same
+(`_jax.BACKEND_COMPILE_EVENT`), tagged with the function name. The same
 event also wraps a load from the persistent compilation cache, which JAX
 announces just before, in the same thread, with another event
-(`_jax_compat.CACHE_HIT_EVENT`): such loads are recorded apart
+(`_jax.CACHE_HIT_EVENT`): such loads are recorded apart
 (`CompileLog.cache_loads`), since nothing was compiled. One listener pair is
 registered for the process (listeners cannot be scoped); it forwards events to
 the recorders active at that moment.
@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 import jax.monitoring
 
-from . import _jax_compat as jc
+from . import _jax as jc
 
 
 @dataclasses.dataclass(frozen=True)

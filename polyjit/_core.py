@@ -44,7 +44,7 @@ import numpy as np
 from jax import lax
 
 from . import _dims
-from . import _jax_compat as jc
+from . import _jax as jc
 from ._errors import MaskingError, no_rule_message
 from ._refusals import why_unsupported
 

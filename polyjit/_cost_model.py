@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from . import _dims
-from . import _jax_compat as jc
+from . import _jax as jc
 
 #: platform -> (floating-point operations per second, bytes per second,
 #: seconds per loop iteration). Bytes are counted unfused (every equation's

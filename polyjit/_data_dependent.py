@@ -10,7 +10,7 @@ machinery:
   of the True entries of a 1-D bool array. Its output shape is `(pj_ddK,)`,
   a *fresh* `jax.export` dimension variable created in the scope of the trace
   (`tracing()`, entered by `_mask.trace_flat`). The primitive
-  (`_jax_compat.size_primitive`) exists only in polyjit's symbolic traces; it
+  (`_jax.size_primitive`) exists only in polyjit's symbolic traces; it
   has no lowering, so it can never run unmasked.
 * **Its masking rule binds the size.** Evaluated on padded data, the rule
   counts the True entries of the valid region (the new size's logical value,
@@ -22,7 +22,7 @@ machinery:
 * **Spellings.** While polyjit traces, boolean-mask indexing (the function
   behind `Array.__getitem__`), `jnp.nonzero`, `flatnonzero`, `argwhere`,
   one-argument `where`, `compress`, `extract` and `unique` (without `size=`)
-  are replaced (`_jax_compat.trace_spellings`, targets in `SPELLING_TARGETS`)
+  are replaced (`_jax.trace_spellings`, targets in `SPELLING_TARGETS`)
   by the functions below, written with `compact` and public jnp/lax ops.
   Given `size=`, a concrete operand, or arguments they do not handle, they
   call JAX's own function, so nothing changes where JAX already works.
@@ -65,7 +65,7 @@ import numpy as np
 from jax import lax
 
 from . import _dims
-from . import _jax_compat as jc
+from . import _jax as jc
 from . import _rules  # noqa: F401  (the rules wrapped below must exist first)
 from ._core import MaskEnv, Rule, RuleContext, masking_rules
 from ._errors import MaskingError, ShapeError

@@ -9,7 +9,7 @@ a box of sizes (for sizes that are not monotone). This module computes them.
 
 It reads the structure of an expression (a sum of terms `coeff * product of
 factor**exp`, each factor a variable or an operation on expressions) only
-through the accessors of `_jax_compat.py` (`dim_terms`, `factor_parts`,
+through the accessors of `polyjit/_jax/` (`dim_terms`, `factor_parts`,
 `symbolic_vars`, `evaluate_symbolic`, `dim_variable`), so that it knows no
 private name of JAX's.
 """
@@ -21,7 +21,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from . import _jax_compat as jc
+from . import _jax as jc
 
 #: A dimension: an int or a JAX symbolic dimension expression (`jc.DimExpr`,
 #: whose arithmetic JAX does not type).

@@ -11,7 +11,7 @@ import sys
 import warnings
 from types import FrameType
 
-from . import _jax_compat as jc
+from . import _jax as jc
 
 
 class PolyjitError(Exception):

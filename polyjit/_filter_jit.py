@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _jax_compat as jc
+from . import _jax as jc
 from ._errors import PolyjitError
 from ._jit import JitFunction
 from ._padding import is_padded

@@ -63,7 +63,7 @@ import jax
 import numpy as np
 
 from . import _annotations, _jit_aot
-from . import _jax_compat as jc
+from . import _jax as jc
 from . import _sharding
 from ._auto import DimTracker, fit_to_constraints, sanitize
 from ._buckets import BucketPolicy, PerDimBucketSpec, PowersOfTwo, as_policy

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import jax
 import numpy as np
 
-from . import _jax_compat as jc
+from . import _jax as jc
 from ._auto import fit_to_constraints
 from ._errors import ShapeError
 from ._jit_args import strip_padded

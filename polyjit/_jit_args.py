@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence, TypeAlias
 import jax
 import numpy as np
 
-from . import _jax_compat as jc
+from . import _jax as jc
 from . import _spec
 from ._errors import ShapeError
 from ._padding import Padded, is_padded

@@ -27,7 +27,7 @@ import jax
 import numpy as np
 
 from . import _dims
-from . import _jax_compat as jc
+from . import _jax as jc
 from ._auto import DimTracker
 from ._mask import Masked
 from ._padding import pad, pad_into, unpad

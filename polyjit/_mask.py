@@ -52,7 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _dims
-from . import _jax_compat as jc
+from . import _jax as jc
 from . import _rules  # noqa: F401  (registers the masking rules)
 from . import _spellings  # noqa: F401  (registers the replacements used while tracing)
 from . import _data_dependent, _spec, _symbolic_ad, _variants

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from . import _jax_compat as jc
+from . import _jax as jc
 
 
 @jax.tree_util.register_pytree_node_class

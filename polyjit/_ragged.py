@@ -117,7 +117,7 @@ from jax.typing import ArrayLike
 
 from . import _buckets
 from . import _dims
-from . import _jax_compat as jc
+from . import _jax as jc
 from . import _sharding
 from ._errors import MaskingError, ShapeError
 from ._mask import Masked

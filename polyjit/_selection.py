@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _data_dependent as dd
-from . import _jax_compat as jc
+from . import _jax as jc
 
 
 def _traced(*arrays: Any) -> bool:

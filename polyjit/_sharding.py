@@ -71,7 +71,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import AxisType, NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding
 
 from . import _dims
-from . import _jax_compat as jc
+from . import _jax as jc
 from ._errors import ShapeError
 from ._padding import Padded, logical_shape, pad
 from ._padding import unpad as unpad_on_host

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from . import _dims
-from . import _jax_compat as jc
+from . import _jax as jc
 from ._errors import ShapeError
 
 

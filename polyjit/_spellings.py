@@ -24,14 +24,14 @@ While polyjit traces a function symbolically (`_mask.trace_flat`), the public
 names `jnp.searchsorted`, `jnp.interp`, `jnp.linspace`, `jnp.diff` and
 `lax.fori_loop` (and the few module globals JAX's own functions call them
 through, e.g. `Array.searchsorted` and `jnp.digitize`) are swapped for the
-functions below, by `_jax_compat.trace_spellings()`, which lists the patch
+functions below, by `_jax.trace_spellings()`, which lists the patch
 targets, installs them thread-safely and re-entrantly and restores JAX's
 originals afterwards. Each replacement runs only in a thread that is inside
 such a trace, and only when the size it is about is symbolic; in every other
 case (another thread, concrete sizes, arguments it does not handle) it calls
 JAX's original with the same arguments, so nothing changes where JAX already
 works. The replacements use the public jax / jnp / lax API only (and JAX's
-dtype promotion, through `_jax_compat`), so that masking them needs nothing
+dtype promotion, through `_jax`), so that masking them needs nothing
 but polyjit's ordinary rules.
 
 Why each replacement is exact (equal to JAX's own result at concrete sizes)
@@ -92,7 +92,7 @@ import numpy as np
 from jax import lax
 from jax.export import is_symbolic_dim
 
-from . import _jax_compat as jc
+from . import _jax as jc
 
 
 def _is_dim(d: Any) -> bool:

@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import _jax_compat as jc
+from . import _jax as jc
 from ._rules._util import identity_value
 
 _COMBINE: dict[str, Callable[[Any, Any], Any]] = {
@@ -143,7 +143,7 @@ def _det_jvp(original: Callable[..., Any], primals: Any, tangents: Any) -> Any:
 
 def install() -> None:
   """Wraps JAX's JVP rules for the primitives above (given to
-  `_jax_compat.install_patches` at import; idempotent)."""
+  `_jax.install_patches` at import; idempotent)."""
   for name in _IDENTITY:
     jc.wrap_jvp_rule(name, functools.partial(_cumulative_jvp, name))
   jc.wrap_jvp_rule("reduce_prod", _reduce_prod_jvp)

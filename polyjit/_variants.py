@@ -4,7 +4,7 @@ User code branches on sizes: `if x.shape[0] == 1:`, `n % 2 == 0`, `n > 3`,
 `x.shape[0] == y.shape[0]`. A symbolic trace follows one side of each such
 comparison, so it is valid only for the sizes on that side. polyjit never lets
 that be silent. While it traces, every undecidable comparison asked from user
-code goes to an oracle (`_jax_compat.size_decisions`), and the trace records
+code goes to an oracle (`_jax.size_decisions`), and the trace records
 the answers it took: a **variant** is `fun` traced for one side of every
 comparison it asked, valid exactly where those answers hold. Comparisons that
 JAX's own code cannot decide (`lax.top_k(x, 3)` needs `n >= 3`) are settled as
@@ -37,7 +37,7 @@ from typing import Any, Callable, Sequence
 import jax.numpy as jnp
 
 from . import _dims
-from . import _jax_compat as jc
+from . import _jax as jc
 from . import _data_dependent, _spec
 from ._errors import MaskingError, ShapeError
 

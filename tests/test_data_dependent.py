@@ -17,7 +17,7 @@ import pytest
 
 import polyjit as pj
 from polyjit import _data_dependent
-from polyjit import _jax_compat as jc
+from polyjit import _jax as jc
 
 
 def _selected(xp, x):

@@ -37,7 +37,7 @@ from jax import export, lax
 
 from harness import MODES, Case, check
 from polyjit import _dims
-from polyjit import _jax_compat as jc
+from polyjit import _jax as jc
 
 LONG = "POLYJIT_FUZZ_EXAMPLES" in os.environ
 EXAMPLES = int(os.environ.get("POLYJIT_FUZZ_EXAMPLES", 12))

@@ -6,7 +6,7 @@ in a virtual environment of its own, `.venv-jax09` at the repository root
 (built on first use with pip, reused afterwards; delete it to rebuild). The
 subset covers specs, `pj.mask` (gradients, jit and vmap over sizes), `pj.jit`
 and the errors; what 0.9 lacks is handled in one place, the version section
-of polyjit/_jax_compat.py. POLYJIT_SKIP_OLD_JAX=1 skips it (offline machines).
+of polyjit/_jax/. POLYJIT_SKIP_OLD_JAX=1 skips it (offline machines).
 """
 
 from __future__ import annotations

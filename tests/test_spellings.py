@@ -27,7 +27,7 @@ from jax import export, lax
 
 import polyjit as pj
 from harness import Case, bools, const, ints, make, normal, table_test
-from polyjit import _jax_compat as jc
+from polyjit import _jax as jc
 from polyjit import _data_dependent, _spellings
 
 # Most rows skip the eager run: op-by-op dispatch compiles every op at every
@@ -230,7 +230,7 @@ def test_patch_targets_exist_in_this_jax():
 
 def test_a_missing_target_fails_loudly_and_installs_nothing(monkeypatch):
   before = jnp.searchsorted
-  monkeypatch.setattr(jc, "SPELLING_TARGETS",
+  monkeypatch.setattr(jc.swaps, "SPELLING_TARGETS",
                       jc.SPELLING_TARGETS + (("jax.numpy", "no_such_function", "diff"),))
   with pytest.raises(AttributeError, match="no_such_function"):
     with jc.trace_spellings():

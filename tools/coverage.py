@@ -45,7 +45,7 @@ import jax.extend.core as jex_core
 import numpy as np
 
 import polyjit as pj
-from polyjit import _jax_compat as jc
+from polyjit import _jax as jc
 from polyjit._core import eqn_is_symbolic, masking_rules
 from polyjit._refusals import NOT_APPLICABLE, REASONS, SUPPORTED, TRACE_REFUSALS, UNSUPPORTED
 

@@ -16,7 +16,7 @@ import numpy as np
 from jax import lax
 
 from .. import _dims
-from .. import _jax_compat as jc
+from .. import _jax as jc
 
 
 def _pad_axis(x: Any, axis: int, low: int, high: int) -> Any:

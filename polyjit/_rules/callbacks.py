@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _dims
-from .. import _jax_compat as jc
+from .. import _jax as jc
 from .._core import RuleContext, register
 
 

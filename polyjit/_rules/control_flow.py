@@ -23,7 +23,7 @@ from typing import Any
 import jax
 from jax import lax
 
-from .. import _jax_compat as jc
+from .. import _jax as jc
 from .._core import RuleContext, eval_jaxpr_masked, register
 
 

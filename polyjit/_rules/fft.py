@@ -65,7 +65,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .. import _jax_compat as jc
+from .. import _jax as jc
 from .._core import RuleContext, register
 
 FftType = lax.FftType
@@ -206,6 +206,6 @@ def _fft_transpose_rule(_: Any, original: Callable[..., Any]) -> Callable[..., A
 
 
 def install_transpose() -> None:
-  """Wraps JAX's transpose of fft (given to `_jax_compat.install_patches` at
+  """Wraps JAX's transpose of fft (given to `_jax.install_patches` at
   import; idempotent)."""
   jc.wrap_transpose_rules("fft", _fft_transpose_rule)

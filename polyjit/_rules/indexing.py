@@ -36,7 +36,7 @@ import numpy as np
 from jax import lax
 import jax.numpy as jnp
 
-from .. import _jax_compat as jc
+from .. import _jax as jc
 from .._core import Rule, RuleContext, register
 from ._util import clamp_index, identity_value, needs_room, pad_high
 

@@ -29,7 +29,7 @@ from typing import Any
 import jax.numpy as jnp
 from jax import lax
 
-from .. import _jax_compat as jc
+from .. import _jax as jc
 from .._core import RuleContext, register
 from ._util import pad_high, place
 

@@ -35,7 +35,7 @@ import numpy as np
 from jax import lax
 import jax.numpy as jnp
 
-from .. import _jax_compat as jc
+from .. import _jax as jc
 from .._core import RuleContext, register
 
 

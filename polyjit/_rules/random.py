@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .. import _jax_compat as jc
+from .. import _jax as jc
 from .._core import RuleContext, register
 
 #: PRNGs whose values depend only on the key and the flat index.

@@ -24,7 +24,7 @@ import numpy as np
 from jax import lax
 
 from .. import _dims
-from .. import _jax_compat as jc
+from .. import _jax as jc
 from .._core import RuleContext, register
 
 

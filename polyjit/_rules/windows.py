@@ -64,7 +64,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .. import _jax_compat as jc
+from .. import _jax as jc
 from .._core import Rule, RuleContext, register
 from ._util import identity_value, place
 
@@ -471,5 +471,5 @@ def _conv_transpose_rule(i: int, original: Callable[..., Any]) -> Callable[..., 
 
 def install_transpose() -> None:
   """Wraps JAX's transpose of conv_general_dilated (given to
-  `_jax_compat.install_patches` at import; idempotent)."""
+  `_jax.install_patches` at import; idempotent)."""
   jc.wrap_transpose_rules("conv_general_dilated", _conv_transpose_rule)

@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence, TypeVar
 import jax
 import jax.numpy as jnp
 
-from .. import _jax_compat as jc
+from .. import _jax as jc
 from .. import _spec
 from .._annotations import check_annotated
 from .._errors import ShapeError

@@ -17,7 +17,7 @@ import logging
 import os
 from typing import Any, Iterable, Iterator
 
-from .. import _jax_compat as jc
+from .. import _jax as jc
 from .._jit import DEFAULT_BUCKETS
 from .._policy import headroom_programs
 from .._compiles import CompileEvent, count_compiles

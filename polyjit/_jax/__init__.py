@@ -1,0 +1,70 @@
+"""The JAX boundary: the one place that touches JAX internals or JAX's wording.
+
+polyjit reads jaxprs, symbolic dimension expressions and source locations, and
+binds primitives directly. Public APIs (`jax.export`, `jax.extend.core`) are
+used where they exist; everything private is wrapped in this subpackage so
+that a JAX upgrade touches it alone. Nothing outside it imports from
+`jax._src`, `jax.interpreters`, `jax.core` or `jax.extend.core`, reads a
+private attribute of JAX's objects, or parses a text of JAX's (error messages,
+cache-miss explanations, monitoring event and program names). The rest of
+polyjit imports this package as `jc` and uses the names re-exported here.
+This subpackage imports nothing of polyjit's outside it.
+
+Modules (dependencies point up the list):
+  core        JAX's version, jaxpr data structures, the call path, jaxpr helpers
+  dims        symbolic dimension accessors (`jax.export`'s `_DimExpr`)
+  frames      source locations; which frames are the user's
+  decisions   size comparisons asked by user code (hooks on `DimExpr`)
+  primitives  JAX's primitives by name; polyjit's size primitives
+  patches     the permanent patches, installed once by `install_patches()`
+  messages    parsers of JAX's texts (cache misses, compile events, errors)
+  swaps       JAX functions replaced for the duration of a symbolic trace
+
+Tested against JAX 0.10.2, and 0.9.2 in part (see `core` for the version
+differences).
+"""
+from __future__ import annotations
+
+from .core import (
+    ARRAY_TYPE as ARRAY_TYPE, JAX_VERSION as JAX_VERSION,
+    PRIMITIVES_NEWER_THAN_THIS_JAX as PRIMITIVES_NEWER_THAN_THIS_JAX,
+    ClosedJaxpr as ClosedJaxpr, InconclusiveDimensionOperation as InconclusiveDimensionOperation,
+    Jaxpr as Jaxpr, JaxprEqn as JaxprEqn, Literal as Literal, Primitive as Primitive,
+    Tracer as Tracer, convert_constvars_jaxpr as convert_constvars_jaxpr,
+    default_sharding as default_sharding, host_to_device as host_to_device,
+    is_dropvar as is_dropvar, jaxpr_as_fun as jaxpr_as_fun,
+    make_closed_jaxpr as make_closed_jaxpr, promote_dtypes_inexact as promote_dtypes_inexact,
+    replay_unsafe_effects as replay_unsafe_effects, shaped as shaped,
+    subjaxprs_in_params as subjaxprs_in_params, typeof as typeof)
+from .dims import (
+    DimExpr as DimExpr, SymbolicScope as SymbolicScope, dim_scope as dim_scope,
+    dim_terms as dim_terms, dim_value_dtype as dim_value_dtype, dim_variable as dim_variable,
+    evaluate_symbolic as evaluate_symbolic, factor_parts as factor_parts,
+    is_symbolic_dim as is_symbolic_dim, symbolic_shape as symbolic_shape,
+    symbolic_vars as symbolic_vars)
+from .decisions import (
+    SizeDecision as SizeDecision, dim_bounds as dim_bounds,
+    scope_constraints as scope_constraints, size_decisions as size_decisions)
+from .frames import (
+    current_user_line as current_user_line, eqn_context as eqn_context,
+    library_function_of as library_function_of, source_line as source_line,
+    user_line_of as user_line_of)
+from .primitives import (
+    all_primitives as all_primitives, bind_params as bind_params, primitive as primitive,
+    required_primitive as required_primitive, size_primitive as size_primitive)
+from .patches import (
+    install_patches as install_patches, instantiate_zeros as instantiate_zeros,
+    is_zero_tangent as is_zero_tangent, wrap_custom_jvp_rule as wrap_custom_jvp_rule,
+    wrap_jvp_rule as wrap_jvp_rule, wrap_transpose_rules as wrap_transpose_rules)
+from .messages import (
+    BACKEND_COMPILE_EVENT as BACKEND_COMPILE_EVENT, CACHE_HIT_EVENT as CACHE_HIT_EVENT,
+    CacheMiss as CacheMiss, cache_miss_loggers as cache_miss_loggers,
+    compile_event_function as compile_event_function,
+    explain_cache_misses as explain_cache_misses, function_of_program as function_of_program,
+    inconclusive_comparison as inconclusive_comparison,
+    is_cache_miss_explanation as is_cache_miss_explanation,
+    is_while_loop_vjp_refusal as is_while_loop_vjp_refusal,
+    jit_program_name as jit_program_name, parse_cache_miss as parse_cache_miss)
+from .swaps import (
+    SPELLING_TARGETS as SPELLING_TARGETS, register_spellings as register_spellings,
+    spellings_active as spellings_active, trace_spellings as trace_spellings)

@@ -1,0 +1,120 @@
+"""Accessors for JAX's versions, jaxpr data structures, the call path and
+jaxprs (public through `jax.extend.core` where JAX makes them public)."""
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any, Callable, Iterable
+
+import jax
+import jax.extend.core as jex_core
+import numpy as np
+from jax._src.array import ArrayImpl as _ArrayImpl
+from jax._src.interpreters import pxla as _pxla
+from jax._src import core as _core
+from jax._src import effects as _effects
+from jax._src.numpy import util as _np_util
+from jax._src.interpreters import partial_eval as _pe
+
+# --- JAX versions: every difference between the supported lines is here ------
+# Supported: JAX 0.10.x (the whole test suite, on 0.10.2) and 0.9.2 (a fast subset,
+# tests/test_old_jax.py). What 0.9 lacks, detected by feature where possible:
+# - InconclusiveDimensionOperation and jaxprs_in_params in jax.extend.core (0.10 made
+#   them public; 0.9 has them in jax._src.core);
+# - the primitives `mulhi`, `stack` and `unstack`: their rules are skipped there
+#   (`_core.register`), so they are simply unsupported on 0.9.
+JAX_VERSION = tuple(int(re.sub(r"\D.*", "", p) or 0) for p in jax.__version__.split(".")[:3])
+PRIMITIVES_NEWER_THAN_THIS_JAX = (frozenset({"mulhi", "stack", "unstack"})
+                                  if JAX_VERSION < (0, 10) else frozenset())
+_InconclusiveDimensionOperation = getattr(jex_core, "InconclusiveDimensionOperation",
+                                          None) or _core.InconclusiveDimensionOperation
+_jaxprs_in_params = getattr(jex_core, "jaxprs_in_params", None) or _core.jaxprs_in_params
+
+# --- jaxpr data structures (public through jax.extend.core) -----------------
+
+ClosedJaxpr = jex_core.ClosedJaxpr
+Jaxpr = jex_core.Jaxpr
+JaxprEqn = jex_core.JaxprEqn
+Literal = jex_core.Literal
+Primitive = jex_core.Primitive
+Tracer = jax.core.Tracer
+InconclusiveDimensionOperation = _InconclusiveDimensionOperation
+
+# --- the call path ------------------------------------------------------------
+
+# The concrete type of a `jax.Array` on the device: `pj.jit`'s hot path keys a
+# call by `type(x) is ARRAY_TYPE` (an exact type test is much cheaper than
+# `isinstance(x, jax.Array)`, which goes through an ABC).
+ARRAY_TYPE = _ArrayImpl
+
+
+@functools.lru_cache(maxsize=None)
+def default_sharding() -> jax.sharding.SingleDeviceSharding:
+  return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+
+def host_to_device(host: np.ndarray[Any, Any], sharding: jax.sharding.Sharding) -> jax.Array:
+  """`host` copied to the device of a single-device `sharding`, without
+  `jax.device_put`'s per-call overhead (about 30 us against 5 us); other
+  shardings go through `jax.device_put` (to the default device)."""
+  if isinstance(sharding, jax.sharding.SingleDeviceSharding):
+    aval = _core.ShapedArray(host.shape, host.dtype)
+    out: jax.Array = _pxla.batched_device_put(aval, sharding, [host],
+                                              list(sharding.device_set), committed=False)
+    return out
+  placed: jax.Array = jax.device_put(host)
+  return placed
+
+# --- jaxpr helpers -----------------------------------------------------------
+
+def convert_constvars_jaxpr(jaxpr: Jaxpr) -> Jaxpr:
+  """Turns a jaxpr's constvars into leading invars (for open-jaxpr params)."""
+  return _pe.convert_constvars_jaxpr(jaxpr)
+
+
+def subjaxprs_in_params(params: dict[str, Any]) -> Iterable[Jaxpr]:
+  """Every jaxpr (open or closed) in an equation's params."""
+  for j in _jaxprs_in_params(params):
+    yield j.jaxpr if isinstance(j, ClosedJaxpr) else j
+
+
+def jaxpr_as_fun(jaxpr: Jaxpr) -> Callable[..., Any]:
+  """A Python function that evaluates a const-free open jaxpr with JAX."""
+  fun: Callable[..., Any] = jex_core.jaxpr_as_fun(ClosedJaxpr(jaxpr, ()))
+  return fun
+
+
+def is_dropvar(v: Any) -> bool:
+  return isinstance(v, _core.DropVar)
+
+
+def typeof(x: Any) -> Any:
+  """The abstract value (shape, dtype, weak type) of a concrete argument."""
+  return jax.typeof(x)
+
+
+def make_closed_jaxpr(fun: Callable[..., Any], avals: list[Any]) -> ClosedJaxpr:
+  """Traces `fun(*flat_args) -> list` to a ClosedJaxpr at the given avals."""
+  # jax.ShapeDtypeStruct's __init__ is unannotated in JAX (a stub gap).
+  specs = [jax.ShapeDtypeStruct(  # type: ignore[no-untyped-call, unused-ignore]
+               a.shape, a.dtype, weak_type=a.weak_type)
+           for a in avals]
+  return jax.make_jaxpr(fun)(*specs)
+
+
+def shaped(shape: Any, dtype: Any, weak_type: bool = False) -> Any:
+  """An abstract array value with the given (possibly symbolic) shape."""
+  return _core.ShapedArray(tuple(shape), dtype, weak_type=weak_type)
+
+
+def replay_unsafe_effects(jaxpr: Jaxpr) -> list[Any]:
+  """The effects of `jaxpr` that must not run twice: those `jax.checkpoint`
+  refuses to replay (an io_callback's), unlike debug prints."""
+  return _effects.remat_allowed_effects.filter_not_in(jaxpr.effects)
+
+
+
+def promote_dtypes_inexact(*args: Any) -> Any:
+  """JAX's numpy promotion to an inexact dtype, weak types included (the
+  replacement of `jnp.interp` must promote exactly as JAX's does)."""
+  return _np_util.promote_dtypes_inexact(*args)

@@ -1,0 +1,123 @@
+"""The permanent patches polyjit installs on JAX's tables and classes."""
+from __future__ import annotations
+
+import functools
+import importlib
+import threading
+from typing import Any, Callable
+
+import jax
+from jax._src import core as _core
+from jax._src import source_info_util as _siu
+from jax._src.interpreters import ad as _ad
+
+from .decisions import _install_decision_hooks
+from .frames import _POLYJIT_DIR
+from .primitives import primitive
+
+# --- differentiation rules ---------------------------------------------------
+
+def wrap_jvp_rule(name: str, rule: Callable[..., Any]) -> None:
+  """Installs `rule(original, primals, tangents, **params)` as `name`'s JVP.
+
+  The rule receives JAX's own JVP rule as `original` and must defer to it
+  except where it adds support (see `_symbolic_ad.py`). Idempotent.
+  """
+  prim = primitive(name)
+  if prim is None or prim not in _ad.primitive_jvps:
+    return
+  original = _ad.primitive_jvps[prim]
+  if getattr(original, "_polyjit_wrapped", False):
+    return
+  wrapped = functools.partial(rule, original)
+  setattr(wrapped, "_polyjit_wrapped", True)
+  _ad.primitive_jvps[prim] = wrapped
+
+
+def wrap_transpose_rules(name: str, wrap: Callable[[int, Any], Any]) -> None:
+  """Wraps the rule functions behind `name`'s transpose.
+
+  JAX stores a linear or bilinear primitive's transpose as
+  `functools.partial(driver, *rules)` (one rule for `deflinear2`, the lhs and
+  rhs rules for `defbilinear`, in two tables). Each rule is replaced by
+  `wrap(i, rule)`, which must defer to `rule` except where it adds support
+  (see `_rules/windows.py`, `_rules/fft.py`). Idempotent.
+  """
+  prim = primitive(name)
+  if prim is None:
+    return
+  for table in (_ad.primitive_transposes, getattr(_ad, "fancy_transposes", {})):
+    entry = table.get(prim)
+    if not isinstance(entry, functools.partial) or getattr(entry, "_polyjit_wrapped", False):
+      continue
+    rules = [wrap(i, rule) for i, rule in enumerate(entry.args)]
+    wrapped = functools.partial(entry.func, *rules, **entry.keywords)
+    setattr(wrapped, "_polyjit_wrapped", True)
+    table[prim] = wrapped
+
+
+def instantiate_zeros(t: Any, like: Any) -> Any:
+  """A tangent as an array: symbolic zeros become zeros shaped like `like`."""
+  # `ad.Zero` is re-exported by JAX implicitly, and primal_dtype_to_tangent_dtype
+  # is unannotated (stub gaps).
+  if isinstance(t, _ad.Zero):  # type: ignore[attr-defined, unused-ignore]
+    return jax.numpy.zeros(
+        like.shape,
+        _core.primal_dtype_to_tangent_dtype(like.dtype))  # type: ignore[no-untyped-call, unused-ignore]
+  return t
+
+
+def is_zero_tangent(t: Any) -> bool:
+  """Whether a tangent is JAX's symbolic zero."""
+  # `ad.Zero` is re-exported by JAX implicitly (a stub gap).
+  return isinstance(t, _ad.Zero)  # type: ignore[attr-defined, unused-ignore]
+
+
+def wrap_custom_jvp_rule(module: str, name: str, rule: Callable[..., Any]) -> None:
+  """Installs `rule(original, primals, tangents)` as the JVP of the private
+  `jax.custom_jvp` function `module.name` (e.g. jax._src.numpy.linalg._det).
+
+  Like `wrap_jvp_rule`: the rule defers to `original` except where it adds
+  support. Idempotent; does nothing if this JAX version has no such function.
+  """
+  fn = getattr(importlib.import_module(module), name, None)
+  if not isinstance(fn, jax.custom_jvp) or getattr(fn.jvp, "_polyjit_wrapped", False):
+    return
+  wrapped = functools.partial(rule, fn.jvp)
+  setattr(wrapped, "_polyjit_wrapped", True)
+  fn.jvp = wrapped
+
+
+# --- installing the patches ---------------------------------------------------
+
+_patches_lock = threading.Lock()
+_patches_installed = False
+
+
+def install_patches(*rule_installers: Callable[[], None]) -> None:
+  """Installs every change polyjit makes to JAX's tables and classes, once
+  (later calls do nothing). Called when polyjit is imported, from `_mask.py`.
+
+  * polyjit's frames are left out of JAX's source lines
+    (`source_info_util.register_exclusion`);
+  * the size-decision hooks: `DimExpr.__eq__` and `shape_poly._geq_decision`
+    ask the oracle of `size_decisions()` about user code's comparisons (and
+    behave as JAX's own outside such a block);
+  * `rule_installers`, polyjit's differentiation rules (`_symbolic_ad.install`
+    and the transposes in `_rules/windows.py`, `_rules/fft.py`), each calling
+    `wrap_jvp_rule`, `wrap_transpose_rules` or `wrap_custom_jvp_rule`; they are
+    passed in so that this module imports nothing of polyjit's.
+
+  Not installed here, by design: the spelling replacements of
+  `trace_spellings()` are put in place for each symbolic trace and removed
+  after it (see below), since they replace public JAX functions.
+  """
+  global _patches_installed
+  with _patches_lock:
+    if _patches_installed:
+      return
+    _siu.register_exclusion(_POLYJIT_DIR)
+    _install_decision_hooks()
+    for install in rule_installers:
+      install()
+    _patches_installed = True

@@ -1,0 +1,84 @@
+"""JAX's primitives by name, and polyjit's own size primitives."""
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any, Callable
+
+from jax._src import core as _core
+from jax._src.interpreters import ad as _ad
+from jax._src.interpreters import batching as _batching
+
+from .core import JAX_VERSION, JaxprEqn, Primitive
+
+# --- primitives --------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _primitive_table() -> dict[str, list[Primitive]]:
+  table: dict[str, list[Primitive]] = {}
+  seen: set[int] = set()
+  for modname, mod in list(sys.modules.items()):
+    if not (modname.startswith("jax._src") or modname.startswith("jax.extend")):
+      continue
+    for value in list(vars(mod).values()):
+      if isinstance(value, _core.Primitive) and id(value) not in seen:
+        seen.add(id(value))
+        table.setdefault(value.name, []).append(value)
+  return table
+
+
+def primitive(name: str) -> Primitive | None:
+  """The JAX primitive called `name`, or None if this JAX version has none."""
+  found = _primitive_table().get(name)
+  return found[0] if found else None
+
+
+def required_primitive(name: str) -> Primitive:
+  """The JAX primitive called `name`; an ImportError names it if this JAX has none."""
+  found = primitive(name)
+  if found is None:
+    raise ImportError(f"polyjit needs JAX's primitive {name!r}, which this JAX "
+                      f"version ({JAX_VERSION}) does not define.")
+  return found
+
+
+def all_primitives() -> list[Primitive]:
+  """Every primitive defined by the JAX modules imported so far."""
+  return [p for ps in _primitive_table().values() for p in ps]
+
+
+def bind_params(eqn: JaxprEqn) -> dict[str, Any]:
+  """The params to re-bind an equation's primitive with, as `eval_jaxpr` does."""
+  # JAX leaves Primitive.get_bind_params unannotated (a stub gap).
+  params: dict[str, Any] = eqn.primitive.get_bind_params(  # type: ignore[no-untyped-call, unused-ignore]
+      eqn.params)
+  return params
+
+
+
+# --- data-dependent sizes (issue 14) ------------------------------------------------
+
+def size_primitive(name: str, abstract_eval: Callable[..., Any],
+                   refuse_batching: Callable[[], Exception]) -> Primitive:
+  """A primitive whose output shape holds a size computed from its operand's
+  data (a fresh symbolic dimension passed as a param). It has no
+  implementation and no lowering: only polyjit's masking interpreter
+  evaluates it, so an equation of it anywhere else fails loudly. Its output is
+  integer, so its derivative is zero. `jax.vmap` inside the traced function
+  would need one size per example: it raises `refuse_batching()`."""
+  prim = Primitive(name)
+  # Primitive's methods are unannotated in JAX (a stub gap).
+  prim.def_abstract_eval(abstract_eval)  # type: ignore[no-untyped-call, unused-ignore]
+
+  def batch(*args: Any, **params: Any) -> Any:
+    raise refuse_batching()
+
+  _batching.primitive_batchers[prim] = batch
+
+  def jvp(primals: Any, tangents: Any, **params: Any) -> tuple[Any, Any]:
+    out = prim.bind(*primals, **params)  # type: ignore[no-untyped-call, unused-ignore]
+    # `ad.Zero` is re-exported implicitly and its classmethod unknown to mypy (a stub gap).
+    return out, _ad.Zero.from_primal_value(out)  # type: ignore[attr-defined, unused-ignore]
+
+  _ad.primitive_jvps[prim] = jvp
+  return prim
