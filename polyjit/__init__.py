@@ -8,7 +8,7 @@ See docs/DESIGN.md for the approach and the invariant.
 from . import buckets, diagnostics
 from ._cache import enable_persistent_cache
 from ._errors import (CompileLimitError, FallbackWarning, MaskingError, PolyjitError,
-                      PolyjitWarning, ShapeError)
+                      PolyjitWarning, ShapeError, SizeValueError)
 from ._filter_jit import FilterJitFunction, filter_jit
 from ._jit import JitFunction, jit
 from ._mask import Masked, mask
@@ -16,6 +16,8 @@ from ._padding import Padded
 from ._ragged import Ragged
 from ._ragged_groups import GroupedRagged, LengthGroups, vmap
 from ._selection import boolean_mask, nonzero, unique
+from ._size_range import SizeRangeError
+from ._verify import VerificationError, verify
 from .diagnostics import assert_max_compiles, explain, shapecheck, stats, watch
 
 __version__ = "0.1.0"
@@ -23,6 +25,7 @@ __version__ = "0.1.0"
 __all__ = ["CompileLimitError", "FallbackWarning", "FilterJitFunction", "GroupedRagged",
            "JitFunction", "LengthGroups", "MaskingError", "Masked", "Padded", "PolyjitError",
            "PolyjitWarning", "Ragged",
-           "ShapeError", "assert_max_compiles", "boolean_mask", "buckets", "diagnostics",
+           "ShapeError", "SizeRangeError", "SizeValueError", "VerificationError",
+           "assert_max_compiles", "boolean_mask", "buckets", "diagnostics",
            "enable_persistent_cache", "explain", "filter_jit", "jit", "mask", "nonzero",
-           "shapecheck", "stats", "unique", "vmap", "watch"]
+           "shapecheck", "stats", "unique", "verify", "vmap", "watch"]

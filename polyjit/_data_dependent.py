@@ -69,6 +69,7 @@ from . import _jax as jc
 from . import _rules  # noqa: F401  (the rules wrapped below must exist first)
 from ._core import MaskEnv, Rule, RuleContext, masking_rules
 from ._errors import MaskingError, ShapeError
+from ._size_range import poison_value
 
 PREFIX = "pj_dd"   # the names of data-dependent sizes: pj_dd0, pj_dd1, ...
 
@@ -100,12 +101,28 @@ def tracing(avals: Sequence[Any]) -> Iterator[None]:
 
 
 def _fresh_dim() -> Any:
+  """A new data-dependent size: `pj_ddK - 1`, so that it is >= 0.
+
+  `jax.export` assumes every dimension *variable* is >= 1, and would decide
+  `y.shape[0] == 0`, `max(y.shape[0], 1)` or `y[:1]`'s length for a non-empty
+  selection before polyjit sees the question. A selection can be empty, so
+  its size is one less than a variable: JAX then knows only that it is >= 0,
+  and every emptiness question reaches polyjit (`refuse_decision`), or stays
+  symbolic in the program (`min(pj_dd0 - 1, 1)` for `y[:1]`). The variable's
+  logical value is the count plus one (`_compact_rule`).
+  """
   state = getattr(_local, "state", None)
   if state is None:  # spellings run only inside `tracing()`; this is a bug
     raise MaskingError("a data-dependent size was created outside a polyjit trace.")
   name = f"{PREFIX}{state.count}"
   state.count += 1
-  return jc.symbolic_shape(name, scope=state.scope)[0]
+  return jc.symbolic_shape(name, scope=state.scope)[0] - 1
+
+
+def size_variable(size: Any) -> str:
+  """The variable of a data-dependent size `pj_ddK - 1`: 'pj_ddK'."""
+  (name,) = jc.symbolic_vars(size)
+  return name
 
 
 class NeedsPolyjitTrace(Exception):
@@ -137,6 +154,23 @@ def is_size_name(name: str) -> bool:
 def mentions_size(d: Any) -> bool:
   """Whether a dimension expression involves a data-dependent size."""
   return jc.is_symbolic_dim(d) and any(is_size_name(v) for v in jc.symbolic_vars(d))
+
+
+def decide_nonempty(expr: Any) -> bool | None:
+  """`expr >= 0` where every data-dependent size in it is at least 1 (its
+  variable at least 2); None if `expr` has none, or that does not decide."""
+  names = [v for v in jc.symbolic_vars(expr) if is_size_name(v)]
+  if not names:
+    return None
+  try:
+    shifted = jc.evaluate_symbolic(expr, {v: jc.dim_variable(v, expr) + (1 if v in names else 0)
+                                          for v in jc.symbolic_vars(expr)})
+  except (OverflowError, ValueError):  # JAX's own bounds (n <= 2**31): not emptiness
+    return None
+  if not jc.is_symbolic_dim(shifted):
+    return int(shifted) >= 0
+  lo, hi = jc.dim_bounds(shifted)
+  return True if lo >= 0 else False if hi < 0 else None
 
 
 def refuse_decision(decision: jc.SizeDecision) -> None:
@@ -214,11 +248,11 @@ def _compact_rule(ctx: RuleContext, mask: Any, *, size: Any) -> list[Any]:
   slot = jnp.where(valid, _running_count(valid, dtype) - 1, padded)
   positions = jnp.zeros((padded,), dtype).at[slot].set(
       lax.iota(dtype, padded), mode="drop", unique_indices=True)
-  name = str(size)
+  name = size_variable(size)   # the size is `name - 1` (`_fresh_dim`)
   if name in env.padded_env:  # the same equation evaluated again (a VJP's replay)
-    env.logical_env[name] = count
+    env.logical_env[name] = count + 1
   else:
-    env.bind_size(name, padded, count)
+    env.bind_size(name, padded + 1, count + 1)
   return [positions]
 
 
@@ -234,8 +268,17 @@ masking_rules[compact_p] = _compact_rule
 # `MaskEnv.checks` with a code, and the program returns the first failing code
 # (`extra_outputs`), which pj.jit and eager pj.mask raise as NumPy would.
 
-EMPTY_REDUCTION, EMPTY_INDEX = 1, 2
+EMPTY_REDUCTION, EMPTY_INDEX, EMPTY_SHAPE = 1, 2, 3
 _MESSAGES = {
+    EMPTY_SHAPE: (
+        "zero-size array, or too few elements, for a JAX function that needs them: a "
+        "data-dependent size (a boolean selection, nonzero, unique) is too small in "
+        "this call (a reduction without identity, jnp.max(y), needs one element; "
+        "lax.top_k(y, k) needs k), where NumPy and JAX raise ValueError at those "
+        "shapes too.\nWhat to do: give the reduction an initial value "
+        "(jnp.max(y, initial=-jnp.inf)), check the count first "
+        "(jnp.where(y.shape[0] >= k, ...)), or use the explicit form with a fixed "
+        "bound: pj.nonzero(..., size=k) / pj.boolean_mask(..., size=k, fill_value=...)."),
     EMPTY_REDUCTION: (
         "zero-size array to reduction operation which has no identity: a max, min, "
         "argmax or argmin over a data-dependent size (a boolean selection, nonzero, "
@@ -303,8 +346,9 @@ def _checked_indexing(rule: Rule) -> Rule:
   return checked
 
 
-for _name, _what in (("reduce_max", "max"), ("reduce_min", "min"),
-                     ("argmax", "argmax"), ("argmin", "argmin")):
+# (`jnp.max`/`jnp.min` without `initial=` are checked through JAX's own
+# `size >= 1` test, `_Oracle.assume`; with `initial=` an empty max is defined.)
+for _name, _what in (("argmax", "argmax"), ("argmin", "argmin")):
   _prim = jc.required_primitive(_name)
   masking_rules[_prim] = _checked_reduction(masking_rules[_prim], _what)
 for _name in ("slice", "dynamic_slice", "gather"):
@@ -321,7 +365,7 @@ def size_names(jaxpr: jc.Jaxpr) -> tuple[str, ...]:
   def visit(j: jc.Jaxpr) -> None:
     for eqn in j.eqns:
       if eqn.primitive is compact_p:
-        name = str(eqn.params["size"])
+        name = size_variable(eqn.params["size"])
         if name not in names:
           names.append(name)
       for sub in jc.subjaxprs_in_params(eqn.params):
@@ -342,10 +386,20 @@ def extra_outputs(env: MaskEnv, traced: Any) -> list[Any]:
   if missing:
     raise MaskingError(f"the data-dependent sizes {missing} were never computed; "
                        "they are created where polyjit cannot bind them.")
+  # JAX's shape rules answered for a non-empty selection (`_Oracle.assume`):
+  # checked last, so that a rule's own, more precise check wins.
+  assumed = [(_assumption_holds(expr, answer, env), EMPTY_SHAPE)
+             for expr, answer, _ in getattr(traced, "assumptions", ())]
+  traced.has_checks = traced.has_checks or bool(assumed)
   failed = jnp.asarray(0, jnp.int32)
-  for defined, code in reversed(env.checks):
+  for defined, code in reversed([*env.checks, *assumed]):
     failed = jnp.where(defined, failed, jnp.int32(code))
   return [env.logical_env[n] for n in names] + [failed]
+
+
+def _assumption_holds(expr: Any, answer: bool, env: MaskEnv) -> Any:
+  holds = _dims.evaluate_dim(expr, env.logical_env) >= 0
+  return holds if answer else jnp.logical_not(holds)
 
 
 def split_outputs(traced: Any, outs: Sequence[Any]
@@ -356,13 +410,25 @@ def split_outputs(traced: Any, outs: Sequence[Any]
   return list(outs[:n]), dict(zip(traced.size_names, extras[:-1])), extras[-1]
 
 
+def poison_if_failed(outs: Sequence[Any], failed: Any) -> list[Any]:
+  """Under traced sizes nothing can raise: where a check failed, every output
+  is poisoned (NaN, the integer minimum; `_size_range.poison_value`)."""
+  if not isinstance(failed, jc.Tracer):
+    return list(outs)
+  out = []
+  for o in outs:
+    bad = poison_value(o.dtype) if hasattr(o, "dtype") else None
+    out.append(o if bad is None else jnp.where(failed == 0, o, bad))
+  return out
+
+
 def raise_if_failed(failed: Any) -> None:
   """Raises NumPy's error for a concrete failed check code."""
   if isinstance(failed, jc.Tracer):
     return
   code = int(np.asarray(failed))
   if code:
-    error = ShapeError if code == EMPTY_REDUCTION else IndexError
+    error = IndexError if code == EMPTY_INDEX else ShapeError
     raise error(_MESSAGES[code])
 
 

@@ -90,6 +90,12 @@ def trace_error(error: BaseException, fun_name: str) -> PolyjitError:
       "pitfalls).")
 
 
+class SizeValueError(MaskingError, TypeError):
+  """A symbolic size was asked for its Python value (`int(n)`, `range(n)`):
+  one trace serves many sizes, so it has none. A `TypeError`, as JAX's own
+  refusal of `operator.index` on a symbolic dimension is."""
+
+
 class CompileLimitError(PolyjitError, RuntimeError):
   """A function compiled more often than `pj.assert_max_compiles` allows."""
 

@@ -62,7 +62,7 @@ from typing import Any, Callable, Sequence, TypeAlias, overload
 import jax
 import numpy as np
 
-from . import _annotations, _jit_aot
+from . import _annotations, _verify, _jit_aot
 from . import _jax as jc
 from . import _sharding
 from ._auto import DimTracker, fit_to_constraints, sanitize
@@ -158,6 +158,8 @@ class JitFunction:
   # --- calls -----------------------------------------------------------------
 
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    if _verify.enabled():  # the checking mode: jax.jit at the exact shapes agrees
+      return _verify.checked_call(repr(self), self._reference, self, args, kwargs)
     # The hot path: positional arrays and scalars whose signature was seen.
     key = None if kwargs or self._args.has_static else call_signature(args)
     plan = self._hot.get(key)
@@ -171,6 +173,10 @@ class JitFunction:
       return self._inline(*strip_padded(args), **strip_padded(kwargs))
     plan, outs = done
     return plan.unpad_outputs(outs)
+
+  def _reference(self, *args: Any, **kwargs: Any) -> Any:
+    """`jax.jit(fun)` at the exact shapes (the checking mode's reference)."""
+    return self._inline(*strip_padded(args), **strip_padded(kwargs))
 
   def call_padded(self, *args: Any, **kwargs: Any) -> Any:
     """Like calling the function, but outputs with dynamic dims come back as

@@ -55,7 +55,7 @@ from . import _dims
 from . import _jax as jc
 from . import _rules  # noqa: F401  (registers the masking rules)
 from . import _spellings  # noqa: F401  (registers the replacements used while tracing)
-from . import _data_dependent, _spec, _symbolic_ad, _variants
+from . import _data_dependent, _size_range, _spec, _symbolic_ad, _variants, _verify
 from ._rules import fft as _fft_rules, windows as _window_rules
 from ._refusals import jax_refusal
 from ._core import MaskEnv, eval_jaxpr_masked
@@ -87,6 +87,9 @@ class Traced:
   # Whether its masked evaluation checks for empty selections (known once it
   # was evaluated; `_data_dependent.extra_outputs`).
   has_checks: bool | None = None
+  # JAX's shape rules answered for non-empty selections, checked when the
+  # program runs: (expr, expr >= 0, text) (`_variants._Oracle.assume`).
+  assumptions: tuple[tuple[Any, bool, str], ...] = ()
 
   @property
   def cacheable(self) -> bool:
@@ -371,6 +374,7 @@ class Masked:
                for leaf, x in zip(bound.leaves, leaves)]
       with jc.size_decisions(oracle):
         traced = self._trace(in_tree, avals, bound.dim_names)
+      traced.assumptions = tuple(getattr(oracle, "assumed", ()))
       if self.out_shape is not None:
         check_out_shape(self.out_shape, traced, scope)
       return traced
@@ -549,14 +553,39 @@ class Masked:
         found = self.variants(args, binding)
         traced = found[0].traced
         outs = _apply_selected(found, binding, leaves, logical)
+        n_out = len(traced.out_avals)   # (created sizes and check codes follow)
+        outs = [*_size_range.guard(outs[:n_out], dict(zip(binding.dim_names, logical)),
+                                   binding.padded, f"pj.mask({self._name})"), *outs[n_out:]]
     except (MaskingError, ShapeError) as e:
       e.add_note(f"(while masking {self._name}, called at {jc.current_user_line()})")
       raise
     if not traced.size_names:
-      return jax.tree.unflatten(traced.out_tree, outs), None
+      result = jax.tree.unflatten(traced.out_tree, outs)
+      if _verify.enabled():
+        self._verify(args, binding, logical_env, result)
+      return result, None
     outs, sizes, failed = _data_dependent.split_outputs(traced, outs)
     _data_dependent.raise_if_failed(failed)
+    outs = _data_dependent.poison_if_failed(outs, failed)
     return jax.tree.unflatten(traced.out_tree, outs), {**logical_env, **sizes}
+
+
+  def _verify(self, args: Sequence[Any], binding: _spec.Binding,
+              logical_env: Mapping[str, Any], result: Any) -> None:
+    """The checking mode: `fun` on the arguments sliced to their logical
+    shapes agrees with the valid region of `result` (concrete sizes only)."""
+    if not all(_spec.is_concrete(logical_env[k]) for k in binding.dim_names):
+      return
+    if any(isinstance(x, jc.Tracer) for x in jax.tree.leaves((tuple(args), result))):
+      return
+    sizes = {k: int(logical_env[k]) for k in binding.dim_names}
+    leaves, tree = jax.tree.flatten(tuple(args))
+    sliced = [np.asarray(x)[tuple(slice(0, _dims.evaluate_dim(d, sizes))
+                                  for d in leaf.symbolic_shape)]
+              for x, leaf in zip(leaves, binding.leaves, strict=True)]
+    want = self.fun(*jax.tree.unflatten(tree, sliced))
+    got = self.unpad(result, args, sizes)
+    _verify.compare(repr(self), f"sizes {sizes}", got, want)
 
 
 def _apply_selected(variants: Sequence[_variants.Variant], binding: _spec.Binding,

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 from . import _dims
 from . import _jax as jc
 from . import _data_dependent, _spec
-from ._errors import MaskingError, ShapeError
+from ._errors import MaskingError, ShapeError, SizeValueError
 
 MAX_VARIANTS = 16        # sides traced for one function before giving up
 MAX_GUARDS = 8           # guards settled for one variant before giving up
@@ -131,6 +131,7 @@ class _Oracle:
     self.forced = dict(forced or {})        # key -> answer, given in advance
     self.feasible = feasible                # (decisions) -> bool, for pruning
     self.asked: list[tuple[jc.SizeDecision, bool, bool]] = []   # (decision, answer, free)
+    self.assumed: list[tuple[Any, bool, str]] = []   # (expr, expr >= 0, text): `assume`
     self._answers: dict[tuple[str, str], bool] = {}
 
   def __call__(self, decision: jc.SizeDecision) -> bool:
@@ -168,6 +169,46 @@ class _Oracle:
 
   def decisions(self) -> Decisions:
     return tuple((d, a) for d, a, _ in self.asked)
+
+  def assume(self, expr: Any, text: str) -> bool | None:
+    """`expr >= 0` asked by JAX's own shape rules (`jnp.max` needs a size >= 1,
+    `lax.top_k(y, k)` needs k <= the size), undecidable only because a
+    data-dependent size may be 0: answered as JAX would for a non-empty
+    selection, and recorded, so that the program checks it and raises where
+    JAX would (`_data_dependent.extra_outputs`). None: not such a question."""
+    answer = _data_dependent.decide_nonempty(expr)
+    if answer is not None:
+      self.assumed.append((expr, answer, text))
+    return answer
+
+  def refuse_value(self, expr: Any, where: str, how: str) -> SizeValueError:
+    """`int(n)`, `range(n)`, `float(n)` in user code: the error to raise."""
+    return SizeValueError(
+        f"the size '{expr}' is converted to a Python number ({how}) at {where}; a "
+        "masked trace serves many sizes, so a size has no Python value there.\n"
+        "What to do: use the size as an array value (jnp.asarray(x.shape[0]), "
+        "x.shape[0] * 2.0), compare it (n == 1, n > 3), loop with lax.scan / "
+        "lax.fori_loop instead of range(n), or declare that axis fixed "
+        "(polymorphic_shapes with '_' / a fixed dim).")
+
+  def value_of(self, expr: Any, where: str) -> int:
+    """A size's value, asked from user code by hashing it (`n in {1, 2}`,
+    `{1: a}.get(n)`): at concrete sizes the value, recorded as the decision
+    `expr == value` (this trace then serves that value only); refused when
+    sizes are traced, where no single value exists."""
+    text = f"hash('{expr}')"
+    if self.sizes is None:
+      _data_dependent.refuse_decision(jc.SizeDecision("eq", expr, text, where))
+      raise MaskingError(
+          f"the size '{expr}' is used as a dictionary key or set member at {where} "
+          "(`n in {1, 2}`, `{1: a}.get(n)`, a functools.cache argument), which needs "
+          "its value; with traced sizes (jax.jit of a masked function, pj.vmap) one "
+          "program serves every size, so there is none.\nWhat to do: compare "
+          "explicitly (`n == 1 or n == 2`), or call with concrete sizes (pj.jit, "
+          "pj.mask with ints).")
+    value = int(_dims.evaluate_dim(expr, self.sizes))
+    self(jc.SizeDecision("eq", expr - value, f"{text} (value {value})", where))
+    return value
 
 
 class Domain:

@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import contextlib
 import dis
+import numbers
 import os
 import sys
 import threading
 import types
 from typing import Any, Callable, Iterator
 
+import jax
 import numpy as np
 from jax import export as _export
 from jax._src import core as _core
@@ -86,6 +88,13 @@ def _generated_eq(code: types.CodeType) -> bool:
   return code.co_name == "__eq__" and code.co_filename.startswith("<")
 
 
+def _generated_hash(code: types.CodeType) -> bool:
+  # A dataclass's generated `__hash__` hashes its fields for whoever hashed
+  # it (JAX's caches keyed by dataclasses such as batching's AxisData): the
+  # question is its caller's.
+  return code.co_name == "__hash__" and code.co_filename.startswith("<")
+
+
 def _user_frame() -> str | None:
   """'file:line' of the code that asked a comparison, or None when it was JAX
   or polyjit itself, or a cache comparing its keys."""
@@ -94,6 +103,8 @@ def _user_frame() -> str | None:
   while frame is not None:  # `!=` calls `==`, `>` calls `_geq_decision`
     if _generated_eq(frame.f_code):
       through_generated_eq = True
+    elif _generated_hash(frame.f_code):
+      pass
     elif os.path.abspath(frame.f_code.co_filename) not in (_SHAPE_POLY_FILE, _THIS_FILE):
       break
     frame = frame.f_back
@@ -114,44 +125,134 @@ def dim_bounds(d: Any) -> tuple[float, float]:
   return _shape_poly._bounds_decision(d, _shape_poly.BoundsPrecision.BEST)
 
 
+# What a size can be compared with. Python asks a question of a size in more
+# ways than `==` and `>=`: `==`/`!=` with a float (`n == 1.0`), truth
+# (`if n - 1:`), hashing (`n in {1, 2}`, `{1: a}.get(n)`, `functools.cache`),
+# and `in range(...)` (which compares with `==` element by element). Each is
+# answered by the oracle or refused; none falls back on JAX's default answer,
+# which holds for one side only.
+_NON_INTEGRAL = object()   # a number no integer size can equal (1.5, nan, inf, 1j)
+
+
+def _size_operand(other: Any) -> Any:
+  """`other` as a size operand: a dimension expression, an int, `_NON_INTEGRAL`,
+  or None when it is not a number at all."""
+  if is_symbolic_dim(other):
+    return other
+  if isinstance(other, (bool, int, np.integer)):
+    return int(other)
+  if isinstance(other, (numbers.Number, np.ndarray, np.generic)) and np.ndim(other) == 0:
+    try:
+      c = complex(other)
+    except (TypeError, ValueError):
+      return None
+    if c.imag != 0 or not float(c.real).is_integer():
+      return _NON_INTEGRAL
+    return int(c.real)
+  return None
+
+
+def _is_traced_value(other: Any) -> bool:
+  """A JAX array (traced or not) that is not a plain integer: `n == t` is then
+  an elementwise comparison, which JAX's array computes when asked."""
+  return isinstance(other, jax.Array) and _size_operand(other) is None
+
+
 def _install_decision_hooks() -> None:
   if getattr(DimExpr.__eq__, "_polyjit", False):
     return
   original_eq = DimExpr.__eq__
+  original_hash = DimExpr.__hash__
   original_geq = _shape_poly._geq_decision
 
   def __eq__(self: Any, other: Any) -> Any:
     result = original_eq(self, other)
     oracle: Any = getattr(_decisions, "oracle", None)
-    if oracle is None or result is not False or not (
-        is_symbolic_dim(other) or isinstance(other, (int, np.integer))):
+    if oracle is None or result is not False:
       return result
+    operand = _size_operand(other)
+    if operand is None:
+      # `n == jnp_value`: JAX's array compares (a traced bool), as under jax.jit
+      return NotImplemented if _is_traced_value(other) and _user_frame() else result
+    if operand is _NON_INTEGRAL:
+      return False  # proven: an integer size never equals 1.5
     where = _user_frame()
     if where is None:
       return result
     try:
-      diff = self - other
+      diff = self - operand
     except Exception:  # another scope: not a size comparison polyjit made
       return result
     lo, hi = dim_bounds(diff)
     if not is_symbolic_dim(diff) or lo > 0 or hi < 0:
       return result  # proven unequal
-    return oracle(SizeDecision("eq", diff, f"'{self}' == '{other}'", where,
-                               (str(self), str(other))))
+    return oracle(SizeDecision("eq", diff, f"'{self}' == '{operand}'", where,
+                               (str(self), str(operand))))
+
+  def __ne__(self: Any, other: Any) -> Any:
+    equal = self.__eq__(other)
+    return equal if equal is NotImplemented else not equal
+
+  def __bool__(self: Any) -> bool:
+    # Python's default (every object is true) holds for one side of `n - 1`.
+    oracle: Any = getattr(_decisions, "oracle", None)
+    where = _user_frame() if oracle is not None else None
+    lo, hi = dim_bounds(self)
+    if where is None or lo > 0 or hi < 0:
+      return True
+    return not oracle(SizeDecision("eq", self, f"bool('{self}')", where))
+
+  def __hash__(self: Any) -> int:
+    # A hash decides membership (`n in {1, 2}`) before any `==` is asked; from
+    # user code it is the size's value, taken at concrete sizes (and recorded
+    # as `n == value`), refused when sizes are traced.
+    oracle: Any = getattr(_decisions, "oracle", None)
+    where = _user_frame() if oracle is not None else None
+    if where is None:
+      return original_hash(self)
+    value: int = oracle.value_of(self, where)
+    return hash(value)
+
+  def refusing(how: str, original: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
+    # `int(n)`, `operator.index(n)` (range(n), indexing), `float(n)`: JAX
+    # refuses them too, but from user code polyjit says where and what to do.
+    def convert(self: Any) -> Any:
+      oracle: Any = getattr(_decisions, "oracle", None)
+      where = _user_frame() if oracle is not None else None
+      if where is not None:
+        raise oracle.refuse_value(self, where, how)
+      if original is None:
+        raise TypeError(f"'{type(self).__name__}' object cannot be interpreted as {how}")
+      return original(self)
+    return convert
+
+  conversions = (("__int__", refusing("int(n)", DimExpr.__int__)),
+                 ("__index__", refusing("an integer: range(n), operator.index(n)", None)),
+                 ("__float__", refusing("float(n)", None)))
 
   def _geq_decision(e1: Any, e2: Any, cmp_str: Callable[[], str]) -> Any:
     try:
       return original_geq(e1, e2, cmp_str)
     except InconclusiveDimensionOperation:
       oracle: Any = getattr(_decisions, "oracle", None)
-      where = _user_frame() if oracle is not None else None
-      if where is None:
+      if oracle is None:
         raise
+      where = _user_frame()
+      if where is None:
+        # JAX's own shape rule: answered where it assumes a data-dependent
+        # size non-empty (checked when the program runs), else refused.
+        answer = oracle.assume(e1 - e2, cmp_str())
+        if answer is None:
+          raise
+        return answer
       return oracle(SizeDecision("ge", e1 - e2, cmp_str(), where))
 
   setattr(__eq__, "_polyjit", True)  # (setattr: mypy forbids new attributes on functions)
-  # (assigning __eq__ later leaves __hash__ as it was; setattr: a method replaced on purpose)
-  setattr(DimExpr, "__eq__", __eq__)
+  # (setattr: methods replaced on purpose; __hash__ is set with __eq__, which
+  # would otherwise leave it as it was)
+  for name, method in (("__eq__", __eq__), ("__ne__", __ne__), ("__bool__", __bool__),
+                       ("__hash__", __hash__), *conversions):
+    setattr(DimExpr, name, method)
   _shape_poly._geq_decision = _geq_decision
 
 
