@@ -115,6 +115,7 @@ class Cond:
   rhs: "Seq | int"
   mod: int = 0
   flip: bool = False        # written `3 < x.shape[0]`
+  style: str = "op"         # how Python asks: see `SPELLINGS`
 
   def holds(self, p) -> bool:
     a = self.lhs.length(p)
@@ -127,7 +128,21 @@ class Cond:
   def src(self) -> str:
     a = f"{self.lhs.src}.shape[0]" + (f" % {self.mod}" if self.mod else "")
     b = str(self.rhs) if isinstance(self.rhs, int) else f"{self.rhs.src}.shape[0]"
+    if self.style != "op" and isinstance(self.rhs, int) and self.op in ("==", "!="):
+      return SPELLINGS[self.style][self.op == "!="].format(a=a, b=self.rhs)
     return f"{b} {MIRROR[self.op]} {a}" if self.flip and not self.mod else f"{a} {self.op} {b}"
+
+
+#: Other ways Python asks `a == b` / `a != b` of a size and a constant (issue
+#: 22 §2): a float, truth of a difference, hashing (a set, a dict), membership
+#: in a range. Hashing is refused under traced sizes (allowed here).
+SPELLINGS = {
+    "float": ("{a} == {b}.0", "{a} != {b}.0"),
+    "bool": ("not ({a} - {b})", "bool({a} - {b})"),
+    "set": ("{a} in {{{b}, -7}}", "{a} not in {{{b}, -7}}"),
+    "dict": ("{{{b}: True}}.get({a}, False)", "{{{b}: False}}.get({a}, True)"),
+    "range": ("{a} in range({b}, {b} + 1)", "{a} not in range({b}, {b} + 1)"),
+}
 
 
 # Every template is an atom (a call, a subscript or parenthesized), so that
@@ -260,8 +275,10 @@ class _Drawer:
       rhs = self.draw(st.sampled_from([s for s in named if s is not lhs]))
       c = Cond(lhs, self.draw(st.sampled_from(list(CMP))), rhs, flip=flip)
     else:
-      c = Cond(lhs, self.draw(st.sampled_from(list(CMP))), self.draw(st.integers(0, 4)),
-               flip=flip)
+      op = self.draw(st.sampled_from(list(CMP)))
+      style = (self.draw(st.sampled_from(["op", "op", *SPELLINGS])) if op in ("==", "!=")
+               else "op")
+      c = Cond(lhs, op, self.draw(st.integers(0, 4)), flip=flip, style=style)
     return c
 
   def split_cond(self, env, region) -> Cond:
@@ -677,11 +694,35 @@ def f(x, y, W, v):
     return jnp.dot(x, y)
   return jnp.sum(x) - jnp.sum(y) + 100.0
 """, [(1, 1), (2, 2), (1, 2), (2, 1), (3, 5), (5, 5), (6, 6), (6, 4)]),
+    # Issue 22 §2: questions that never reached the comparison hook.
+    "set_dict_float": ("x", "scalar", """\
+def f(x, W, v):
+  a = 7.0 if x.shape[0] in {1, 2} else 1.0
+  b = {1: 5.0}.get(x.shape[0], 3.0)
+  c = 11.0 if x.shape[0] == 1.0 else 13.0
+  d = 17.0 if x.shape[0] != 2.0 else 19.0
+  return jnp.sum(x) + a + b * c + d
+""", [(1, 1), (2, 2), (3, 3), (6, 6)]),
+    "bool_range": ("x", "scalar", """\
+def f(x, W, v):
+  a = 1.0 if x.shape[0] - 1 else 7.0
+  b = 2.0 if x.shape[0] in range(2, 4) else 3.0
+  return jnp.sum(x) * a + b
+""", [(1, 1), (2, 2), (3, 3), (4, 4), (6, 6)]),
+    # Issue 22 §1: a jax.jit helper that branches on a size, traced on both sides.
+    "jit_helper": ("x", "scalar", """\
+@jax.jit
+def helper(x):
+  return x * 2.0 if x.shape[0] > 4 else x * 100.0
+def f(x, W, v):
+  return jnp.sum(helper(x))
+""", [(2, 2), (5, 5), (1, 1), (6, 6)]),
 }
 
 
 #: The gradient of each example through one of the three ways (all are fuzzed).
-REGRESSION_GRAD = {"eq_1": "ragged", "parity": "vmap", "gt_3": "jit", "n_eq_m": "vmap"}
+REGRESSION_GRAD = {"eq_1": "ragged", "parity": "vmap", "gt_3": "jit", "n_eq_m": "vmap",
+                   "set_dict_float": "jit", "bool_range": "ragged", "jit_helper": "vmap"}
 
 
 @pytest.mark.parametrize("mode", MODES)
