@@ -59,7 +59,8 @@ from . import _data_dependent, _size_range, _spec, _symbolic_ad, _variants, _ver
 from ._rules import fft as _fft_rules, windows as _window_rules
 from ._refusals import jax_refusal
 from ._core import MaskEnv, eval_jaxpr_masked
-from ._errors import MaskingError, PolyjitError, ShapeError, trace_error
+from ._errors import (FallbackWarning, MaskingError, PolyjitError, ShapeError, trace_error,
+                      warn_user)
 from ._spec import ArgSpecs, LogicalEnv, SpecTree
 
 
@@ -310,6 +311,9 @@ def _apply_inputs(traced: Traced, padded: dict[str, int], inputs: list[Any],
   return outs
 
 
+GROWING_VARIANTS = 8   # variants of one argument structure before a warning
+
+
 class Masked:
   """The result of `pj.mask`: call it as `masked(args, logical_env)`.
 
@@ -398,9 +402,24 @@ class Masked:
                                         sizes, known)
           if variant.traced is None or variant.traced.cacheable:
             self._variants[key] = [*known, variant]
+            self._warn_if_growing(len(known) + 1, variant)
     if variant.error is not None:
       raise self._trace_error(variant.error, variant)
     return variant
+
+  def _warn_if_growing(self, count: int, variant: _variants.Variant) -> None:
+    """Variants that grow with the sizes (`n in range(1, 1000)`, a hash, one
+    `==` per size) each get a program: said once, where the user sees it."""
+    if count != GROWING_VARIANTS:
+      return
+    warn_user(
+        f"{self._name} asks its sizes questions that give nearly every size its own "
+        f"trace and program ({count} so far; the last for {variant.describe()}): "
+        "comparisons with many values (`n in range(...)`, `n in {...}`, one `==` per "
+        "size), which is what jax.jit would compile.\nWhat to do: compare with "
+        "inequalities (`1 <= n < 1000` instead of `n in range(1, 1000)`), compute "
+        "with the size as a value (jnp.where(x.shape[0] == k, ...)), or declare "
+        "that axis fixed.", FallbackWarning)
 
   def _known_variant(self, key: tuple[Any, ...], sizes: dict[str, int]
                      ) -> _variants.Variant | None:

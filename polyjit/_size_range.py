@@ -74,7 +74,7 @@ def _raise_if_out_of_range(ok: Any, values: Sequence[Any], *, names: tuple[str, 
   if bool(np.all(ok)):
     return
   given = {n: np.asarray(v).tolist() for n, v in zip(names, values, strict=True)}
-  bounds = dict(zip(names, padded, strict=True))
+  bounds = {n: int(np.asarray(p)) for n, p in zip(names, padded, strict=True)}
   raise SizeRangeError(
       f"{what}: a traced logical size is outside [1, padded size]: sizes {given}, padded "
       f"sizes {bounds}. Each logical size must be at least 1 and at most its padded "

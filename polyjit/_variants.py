@@ -104,7 +104,22 @@ class Variant:
     """Whether no size can select both (they differ on some comparison)."""
     mine = {d.key: a for d, a in self.decisions}
     return (any(mine.get(d.key, a) != a for d, a in other.decisions)
-            or set(self.constraints) != set(other.constraints))
+            or set(self.constraints) != set(other.constraints)
+            or any(_different_values(d, e) for d, a in self.decisions if a
+                   for e, b in other.decisions if b))
+
+
+def _different_values(d: jc.SizeDecision, e: jc.SizeDecision) -> bool:
+  """Whether two equalities that both hold (`n == 1`, `n == 2`: a hash or a
+  `==` per size) pin one expression to two different values."""
+  if d.kind != "eq" or e.kind != "eq":
+    return False
+  # (each trace has its own scope, so the expressions cannot be subtracted:
+  # their difference is a nonzero constant if it is one at several points)
+  names = sorted(jc.symbolic_vars(d.expr) | jc.symbolic_vars(e.expr))
+  diffs = {_dims.evaluate_dim(d.expr, p) - _dims.evaluate_dim(e.expr, p)
+           for p in ({v: k + 7 * i for i, v in enumerate(names)} for k in (3, 11, 29))}
+  return len(diffs) == 1 and diffs != {0}
 
 
 class _Settle(Exception):

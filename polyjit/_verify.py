@@ -14,6 +14,8 @@ with `POLYJIT_VERIFY=1` in the environment (read at import) or `pj.verify()`
 * a traced size outside `[1, padded]` raise `SizeRangeError` instead of
   poisoning the outputs (`_size_range.py`).
 
+The last is decided when the program is traced: a `jax.jit` around `pj.mask`
+traced under the checking mode keeps raising after it is turned off.
 A difference beyond float rounding raises `VerificationError`, naming the
 function, the argument shapes and the first differing output leaf. The price
 is a second compile per shape (what polyjit exists to avoid): turn it on in
