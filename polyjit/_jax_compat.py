@@ -709,6 +709,12 @@ def is_while_loop_vjp_refusal(error: BaseException) -> bool:
   return "Reverse-mode differentiation does not work for lax.while_loop" in str(error)
 
 
+def is_custom_vjp_jvp_refusal(error: BaseException) -> bool:
+  """Whether `error` is JAX refusing forward-mode differentiation (jvp,
+  jacfwd, linearize, hessian) of a custom_vjp function."""
+  return "forward-mode autodiff (jvp) to a custom_vjp function" in str(error)
+
+
 def inconclusive_comparison(error: BaseException) -> tuple[str, str, str] | None:
   """(a, op, b) of the comparison an InconclusiveDimensionOperation names."""
   match = _INCONCLUSIVE.search(str(error))
