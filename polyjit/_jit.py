@@ -72,7 +72,8 @@ from ._compiles import count_compiles
 from . import _data_dependent_jit as data_dependent
 from ._data_dependent import plain_jit_trace
 from ._errors import FallbackWarning, MaskingError, PolyjitError, ShapeError, warn_user
-from ._jit_args import ArgLayout, aval_key, call_signature, strip_padded
+from ._jit_args import (ArgLayout, aval_key, call_signature, note_fixed_kwargs,
+                        refuse_jit_options, strip_padded)
 from ._jit_plans import (Plan, ProgramKey, Structure, Template, borrow, exact_body,
                          bucket_key, logical_values, lower_and_compile, masked_body,
                          out_shapes, padded_shapes, waste, zero_sized)
@@ -103,9 +104,13 @@ class JitFunction:
                static_argnames: str | Sequence[str] | None = None,
                donate_argnums: int | Sequence[int] | None = None, cache_size: int = 64,
                background_compile: bool = False, fallback: str = "warn",
-               in_shardings: Any = None, out_shardings: Any = None) -> None:
+               in_shardings: Any = None, out_shardings: Any = None,
+               donate_argnames: str | Sequence[str] | None = None, keep_unused: bool = False,
+               inline: bool = False, device: Any = None, backend: str | None = None,
+               compiler_options: dict[str, Any] | None = None) -> None:
     if not callable(fun):
       raise TypeError(f"pj.jit expects a callable, got {type(fun).__name__}")
+    refuse_jit_options(device=device, backend=backend, compiler_options=compiler_options)
     if fallback not in ("warn", "error", "silent"):
       raise ValueError(f"fallback must be 'warn', 'error' or 'silent', got {fallback!r}")
     self.fun = fun
@@ -121,7 +126,7 @@ class JitFunction:
     polymorphic_shapes = annotated if annotated is not None else polymorphic_shapes
     self._args = ArgLayout(fun, repr(self), polymorphic_shapes=polymorphic_shapes,
                            static_argnums=static_argnums, static_argnames=static_argnames,
-                           donate_argnums=donate_argnums)
+                           donate_argnums=donate_argnums, donate_argnames=donate_argnames)
     self._args.specs_per_parameter = annotated is not None
     self._cache = ExecutableCache(cache_size, on_evict=self._forget_program)
     self._structures: dict[Any, Structure] = {}
@@ -134,6 +139,7 @@ class JitFunction:
     self._name = "pj_" + sanitize(getattr(fun, "__qualname__", None) or "fun")
     self._inline = jax.jit(fun, static_argnums=self._args.static_argnums or None,
                            static_argnames=self._args.static_argnames or None,
+                           keep_unused=keep_unused, inline=inline,
                            **_sharding.jit_options(in_shardings, out_shardings))
     functools.update_wrapper(self, fun, updated=())
 
@@ -158,6 +164,8 @@ class JitFunction:
   # --- calls -----------------------------------------------------------------
 
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    if jc.jit_disabled():  # jax.disable_jit(): run `fun` eagerly, as jax.jit does
+      return self._inline(*strip_padded(args), **strip_padded(kwargs))
     if _verify.enabled():  # the checking mode: jax.jit at the exact shapes agrees
       return _verify.checked_call(repr(self), self._reference, self, args, kwargs)
     # The hot path: positional arrays and scalars whose signature was seen.
@@ -278,6 +286,8 @@ class JitFunction:
       return self._masked_plan(struct, shapes, why("bucket"))
     except Exception as e:
       if struct.tracker is None and not self._specs_may_fall_back:  # the user asked
+        if isinstance(e, PolyjitError):
+          note_fixed_kwargs(e, struct.treedef, struct.leaf_names, self._args.label)
         raise
       self._fall_back(struct, e)
       return self._exact_plan(struct, shapes, why("fallback", error=struct.fallback_reason))
@@ -664,7 +674,10 @@ def jit(fun: Callable[..., Any], *, polymorphic_shapes: ArgSpecs | None = None,
         static_argnames: str | Sequence[str] | None = None,
         donate_argnums: int | Sequence[int] | None = None, cache_size: int = 64,
         background_compile: bool = False, fallback: str = "warn",
-        in_shardings: Any = None, out_shardings: Any = None) -> JitFunction: ...
+        in_shardings: Any = None, out_shardings: Any = None,
+        donate_argnames: str | Sequence[str] | None = None, keep_unused: bool = False,
+        inline: bool = False, device: Any = None, backend: str | None = None,
+        compiler_options: dict[str, Any] | None = None) -> JitFunction: ...
 
 
 @overload
@@ -674,8 +687,11 @@ def jit(fun: None = None, *, polymorphic_shapes: ArgSpecs | None = None,
         static_argnames: str | Sequence[str] | None = None,
         donate_argnums: int | Sequence[int] | None = None, cache_size: int = 64,
         background_compile: bool = False, fallback: str = "warn",
-        in_shardings: Any = None,
-        out_shardings: Any = None) -> Callable[[Callable[..., Any]], JitFunction]: ...
+        in_shardings: Any = None, out_shardings: Any = None,
+        donate_argnames: str | Sequence[str] | None = None, keep_unused: bool = False,
+        inline: bool = False, device: Any = None, backend: str | None = None,
+        compiler_options: dict[str, Any] | None = None
+        ) -> Callable[[Callable[..., Any]], JitFunction]: ...
 
 
 def jit(fun: Callable[..., Any] | None = None, *, polymorphic_shapes: ArgSpecs | None = None,
@@ -684,7 +700,10 @@ def jit(fun: Callable[..., Any] | None = None, *, polymorphic_shapes: ArgSpecs |
         static_argnames: str | Sequence[str] | None = None,
         donate_argnums: int | Sequence[int] | None = None, cache_size: int = 64,
         background_compile: bool = False, fallback: str = "warn", in_shardings: Any = None,
-        out_shardings: Any = None) -> JitFunction | Callable[[Callable[..., Any]], JitFunction]:
+        out_shardings: Any = None, donate_argnames: str | Sequence[str] | None = None,
+        keep_unused: bool = False, inline: bool = False, device: Any = None,
+        backend: str | None = None, compiler_options: dict[str, Any] | None = None
+        ) -> JitFunction | Callable[[Callable[..., Any]], JitFunction]:
   """A drop-in for `jax.jit` that pads to size buckets and masks.
 
   Usable as `pj.jit(f)`, `@pj.jit`, `@pj.jit(buckets=...)` or through
@@ -705,7 +724,12 @@ def jit(fun: Callable[..., Any] | None = None, *, polymorphic_shapes: ArgSpecs |
       `pj.buckets.PowersOfTwo()` is the fixed classic;
       `pj.buckets.fit(sample, max_programs=k)` plans from sizes.
     constraints: `jax.export` constraints such as "n >= 3".
-    static_argnums, static_argnames, donate_argnums: as in `jax.jit`.
+    static_argnums, static_argnames, donate_argnums, donate_argnames: as in
+      `jax.jit` (names and positions map to each other the same way).
+    keep_unused, inline: as in `jax.jit` (`inline` matters where the function
+      is called under another transformation, which inlines it).
+    device, backend, compiler_options: refused with the reason (use
+      `in_shardings`/`jax.device_put` to place the computation).
     cache_size: the most compiled programs kept (least recently used dropped).
     background_compile: on a new bucket, run on an already compiled larger one
       and compile the tight one in a background thread.
@@ -722,7 +746,9 @@ def jit(fun: Callable[..., Any] | None = None, *, polymorphic_shapes: ArgSpecs |
             constraints=constraints, static_argnums=static_argnums,
             static_argnames=static_argnames, donate_argnums=donate_argnums,
             cache_size=cache_size, background_compile=background_compile,
-            fallback=fallback, in_shardings=in_shardings, out_shardings=out_shardings)
+            fallback=fallback, in_shardings=in_shardings, out_shardings=out_shardings,
+            donate_argnames=donate_argnames, keep_unused=keep_unused, inline=inline,
+            device=device, backend=backend, compiler_options=compiler_options)
   if fun is None:
     return functools.partial(jit, **kw)
   return JitFunction(fun, **kw)

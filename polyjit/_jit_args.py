@@ -46,14 +46,16 @@ class ArgLayout:
   def __init__(self, fun: Callable[..., Any], label: str, *, polymorphic_shapes: Any = None,
                static_argnums: int | Sequence[int] | None = None,
                static_argnames: str | Sequence[str] | None = None,
-               donate_argnums: int | Sequence[int] | None = None) -> None:
+               donate_argnums: int | Sequence[int] | None = None,
+               donate_argnames: str | Sequence[str] | None = None) -> None:
     self.fun = fun
     self.label = label                  # `pj.jit(name)`, for messages
     self.polymorphic_shapes = (None if polymorphic_shapes is None
                                else _as_tuple(polymorphic_shapes))
-    self.static_argnums = _normalize_argnums(static_argnums)
-    self.static_argnames = tuple(_as_tuple(static_argnames or ()))
-    self.donate_argnums = _normalize_argnums(donate_argnums)
+    self.static_argnums, self.static_argnames = infer_argnums_and_argnames(
+        fun, static_argnums, static_argnames)
+    self.donate_argnums, self.donate_argnames = infer_argnums_and_argnames(
+        fun, donate_argnums, donate_argnames)
     self._params = _positional_params(fun)
 
   # --- every call ------------------------------------------------------------
@@ -139,18 +141,81 @@ class ArgLayout:
     return tuple(leaf_specs) + (None,) * n_kwargs
 
   def donated_leaves(self, treedef: Any, static_key: StaticKey) -> tuple[int, ...]:
-    """The indices of the leaves of the donated positional arguments."""
-    if not self.donate_argnums:
+    """The indices of the leaves of the donated arguments (positional, and
+    keyword arguments named in `donate_argnames`)."""
+    if not self.donate_argnums and not self.donate_argnames:
       return ()
     static_nums = {i for i, _ in static_key[0]}
     positions = _dynamic_positions(treedef, static_key)
     out: list[int] = []
     start = 0
-    for child, pos in zip(treedef.children()[0].children(), positions):
+    args_tree, kwargs_tree = treedef.children()
+    for child, pos in zip(args_tree.children(), positions, strict=True):
       if pos in self.donate_argnums and pos not in static_nums:
         out.extend(range(start, start + child.num_leaves))
       start += child.num_leaves
+    names = kwargs_tree.node_data()[1]  # a dict's keys, in its flattening order
+    for child, name in zip(kwargs_tree.children(), names, strict=True):
+      if name in self.donate_argnames:
+        out.extend(range(start, start + child.num_leaves))
+      start += child.num_leaves
     return tuple(out)
+
+
+def infer_argnums_and_argnames(fun: Callable[..., Any], argnums: int | Sequence[int] | None,
+                               argnames: str | Sequence[str] | None
+                               ) -> tuple[tuple[int, ...], tuple[str, ...]]:
+  """`jax.jit`'s rule for static and donated arguments: given only positions,
+  the names of those parameters count too (the argument may be passed by
+  keyword); given only names, so do their positions (it may be passed
+  positionally); given both, each is taken as it is."""
+  nums = _normalize_argnums(argnums)
+  names = tuple(_as_tuple(argnames)) if argnames is not None else ()
+  if argnums is not None and argnames is not None:
+    return nums, names
+  try:
+    params = list(inspect.signature(fun).parameters.values())
+  except (TypeError, ValueError):
+    return nums, names
+  if argnames is None:
+    names = tuple(p.name for i, p in enumerate(params)
+                  if p.kind == p.POSITIONAL_OR_KEYWORD and (i in nums or i - len(params) in nums))
+  else:
+    nums = tuple(i for i, p in enumerate(params)
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name in names)
+  return nums, names
+
+
+def note_fixed_kwargs(error: BaseException, treedef: Any, names: Sequence[str],
+                      label: str) -> None:
+  """Adds to a masking `error` in explicit mode that keyword arguments are
+  fixed, when the call had keyword array arguments: a keyword array whose
+  length matches a dynamic one's (`x * w` with `w=`) cannot be masked."""
+  n_kwargs = treedef.children()[1].num_leaves
+  if not n_kwargs:
+    return
+  kw = ", ".join(names[len(names) - n_kwargs:])
+  error.add_note(
+      f"({label} was called with keyword array arguments ({kw}); polymorphic_shapes "
+      "gives specs to the positional arguments only, so keyword arguments keep their "
+      "exact shapes (fixed). If one has a dynamic axis, pass it positionally with a "
+      "spec, e.g. polymorphic_shapes=['n', 'n'] for f(x, w); or bind it with "
+      "functools.partial outside pj.jit if it is fixed.)")
+
+
+def refuse_jit_options(**options: Any) -> None:
+  """Raises for the `jax.jit` keywords `pj.jit` cannot honour, saying why."""
+  if options.get("device") is not None or options.get("backend") is not None:
+    raise TypeError(
+        "pj.jit does not take device= or backend= (jax.jit deprecated them): polyjit "
+        "compiles for where its arguments live. What to do: put the arguments there "
+        "(jax.device_put(x, device)), or give in_shardings=.")
+  if options.get("compiler_options"):
+    raise TypeError(
+        "pj.jit does not take compiler_options=: its programs are compiled once per "
+        "bucket and shared through the executable cache, whose key does not hold XLA "
+        "options. What to do: set them process-wide (XLA_FLAGS, jax.config), or use "
+        "jax.jit for this function.")
 
 
 def _dynamic_positions(treedef: Any, static_key: StaticKey) -> list[int]:
@@ -229,12 +294,12 @@ def aval_key(x: Any) -> tuple[np.dtype[Any], bool] | None:
     return (_canonical(x.dtype), False)
   if isinstance(x, jc.Tracer):
     return None
-  if isinstance(x, jax.Array):
+  if type(x) is jc.ARRAY_TYPE:
     return (x.dtype, x.weak_type)
-  if isinstance(x, Padded):
-    return (np.dtype(x.dtype), False)
-  aval = jax.typeof(x)
-  return (np.dtype(aval.dtype), bool(aval.weak_type))
+  if isinstance(x, Padded):  # under a transformation its data is a tracer: inline
+    return None if isinstance(x.data, jc.Tracer) else (np.dtype(x.dtype), False)
+  aval = jax.typeof(x)  # also typed PRNG keys: no weak_type, an extended dtype
+  return (aval.dtype, bool(aval.weak_type))
 
 
 def strip_padded(tree: Any) -> Any:

@@ -35,8 +35,12 @@ sizes, or whose split fails, replays the forward pass in the backward one.
 
 Values `fun` closes over become inputs of the custom_vjp (closure
 conversion), so gradients reach them as well. Forward-mode differentiation
-(`jax.jvp`, `jax.jacfwd`) of a masked function is not supported: JAX forbids
-it on a custom_vjp. Calling `jax.jvp` *inside* `fun` is fine.
+(`jax.jvp`, `jax.jacfwd`, `jax.hessian`) of a masked function is not
+supported: JAX forbids it on a custom_vjp, and a custom_jvp instead would
+have JAX transpose the masked tangent computation, multiplying garbage in the
+padding by zero cotangents (NaN) again. It raises a MaskingError that names
+`jax.jacrev(jax.jacrev(f))`; calling `jax.jvp`/`jax.hessian` *inside* `fun` is
+fine.
 """
 
 from __future__ import annotations
@@ -307,8 +311,26 @@ def _apply_inputs(traced: Traced, padded: dict[str, int], inputs: list[Any],
     return grads, None
 
   run.defvjp(fwd, bwd)
-  outs: list[Any] = run(inputs, logical)
+  try:
+    outs: list[Any] = run(inputs, logical)
+  except TypeError as e:
+    if jc.is_custom_vjp_jvp_refusal(e):
+      raise _forward_mode_error() from None
+    raise
   return outs
+
+
+def _forward_mode_error() -> MaskingError:
+  return MaskingError(
+      "forward-mode differentiation (jax.jvp, jax.jacfwd, jax.linearize, "
+      "jax.hessian, jax.linear_transpose) of a masked function (pj.mask, pj.vmap, "
+      "jax.jit of either) is not supported: its gradient is a custom_vjp, which "
+      "keeps gradients exact and NaN-free with garbage in the padding, and JAX "
+      "refuses forward mode on a custom_vjp.\nWhat to do: use reverse mode, "
+      "jax.jacrev(f) for a Jacobian and jax.jacrev(jax.jacrev(f)) for a Hessian "
+      "(same values as jax.hessian); or differentiate inside the masked function: "
+      "pj.mask(jax.hessian(f), ...), pj.vmap(jax.hessian(f)), pj.jit(jax.hessian(f)) "
+      "(forward mode works there).")
 
 
 GROWING_VARIANTS = 8   # variants of one argument structure before a warning

@@ -81,6 +81,13 @@ def pad(x: Any, padded_shape: tuple[int, ...], dtype: Any) -> Any:
   data = x.data if isinstance(x, Padded) else x
   if logical_shape(data) == padded_shape and _dtype_of(data) == dtype:
     return data
+  if is_key_dtype(dtype):  # typed PRNG keys: pad their raw data, wrap it again
+    impl = jax.random.key_impl(data)
+    raw = jax.random.key_data(data)
+    inner = Padded(raw, (*logical_shape(x), *raw.shape[data.ndim:])) if isinstance(
+        x, Padded) else raw
+    padded = pad(inner, (*padded_shape, *raw.shape[data.ndim:]), raw.dtype)
+    return jax.random.wrap_key_data(padded, impl=impl)
   shape = logical_shape(x)
   host = np.asarray(data)
   if isinstance(x, Padded):
@@ -99,14 +106,29 @@ def pad_into(x: Any, padded_shape: tuple[int, ...], dtype: Any,
   return out
 
 
-def _dtype_of(x: Any) -> np.dtype[Any] | None:
+def _dtype_of(x: Any) -> Any:
   dtype = getattr(x, "dtype", None)
-  return None if dtype is None else np.dtype(dtype)
+  if dtype is None or is_key_dtype(dtype):
+    return dtype
+  return np.dtype(dtype)
+
+
+def is_key_dtype(dtype: Any) -> bool:
+  """Whether `dtype` is a typed PRNG key's (an extended dtype NumPy does
+  not know: keys are padded and unpadded through their raw data)."""
+  return not isinstance(dtype, np.dtype) and jax.numpy.issubdtype(dtype, jax.dtypes.prng_key)
 
 
 def unpad(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
   """The leading `shape` corner of a padded device array, as a device array."""
   if tuple(x.shape) == tuple(shape):
     return x
+  if x.dtype == jax.dtypes.float0:  # zero-size data, no device buffer: as jax.jit gives it
+    return np.zeros(shape, jax.dtypes.float0)  # type: ignore[return-value]
+  if is_key_dtype(x.dtype):
+    raw = jax.random.key_data(x)
+    data = unpad(raw, (*shape, *raw.shape[x.ndim:]))
+    keys: jax.Array = jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+    return keys
   host = np.asarray(x)[tuple(slice(0, s) for s in shape)]
   return jc.host_to_device(np.ascontiguousarray(host), x.sharding)

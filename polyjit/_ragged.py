@@ -121,6 +121,7 @@ from . import _jax as jc
 from . import _sharding
 from ._errors import MaskingError, ShapeError
 from ._mask import Masked
+from ._padding import is_key_dtype
 
 if TYPE_CHECKING:  # (_ragged_groups builds on this module)
   from ._ragged_groups import GroupedRagged, LengthGroups
@@ -324,7 +325,8 @@ class Ragged:
           "Ragged.to_list reads the examples on the host, so it needs concrete "
           "values: call it outside jax.jit/jax.grad (inside, use .data with "
           ".mask, .sum() or .mean()).")
-    host = [np.asarray(x) for x in leaves]
+    # typed PRNG keys have no NumPy form: they stay key arrays (sliced on the device)
+    host = [x if is_key_dtype(x.dtype) else np.asarray(x) for x in leaves]
     lengths = np.asarray(self.lengths).reshape(self.batch_size, self.ragged_axes)
     return [jax.tree.unflatten(tree, [h[i][tuple(slice(0, s) for s in lengths[i])]
                                       for h in host])

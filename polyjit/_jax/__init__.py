@@ -32,6 +32,7 @@ from .core import (
     Jaxpr as Jaxpr, JaxprEqn as JaxprEqn, Literal as Literal, Primitive as Primitive,
     Tracer as Tracer, convert_constvars_jaxpr as convert_constvars_jaxpr,
     default_sharding as default_sharding, host_to_device as host_to_device,
+    jit_disabled as jit_disabled,
     is_dropvar as is_dropvar, jaxpr_as_fun as jaxpr_as_fun,
     make_closed_jaxpr as make_closed_jaxpr, promote_dtypes_inexact as promote_dtypes_inexact,
     replay_unsafe_effects as replay_unsafe_effects, shaped as shaped,
@@ -64,6 +65,7 @@ from .messages import (
     inconclusive_comparison as inconclusive_comparison,
     is_cache_miss_explanation as is_cache_miss_explanation,
     is_while_loop_vjp_refusal as is_while_loop_vjp_refusal,
+    is_custom_vjp_jvp_refusal as is_custom_vjp_jvp_refusal,
     jit_program_name as jit_program_name, parse_cache_miss as parse_cache_miss)
 from .swaps import (
     SPELLING_TARGETS as SPELLING_TARGETS, register_spellings as register_spellings,

@@ -48,6 +48,12 @@ InconclusiveDimensionOperation = _InconclusiveDimensionOperation
 ARRAY_TYPE = _ArrayImpl
 
 
+def jit_disabled() -> bool:
+  """Whether `jax.disable_jit()` is in effect (then `pj.jit` runs `fun`
+  eagerly, as `jax.jit` does; compiled programs refuse to run under it)."""
+  return bool(getattr(jax.config, "jax_disable_jit"))  # (the stub lacks the flag)
+
+
 @functools.lru_cache(maxsize=None)
 def default_sharding() -> jax.sharding.SingleDeviceSharding:
   return jax.sharding.SingleDeviceSharding(jax.devices()[0])
