@@ -53,7 +53,9 @@ length than the axis.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
+import re
 import operator
 import threading
 from collections.abc import Callable, Iterator
@@ -171,6 +173,29 @@ def decide_nonempty(expr: Any) -> bool | None:
     return int(shifted) >= 0
   lo, hi = jc.dim_bounds(shifted)
   return True if lo >= 0 else False if hi < 0 else None
+
+
+_SIZE_TEXT = re.compile(rf"{PREFIX}(\d+)(?: - 1)?")
+
+
+def readable_sizes(error: Any) -> Any:
+  """`error` with data-dependent sizes named as the user knows them
+  ('len(selection 1)' for `pj_dd0 - 1`), and, where two selections' sizes
+  meet, what works: one selection reused."""
+  text = str(error.args[0]) if error.args else ""
+  found = set(_SIZE_TEXT.findall(text))
+  if not found:
+    return error
+  text = _SIZE_TEXT.sub(lambda m: f"len(selection {int(m.group(1)) + 1})", text)
+  if len(found) > 1:
+    text += ("\n(Each boolean selection, nonzero or unique gets a size of its own, "
+             "which polyjit cannot prove equal to another's, even for the same mask. "
+             "What works: select once and reuse the result, `y = x[m]; "
+             "jnp.stack([y, y * 2])`, or select after combining: "
+             "`pj.boolean_mask(jnp.stack([x, x * 2]), m, axis=1)`.)")
+  new = copy.copy(error)
+  new.args = (text, *error.args[1:])
+  return new
 
 
 def refuse_decision(decision: jc.SizeDecision) -> None:

@@ -47,7 +47,7 @@ def no_rule_message(prim_name: str, source: str, padded: list[str]) -> str:
       "What to do: declare the affected axes with a fixed size (\"_\" in the spec, "
       "or None for the whole argument) if they do not really vary; or compute this "
       "step outside the masked function; or use pj.jit, whose automatic mode "
-      "falls back to exact shapes. The coverage table (docs/coverage.md) lists "
+      "falls back to exact shapes. The documentation's page \"What pj.mask supports\" lists "
       "what is supported.")
 
 
@@ -83,11 +83,11 @@ def trace_error(error: BaseException, fun_name: str) -> PolyjitError:
     return MaskingError(
         head + f"`{inside}` needs this size as a plain int, which a dynamic size is not.\n"
         f"What to do: {fixed}; or compute this step outside the masked function "
-        "(see the README's pitfalls).")
+        "(see the documentation's \"Common pitfalls\" page).")
   return MaskingError(
       head + f"What to do: {fixed}; add constraints=[...] if JAX needs a bound on a "
-      "size; or compute this step outside the masked function (see the README's "
-      "pitfalls).")
+      "size; or compute this step outside the masked function (see the documentation's \"Common "
+      "pitfalls\" page).")
 
 
 class SizeValueError(MaskingError, TypeError):

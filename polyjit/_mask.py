@@ -507,9 +507,10 @@ class Masked:
       out = jax_refusal(error)
     else:
       out = trace_error(error, self._name)
+    out = _data_dependent.readable_sizes(out)
     if variant is not None and traced_sizes and (variant.decisions or variant.other_side):
-      declare = (f"constraints=['{variant.other_side}']" if variant.other_side
-                 else "constraints=[...]")
+      excluding = variant.other_side or _variants.excluding_constraint(variant)
+      declare = f"constraints=['{excluding}']" if excluding else "constraints=[...]"
       out.add_note(f"(it fails for the sizes where {variant.describe()}. With traced sizes "
                    "(jax.jit of a masked function, pj.vmap) every size up to the padded "
                    f"one must work; if sizes never go there, declare it: {declare}.)")

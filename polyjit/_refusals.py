@@ -54,6 +54,13 @@ TRACE_REFUSALS: dict[str, tuple[str, str, str]] = {
         "shuffle by sorting on random keys, "
         "x[jnp.argsort(jax.random.uniform(key, x.shape))]; or declare the axis "
         "fixed (\"_\" in the spec)."),
+    "Evaluation rule for 'dim_as_value' is not implemented": (
+        "code under jax.ensure_compile_time_eval()",
+        "it evaluates eagerly, and a dynamic size has no concrete value (NumPyro "
+        "validates distribution parameters this way when validation is on).",
+        "turn that validation off (validate_args=False on the distribution, or "
+        "numpyro.enable_validation(False)); or move the eager step outside the "
+        "masked function; or declare the axis fixed (\"_\" in the spec)."),
 }
 
 

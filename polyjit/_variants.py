@@ -96,7 +96,10 @@ class Variant:
     return out
 
   def describe(self) -> str:
-    parts = [f"{d.text} is {a} (at {d.where})" for d, a in self.decisions]
+    shown = self.decisions[-4:]   # the last comparisons tell the side apart
+    parts = [f"{d.text} is {user_answer(d, a)} (at {d.where})" for d, a in shown]
+    if len(self.decisions) > len(shown):
+      parts.insert(0, f"({len(self.decisions) - len(shown)} earlier comparisons)")
     parts += [f"'{c}'" for c in self.constraints]
     return "; ".join(parts) if parts else "every size"
 
@@ -120,6 +123,26 @@ def _different_values(d: jc.SizeDecision, e: jc.SizeDecision) -> bool:
   diffs = {_dims.evaluate_dim(d.expr, p) - _dims.evaluate_dim(e.expr, p)
            for p in ({v: k + 7 * i for i, v in enumerate(names)} for k in (3, 11, 29))}
   return len(diffs) == 1 and diffs != {0}
+
+
+def excluding_constraint(variant: Variant) -> str | None:
+  """A constraint that excludes `variant`'s side of its last inequality
+  (`n >= 3` for the side of `assert x.shape[0] > 2` that fails), or None."""
+  for d, answer in reversed(variant.decisions):
+    if d.kind == "ge":
+      return f"{d.expr} >= 0" if not answer else f"{-d.expr} >= 1"
+  return None
+
+
+def user_answer(decision: jc.SizeDecision, answer: bool) -> bool:
+  """The answer to the question as the user wrote it (`decision.text`): the
+  oracle answers `expr >= 0` / `expr == 0`, and `n > 2` is `not (2 - n >= 0)`."""
+  text = decision.text
+  if decision.kind == "ge" and ("' > '" in text or "' < '" in text):
+    return not answer
+  if text.startswith("bool("):
+    return not answer
+  return answer
 
 
 class _Settle(Exception):
@@ -162,6 +185,11 @@ class _Oracle:
       answer = bool(decision_holds(decision, self.sizes))
       if answer and equality is not None:
         raise _Settle(equality)
+      if decision.kind == "ge" and len(jc.symbolic_vars(decision.expr)) >= 2:
+        # `min(n, m)`, `n <= m` between sizes: JAX must know the side too, or
+        # `x[:min(n, m)] * y[:min(n, m)]` would not type-check; traced again
+        # with the side as a constraint ('m - n >= 0'), which selects it.
+        raise _Settle(f"{decision.expr} >= 0" if answer else f"{decision.expr} <= -1")
     elif equality is not None:
       answer = False
       free = self.feasible is None or (self.feasible(self.decisions() + ((decision, True),))

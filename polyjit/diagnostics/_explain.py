@@ -142,12 +142,17 @@ def _describe(cause: Cause) -> str:
 
 
 def _cost_aware_note(f: JitFunction, where: str, dim: str, sizes: Collection[int]) -> str:
-  buckets = sorted({dict(e.key.bucket)[dim] for e in f.stats.compile_events
-                    if not e.exact and dim in dict(e.key.bucket)})
-  return (f"{where} took {len(sizes)} distinct sizes in [{min(sizes)}, {max(sizes)}]: "
-          f"the cost-aware buckets compiled {len(buckets)} program(s) for it "
-          f"({', '.join(map(str, buckets)) or 'none'}); a tighter bucket is compiled once "
-          "the run time its padding wastes exceeds a compile.")
+  events = [e for e in f.stats.compile_events if not e.exact and dim in dict(e.key.bucket)]
+  buckets = sorted({dict(e.key.bucket)[dim] for e in events})
+  note = (f"{where} took {len(sizes)} distinct sizes in [{min(sizes)}, {max(sizes)}]: "
+          f"the cost-aware buckets compiled {len(events)} program(s) for it in "
+          f"{len(buckets)} bucket(s) ({', '.join(map(str, buckets)) or 'none'}); a tighter "
+          "bucket is compiled once the run time its padding wastes exceeds a compile.")
+  if len(events) > 2 * len(buckets):  # one program per side of a comparison, per size
+    note += (" More programs than buckets: the function branches on this size in a way "
+             "that gives sizes sides of their own (`n in range(...)`, a hash, `==` per "
+             "size); each side is compiled per bucket.")
+  return note
 
 
 def _advice(f: JitFunction) -> list[str]:
