@@ -90,10 +90,11 @@ def trace_error(error: BaseException, fun_name: str) -> PolyjitError:
       "pitfalls\" page).")
 
 
-class SizeValueError(MaskingError, TypeError):
+class SizeValueError(ShapeError, MaskingError, TypeError):
   """A symbolic size was asked for its Python value (`int(n)`, `range(n)`):
-  one trace serves many sizes, so it has none. A `TypeError`, as JAX's own
-  refusal of `operator.index` on a symbolic dimension is."""
+  one trace serves many sizes, so it has none. A `ShapeError` (what polyjit
+  raised for it before), and a `TypeError`, as JAX's own refusal of
+  `operator.index` on a symbolic dimension is."""
 
 
 class CompileLimitError(PolyjitError, RuntimeError):

@@ -24,6 +24,7 @@ import numpy as np
 
 from . import _verify
 from ._errors import ShapeError
+from ._padding import is_key_dtype
 
 
 class SizeRangeError(ShapeError):
@@ -32,7 +33,7 @@ class SizeRangeError(ShapeError):
 
 def poison_value(dtype: Any) -> Any:
   """What an output of a call with out-of-range sizes holds."""
-  if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+  if is_key_dtype(dtype):
     return None   # typed keys: nothing to poison
   dtype = np.dtype(dtype)
   if jnp.issubdtype(dtype, jnp.inexact):

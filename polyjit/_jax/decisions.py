@@ -141,9 +141,9 @@ def _size_operand(other: Any) -> Any:
     return other
   if isinstance(other, (bool, int, np.integer)):
     return int(other)
-  if isinstance(other, (numbers.Number, np.ndarray, np.generic)) and np.ndim(other) == 0:
+  if isinstance(other, (numbers.Number, np.ndarray, np.generic)) and np.ndim(other) == 0:  # type: ignore[arg-type]
     try:
-      c = complex(other)
+      c = complex(other)  # type: ignore[arg-type]
     except (TypeError, ValueError):
       return None
     if c.imag != 0 or not float(c.real).is_integer():
@@ -162,7 +162,7 @@ def _install_decision_hooks() -> None:
   if getattr(DimExpr.__eq__, "_polyjit", False):
     return
   original_eq = DimExpr.__eq__
-  original_hash = DimExpr.__hash__
+  original_hash: Callable[[Any], int] = DimExpr.__hash__
   original_geq = _shape_poly._geq_decision
 
   def __eq__(self: Any, other: Any) -> Any:
@@ -210,7 +210,7 @@ def _install_decision_hooks() -> None:
     where = _user_frame() if oracle is not None else None
     if where is None:
       return original_hash(self)
-    value: int = oracle.value_of(self, where)
+    value = int(oracle.value_of(self, where))
     return hash(value)
 
   def refusing(how: str, original: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
