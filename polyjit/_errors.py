@@ -6,10 +6,7 @@ primitive, and the user's source line), and what to do about it.
 
 from __future__ import annotations
 
-import os
-import sys
 import warnings
-from types import FrameType
 
 from . import _jax as jc
 
@@ -109,13 +106,6 @@ class FallbackWarning(PolyjitWarning):
   """`pj.jit` compiles every distinct shape exactly because it cannot mask."""
 
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-
-
 def warn_user(message: str, category: type[Warning]) -> None:
   """`warnings.warn`, attributed to the user's line that called into polyjit."""
-  frame: FrameType | None
-  level, frame = 2, sys._getframe(1)
-  while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
-    frame, level = frame.f_back, level + 1
-  warnings.warn(message, category, stacklevel=level)
+  warnings.warn(message, category, stacklevel=jc.stacklevel_outside_polyjit())

@@ -48,6 +48,8 @@ from .decisions import (
     scope_constraints as scope_constraints, size_decisions as size_decisions)
 from .frames import (
     current_user_line as current_user_line, eqn_context as eqn_context,
+    is_polyjit_path as is_polyjit_path, is_user_path as is_user_path,
+    stacklevel_outside_polyjit as stacklevel_outside_polyjit,
     library_function_of as library_function_of, source_line as source_line,
     user_line_of as user_line_of)
 from .primitives import (

@@ -18,7 +18,7 @@ from jax._src.export import shape_poly as _shape_poly
 
 from .core import InconclusiveDimensionOperation
 from .dims import DimExpr, is_symbolic_dim, symbolic_vars
-from .frames import _POLYJIT_DIR
+from .frames import is_user_path
 
 # --- size comparisons in user code -----------------------------------------------
 #
@@ -113,7 +113,7 @@ def _user_frame() -> str | None:
   if through_generated_eq and frame.f_code.co_code[frame.f_lasti] not in _COMPARISONS:
     return None
   path = os.path.abspath(frame.f_code.co_filename)
-  if path.startswith(_JAX_DIR) or path.startswith(_POLYJIT_DIR):
+  if not is_user_path(path):  # by path components: `jax_md/` is the user's
     return None
   return f"{path}:{frame.f_lineno}"
 

@@ -1,9 +1,20 @@
-"""Source locations: where an equation came from, which frames are the user's."""
+"""Source locations, and the one walker that tells the user's frames apart.
+
+Whether a frame is the user's is decided by its file's path *components*: a
+file is JAX's or polyjit's when it lies inside JAX's package directory or
+polyjit's (`os.path.commonpath`), never by a string prefix, so that user code
+in packages named `jax_md/`, `jaxopt/` or `polyjit_extras/` is the user's.
+Every walk over frames (a traceback, the current stack) goes through
+`traceback_frames`, `stack_outward` and `is_user_path` here.
+"""
 from __future__ import annotations
 
+import functools
 import os
+import sys
+import types
 import typing
-from typing import Any
+from typing import Any, Iterator
 
 from jax._src import core as _core
 from jax._src import source_info_util as _siu
@@ -11,6 +22,59 @@ from jax._src import source_info_util as _siu
 from .core import JaxprEqn
 
 _JAX_DIR = os.path.dirname(os.path.dirname(os.path.abspath(_core.__file__)))
+# polyjit's own frames are not the user's: leave them out of source lines.
+# (Registered with JAX by `install_patches()`.)
+_POLYJIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+def _inside(path: str, directory: str) -> bool:
+  try:
+    return os.path.commonpath([path, directory]) == directory
+  except ValueError:  # different drives (Windows), or a relative and an absolute path
+    return False
+
+
+@functools.lru_cache(maxsize=4096)
+def is_polyjit_path(path: str) -> bool:
+  """Whether a source file is part of polyjit (by path components)."""
+  return _inside(os.path.abspath(path), _POLYJIT_DIR)
+
+
+@functools.lru_cache(maxsize=4096)
+def is_user_path(path: str) -> bool:
+  """Whether a source file is the user's: inside neither JAX's package
+  directory nor polyjit's (by path components, so `site-packages/jax_md/` is
+  the user's although its path string starts with JAX's directory's)."""
+  path = os.path.abspath(path)
+  return not (_inside(path, _JAX_DIR) or _inside(path, _POLYJIT_DIR))
+
+
+def stack_outward(depth: int) -> Iterator[types.FrameType]:
+  """The current stack from the frame `depth` levels above the caller, outward."""
+  frame: types.FrameType | None = sys._getframe(depth + 1)
+  while frame is not None:
+    yield frame
+    frame = frame.f_back
+
+
+def traceback_frames(error: BaseException) -> list[tuple[types.FrameType, int]]:
+  """(frame, line number) of `error`'s traceback, outermost first."""
+  tb, frames = error.__traceback__, []
+  while tb is not None:
+    frames.append((tb.tb_frame, tb.tb_lineno))
+    tb = tb.tb_next
+  return frames
+
+
+def stacklevel_outside_polyjit() -> int:
+  """The `stacklevel` that makes `warnings.warn`, called by the caller of this
+  function, point at the first frame outside polyjit (the user's call)."""
+  level = 2
+  for frame in stack_outward(2):
+    if not is_polyjit_path(frame.f_code.co_filename):
+      break
+    level += 1
+  return level
+
 
 def eqn_context(eqn: JaxprEqn) -> _EqnContext:
   """Context that gives ops emitted for `eqn` its source location and ctx."""
@@ -40,12 +104,6 @@ class _EqnContext:
     return False
 
 
-# polyjit's own frames are not the user's: leave them out of source lines.
-
-# polyjit's own frames are not the user's: leave them out of source lines.
-# (Registered with JAX by `install_patches()`.)
-_POLYJIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 def source_line(eqn: JaxprEqn | None) -> str:
   """Where an equation came from: 'at model.py:12 (loss)', or 'in `sort`'.
@@ -68,33 +126,26 @@ def source_line(eqn: JaxprEqn | None) -> str:
 def user_line_of(error: BaseException) -> str | None:
   """'file:line' of the innermost frame of `error`'s traceback that is not
   JAX's or polyjit's (the user's line that failed), or None."""
-  tb, found = error.__traceback__, None
-  while tb is not None:
-    path = os.path.abspath(tb.tb_frame.f_code.co_filename)
-    if not (path.startswith(_JAX_DIR) or path.startswith(_POLYJIT_DIR)):
-      found = f"{path}:{tb.tb_lineno}"
-    tb = tb.tb_next
+  found = None
+  for frame, line in traceback_frames(error):
+    if is_user_path(frame.f_code.co_filename):
+      found = f"{os.path.abspath(frame.f_code.co_filename)}:{line}"
   return found
 
 
 def library_function_of(error: BaseException) -> str | None:
   """The JAX function the user called when `error` was raised inside JAX
   (`jax.numpy.convolve`), or None when it was raised in user code."""
-  tb, called = error.__traceback__, None
+  frames = [frame for frame, _ in traceback_frames(error)]
   last_user = None
-  frames = []
-  while tb is not None:
-    frames.append(tb.tb_frame)
-    tb = tb.tb_next
   for i, frame in enumerate(frames):
-    path = os.path.abspath(frame.f_code.co_filename)
-    if not (path.startswith(_JAX_DIR) or path.startswith(_POLYJIT_DIR)):
+    if is_user_path(frame.f_code.co_filename):
       last_user = i
   if last_user is None or last_user == len(frames) - 1:
     return None
   for frame in frames[last_user + 1:]:
     module = frame.f_globals.get("__name__", "")
-    if module.startswith("polyjit"):
+    if module == "polyjit" or module.startswith("polyjit."):
       return None
     if module in _WRAPPER_MODULES or module.startswith("jax._src.interpreters"):
       continue
@@ -113,6 +164,9 @@ _WRAPPER_MODULES = {"jax._src.traceback_util", "jax._src.pjit", "jax._src.api",
 
 
 def current_user_line() -> str:
-  """The innermost user frame of the current Python stack."""
-  frame = _siu.user_frame(_siu.current().traceback)
-  return _siu._summarize_frame(frame) if frame is not None else "unknown location"
+  """The innermost user frame of the current Python stack, as
+  'file:line (function)'."""
+  for frame in stack_outward(1):
+    if is_user_path(frame.f_code.co_filename):
+      return f"{frame.f_code.co_filename}:{frame.f_lineno} ({frame.f_code.co_name})"
+  return "unknown location"
