@@ -102,6 +102,10 @@ class FallbackWarning(PolyjitWarning):
   """`pj.jit` compiles every distinct shape exactly because it cannot mask."""
 
 
+class CacheWarning(PolyjitWarning):
+  """polyjit's on-disk cache cannot be used (a read-only or full disk): it is off."""
+
+
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 

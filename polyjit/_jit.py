@@ -66,7 +66,7 @@ from typing import Any, Callable, Sequence, TypeAlias, overload
 import jax
 import numpy as np
 
-from . import _annotations, _jit_aot
+from . import _annotations, _disk_cache, _jit_aot
 from . import _jax_compat as jc
 from . import _sharding
 from ._auto import DimTracker, fit_to_constraints, sanitize
@@ -472,6 +472,8 @@ class JitFunction:
         except PolyjitError:
           pass  # first shapes this variant cannot bind: only later sizes count
     if variant is not None and variant.traced is not None:
+      if struct.rental.model is None and not struct.rental.measured:
+        struct.rental.remember(_disk_cache.program_key(variant.traced.jaxpr, struct.specs))
       struct.rental.use_model(variant.traced.jaxpr, jax.default_backend())
     return struct.rental
 
@@ -612,6 +614,7 @@ class JitFunction:
   def _compile(self, key: ProgramKey, body: Callable[..., Any], struct: Structure,
                cause: Cause, n_dims: int = 0) -> Any:
     donate = self._args.donated_leaves(struct.treedef, struct.static_key)
+    _disk_cache.ensure()  # the on-disk cache, on by default (once per process)
     t0 = time.perf_counter()
     if struct.shardings is not None:
       _sharding.agree_on_program(key.padded_shapes, key.bucket, repr(self))
