@@ -88,7 +88,7 @@ from ._padding import Padded, logical_shape
 from ._spec import ArgSpecs, Binding
 from ._variants import Variant
 
-HOT_PLANS = 4096  # call signatures kept for the hot path (then it starts over)
+HOT_PLANS = 16384 # call signatures kept for the hot path (then it starts over)
 DEFAULT_BUCKETS = CostAware()  # pj.jit's policy when `buckets` is not given
 MESH_BUCKETS = PowersOfTwo()   # in place of a cost-aware policy on a mesh
 
@@ -375,7 +375,7 @@ class JitFunction:
     rental = self._rental(struct, logical)
     tight = {v: self._bucket(struct, v, n) for v, n in logical.items()}
     # Under a cost-aware policy: the smallest compiled bucket, or the full path.
-    buckets = [bucket_key(tight)] if rental is None else rental.candidates(logical)[:1]
+    buckets = [bucket_key(tight)] if rental is None else rental.smallest(logical)
     for bucket in buckets:
       template = struct.template(shapes, bucket)
       if template is None:
@@ -407,7 +407,11 @@ class JitFunction:
       if plan is not None:
         return plan
       tight, buckets = buckets, rental.roomy(logical)
-      if buckets != tight:
+      if buckets != tight and buckets in rental.remembered:
+        why = dataclasses.replace(why, reason=(
+            "no compiled bucket holds " + _sizes(logical) + "; the tightest bucket an "
+            "earlier run of this program compiled (remembered on disk) holds it"))
+      elif buckets != tight:
         why = dataclasses.replace(why, reason=(
             "no compiled bucket holds " + _sizes(logical) + f"; headroom "
             f"{rental.policies[next(iter(logical))].headroom:g}x the largest size seen, "

@@ -36,7 +36,7 @@ from ._policy import Borrow, Rental
 #: Per leaf, a shape (padded or logical).
 Shapes = tuple[tuple[int, ...], ...]
 
-PLANS_PER_STRUCTURE = 4096
+PLANS_PER_STRUCTURE = 16384
 #: Plans built from scratch in this process (a bucket's first plan; a new size
 #: in a bucket with a template reuses its plan: `Plan.resized`). Tests read it.
 plans_built = 0

@@ -219,6 +219,7 @@ class Rental:
     self.busy = False                                 # a background compile running
     self.largest: dict[str, int] = {}
     self.envs: dict[BucketKey, dict[str, int]] = {}   # bucket key -> env, compiled ones
+    self._by_volume: list[tuple[BucketKey, dict[str, int]]] = []  # envs, smallest first
     self.times: dict[BucketKey, list[float]] = {}     # bucket key -> run-time samples
     self.new_shapes: dict[BucketKey, int] = {}        # bucket key -> new shapes run there
     self.accounts: dict[BucketKey, Account] = {}      # bucket key -> its account
@@ -259,9 +260,15 @@ class Rental:
 
   def candidates(self, logical: dict[str, int]) -> list[BucketKey]:
     """Bucket keys of compiled programs that hold `logical`, smallest first."""
-    fits = [(volume(env), key) for key, env in list(self.envs.items())
+    return [key for key, env in self._by_volume
             if all(env.get(v, 0) >= n for v, n in logical.items())]
-    return [key for _, key in sorted(fits)]
+
+  def smallest(self, logical: dict[str, int]) -> list[BucketKey]:
+    """`candidates(logical)[:1]`, without looking further (every call with a new size)."""
+    for key, env in self._by_volume:
+      if all(env.get(v, 0) >= n for v, n in logical.items()):
+        return [key]
+    return []
 
   def smaller(self, logical: dict[str, int], running: dict[str, int]) -> list[dict[str, int]]:
     """The buckets below `running` that would hold `logical`: every grid
@@ -300,6 +307,8 @@ class Rental:
   def compiled(self, bucket: BucketKey, env: dict[str, int], wall_seconds: float) -> None:
     self.charge_cache = {}
     self.envs[bucket] = dict(env)
+    self._by_volume = [(k, e) for _, k, e in sorted(
+        (volume(e), k, e) for k, e in list(self.envs.items()))]
     if self.memory_key is not None:
       _disk_cache.remember_bucket(self.memory_key, env)
     self.compile_seconds.append(wall_seconds)
