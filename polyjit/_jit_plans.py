@@ -118,16 +118,22 @@ class Plan:
     compiled, traced or put on the device here (the sizes go as host int32
     scalars, a few microseconds per call): a never-seen size costs little."""
     new = object.__new__(Plan)
+    padded = self.key.padded_shapes
     new.key, new.program, new.dtypes = self.key, self.program, self.dtypes
     new.fallback, new.bucket, new.padded_out = self.fallback, self.bucket, self.padded_out
     new.unpad_leaf = self.unpad_leaf
     new.logical = logical
     new.out_shapes = out_shapes
-    new.waste = waste(shapes, self.key.padded_shapes)
-    new.pads = tuple((i, p, d, tuple(slice(0, n) for n in s))
-                     for i, (s, p, d) in enumerate(zip(shapes, self.key.padded_shapes,
-                                                       self.dtypes, strict=True))
-                     if s != p)
+    pads = []
+    logical_elems = padded_elems = 0
+    for i, s in enumerate(shapes):
+      p = padded[i]
+      logical_elems += math.prod(s)
+      padded_elems += math.prod(p)
+      if s != p:
+        pads.append((i, p, self.dtypes[i], tuple([slice(0, n) for n in s])))
+    new.pads = tuple(pads)
+    new.waste = 1.0 - logical_elems / padded_elems if padded_elems else 0.0
     new.dynamic_outputs = out_shapes is not None and any(
         tuple(o) != tuple(p) for o, p in zip(out_shapes, self.padded_out, strict=True))
     new.live = True
