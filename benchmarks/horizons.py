@@ -12,6 +12,10 @@ again). Contenders:
   (everything kept, as `pj.enable_persistent_cache` sets it);
 * `pj.jit`: the default (cost-aware buckets, polyjit's on-disk cache on by
   default, in the contender's own directory);
+* `pj.jit+sync`: the same with `jax_cpu_enable_async_dispatch=False` (set
+  before JAX's backend starts: XLA:CPU then runs a program in the calling
+  thread instead of handing it to its thread pool, as torch does; the call
+  blocks for the program's run time);
 * `torch.compile(dynamic=True)`: its on-disk caches on, as by default, in the
   contender's own directory; Inductor's one-time start-up (about 9 s in a
   fresh process) runs untimed before the timing, as does JAX's backend start;
@@ -42,7 +46,8 @@ import time
 CHECKPOINTS = (1, 10, 100, 300, 1000, 3000, 10000, 20000, 100000, 1000000)
 STEADY_SIZES = 50
 _PJ: list = []  # the pj.jit function of this process, for its statistics
-CONTENDERS = ("numpy", "jax.jit", "jax.jit+cache", "pj.jit", "torch.compile", "tf.function")
+CONTENDERS = ("numpy", "jax.jit", "jax.jit+cache", "jax.jit+sync", "pj.jit", "pj.jit+sync",
+              "torch.compile", "tf.function")
 
 
 def lengths(calls: int, distribution: str, seed: int = 0):
@@ -65,9 +70,11 @@ def make(contender: str, cache_dir: str):
       z = (x - mu) * np.exp(-ls)
       return float(np.sum(-0.5 * z * z - ls) - 0.5 * x.shape[0] * np.log(2 * np.pi))
     return np_loglik
-  if contender.startswith("jax.jit") or contender == "pj.jit":
+  if contender.startswith("jax.jit") or contender.startswith("pj.jit"):
     import jax
     import jax.numpy as jnp
+    if contender.endswith("+sync"):  # XLA:CPU runs each program in the calling thread
+      jax.config.update("jax_cpu_enable_async_dispatch", False)
     if contender == "jax.jit+cache":
       jax.config.update("jax_compilation_cache_dir", cache_dir)
       jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
@@ -78,7 +85,7 @@ def make(contender: str, cache_dir: str):
     def loglik(x, mu, log_sigma):
       z = (x - mu) * jnp.exp(-log_sigma)
       return jnp.sum(-0.5 * z * z - log_sigma) - 0.5 * x.shape[0] * jnp.log(2 * jnp.pi)
-    if contender == "pj.jit":
+    if contender.startswith("pj.jit"):
       import polyjit as pj
       f = pj.jit(loglik)
       _PJ.append(f)
@@ -225,23 +232,25 @@ def main() -> None:
     print(f"| {name} | {fmt(at(r['cold'], 300))} | {fmt(at(r['cold'], a.calls))} | "
           f"{steady(r['cold']):.1f} | {fmt(at(r['warm'], 300))} | "
           f"{fmt(at(r['warm'], a.calls))} |")
-  pj, torch_ = table.get("pj.jit"), table.get("torch.compile")
   ratios = {}
-  if pj and torch_:
-    for label, side, n in (("first 300, cold", "cold", 300), (f"{a.calls}, cold", "cold", a.calls),
-                           ("first 300, warm", "warm", 300), (f"{a.calls}, warm", "warm", a.calls)):
-      x, y = at(pj[side], n), at(torch_[side], n)
+  for mine, theirs in (("pj.jit", "jax.jit"), ("pj.jit+sync", "jax.jit+sync")):
+    pj, torch_, jx = table.get(mine), table.get("torch.compile"), table.get(theirs)
+    if pj and torch_:
+      for label, side, n in (("first 300, cold", "cold", 300),
+                             (f"{a.calls}, cold", "cold", a.calls),
+                             ("first 300, warm", "warm", 300),
+                             (f"{a.calls}, warm", "warm", a.calls)):
+        x, y = at(pj[side], n), at(torch_[side], n)
+        if x and y:
+          ratios[f"{mine} / torch.compile, {label}"] = x / y
+      ratios[f"{mine} / torch.compile, steady"] = steady(pj["cold"]) / steady(torch_["cold"])
+    if pj and jx:
+      x, y = at(pj["cold"], 300), at(jx["cold"], 300)
       if x and y:
-        ratios[f"pj.jit / torch.compile, {label}"] = x / y
-    ratios["pj.jit / torch.compile, steady"] = steady(pj["cold"]) / steady(torch_["cold"])
-  jx = table.get("jax.jit")
-  if pj and jx:
-    x, y = at(pj["cold"], 300), at(jx["cold"], 300)
-    if x and y:
-      ratios["jax.jit / pj.jit, first 300 cold"] = y / x
-    ratios["pj.jit / jax.jit steady (every size precompiled)"] = (
-        steady(pj["cold"]) / steady(jx["cold"]))
-  jc = table.get("jax.jit+cache")
+        ratios[f"{theirs} / {mine}, first 300 cold"] = y / x
+      ratios[f"{mine} / {theirs} steady (every size precompiled)"] = (
+          steady(pj["cold"]) / steady(jx["cold"]))
+  pj, jc = table.get("pj.jit"), table.get("jax.jit+cache")
   if pj and jc:
     x, y = at(pj["warm"], 300), at(jc["warm"], 300)
     if x and y:
