@@ -6,9 +6,9 @@ See docs/DESIGN.md for the approach and the invariant.
 """
 
 from . import buckets, diagnostics
-from ._cache import enable_persistent_cache
-from ._errors import (CompileLimitError, FallbackWarning, MaskingError, PolyjitError,
-                      PolyjitWarning, ShapeError, SizeValueError)
+from ._cache import disable_persistent_cache, enable_persistent_cache
+from ._errors import (CacheWarning, CompileLimitError, FallbackWarning, MaskingError,
+                      PolyjitError, PolyjitWarning, ShapeError, SizeValueError)
 from ._filter_jit import FilterJitFunction, filter_jit
 from ._jit import JitFunction, jit
 from ._mask import Masked, mask
@@ -22,10 +22,10 @@ from .diagnostics import assert_max_compiles, explain, shapecheck, stats, watch
 
 __version__ = "0.1.0"
 
-__all__ = ["CompileLimitError", "FallbackWarning", "FilterJitFunction", "GroupedRagged",
-           "JitFunction", "LengthGroups", "MaskingError", "Masked", "Padded", "PolyjitError",
-           "PolyjitWarning", "Ragged",
-           "ShapeError", "SizeRangeError", "SizeValueError", "VerificationError",
-           "assert_max_compiles", "boolean_mask", "buckets", "diagnostics",
-           "enable_persistent_cache", "explain", "filter_jit", "jit", "mask", "nonzero",
-           "shapecheck", "stats", "unique", "verify", "vmap", "watch"]
+__all__ = ["CacheWarning", "CompileLimitError", "FallbackWarning", "FilterJitFunction",
+           "GroupedRagged", "JitFunction", "LengthGroups", "MaskingError", "Masked", "Padded",
+           "PolyjitError", "PolyjitWarning", "Ragged", "ShapeError", "SizeRangeError",
+           "SizeValueError", "VerificationError", "assert_max_compiles", "boolean_mask",
+           "buckets", "diagnostics", "disable_persistent_cache", "enable_persistent_cache",
+           "explain", "filter_jit", "jit", "mask", "nonzero", "shapecheck", "stats", "unique",
+           "verify", "vmap", "watch"]

@@ -19,6 +19,8 @@ from typing import Any, Callable, Hashable, Iterator, Sequence
 
 import jax
 
+from . import _disk_cache
+
 try:  # optional: a progress bar for precompile
   from tqdm.auto import tqdm as _tqdm
 except ImportError:
@@ -138,19 +140,22 @@ def wait(futures: Sequence[concurrent.futures.Future[Any]], *, progress: bool, d
       bar.close()
 
 
-def enable_persistent_cache(directory: str = "~/.cache/polyjit") -> str:
-  """Turns on JAX's persistent compilation cache, keeping small programs too.
+def enable_persistent_cache(directory: str | None = None, *,
+                            max_bytes: int | None = None) -> str | None:
+  """Turns on polyjit's on-disk cache of compiled programs at `directory`.
 
-  JAX by default only persists programs that took over a second to compile;
-  bucket programs are often faster to compile than that and would be left
-  out. After this call a second process running the same workload loads every
-  bucket's program from `directory` instead of compiling it. Returns the
-  directory used.
+  It is on by default (see `_disk_cache.py`: location `$POLYJIT_CACHE_DIR`,
+  else `~/.cache/polyjit`; opt out with `POLYJIT_NO_CACHE=1` or
+  `pj.disable_persistent_cache()`); call this to choose another directory or
+  size bound (`max_bytes`, default 1 GiB, least recently used evicted). JAX's
+  persistent compilation cache keeps every program, however quick to compile,
+  so a second process loads each bucket's program instead of compiling it.
+  Returns the programs' directory, or None (with one `pj.CacheWarning`) when
+  it cannot be written.
   """
-  path = os.path.abspath(os.path.expanduser(directory))
-  os.makedirs(path, exist_ok=True)
-  # jax.config.update carries no annotations (strict only)
-  jax.config.update("jax_compilation_cache_dir", path)  # type: ignore[no-untyped-call, unused-ignore]
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # type: ignore[no-untyped-call, unused-ignore]
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)  # type: ignore[no-untyped-call, unused-ignore]
-  return path
+  return _disk_cache.enable(directory, max_bytes)
+
+
+def disable_persistent_cache() -> None:
+  """Turns polyjit's on-disk cache off in this process (as `POLYJIT_NO_CACHE=1`)."""
+  _disk_cache.disable()

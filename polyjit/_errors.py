@@ -106,6 +106,10 @@ class FallbackWarning(PolyjitWarning):
   """`pj.jit` compiles every distinct shape exactly because it cannot mask."""
 
 
+class CacheWarning(PolyjitWarning):
+  """polyjit's on-disk cache cannot be used (a read-only or full disk): it is off."""
+
+
 def warn_user(message: str, category: type[Warning]) -> None:
   """`warnings.warn`, attributed to the user's line that called into polyjit."""
   warnings.warn(message, category, stacklevel=jc.stacklevel_outside_polyjit())

@@ -16,6 +16,10 @@ A repeated call skips steps 1-2: positional arrays and scalars are keyed by
 pads only the leaves that need it, passes logical sizes already on the device,
 and returns outputs without dynamic dims as the program made them (nothing
 blocks the host). Only outputs with dynamic dims are sliced, on the host.
+A signature not seen before, of a structure seen before (same types and
+ranks, `rank_signature`), whose sizes fall in a compiled bucket with a
+template, takes that bucket's plan resized (`Plan.resized`): new padding
+regions and size scalars, no new plan, trace or compile (`_resized_plan`).
 
 On a plan miss, the logical size of every dimension variable is solved from the
 argument shapes, rounded up by the bucket policy, and the program for those
@@ -62,7 +66,7 @@ from typing import Any, Callable, Sequence, TypeAlias, overload
 import jax
 import numpy as np
 
-from . import _annotations, _verify, _jit_aot
+from . import _annotations, _disk_cache, _jit_aot, _verify
 from . import _jax as jc
 from . import _sharding
 from ._auto import DimTracker, fit_to_constraints, sanitize
@@ -72,8 +76,8 @@ from ._compiles import count_compiles
 from . import _data_dependent_jit as data_dependent
 from ._data_dependent import plain_jit_trace
 from ._errors import FallbackWarning, MaskingError, PolyjitError, ShapeError, warn_user
-from ._jit_args import (ArgLayout, aval_key, call_signature, note_fixed_kwargs,
-                        refuse_jit_options, strip_padded)
+from ._jit_args import (ArgLayout, aval_key, call_signature, note_fixed_kwargs, rank_signature,
+                        refuse_jit_options, signature_shapes, strip_padded)
 from ._jit_plans import (Plan, ProgramKey, Structure, Template, borrow, exact_body,
                          bucket_key, logical_values, lower_and_compile, masked_body,
                          out_shapes, padded_shapes, waste, zero_sized)
@@ -84,7 +88,7 @@ from ._padding import Padded, logical_shape
 from ._spec import ArgSpecs, Binding
 from ._variants import Variant
 
-HOT_PLANS = 4096  # call signatures kept for the hot path (then it starts over)
+HOT_PLANS = 16384 # call signatures kept for the hot path (then it starts over)
 DEFAULT_BUCKETS = CostAware()  # pj.jit's policy when `buckets` is not given
 MESH_BUCKETS = PowersOfTwo()   # in place of a cost-aware policy on a mesh
 
@@ -132,8 +136,11 @@ class JitFunction:
     self._structures: dict[Any, Structure] = {}
     # call_signature -> plan (the hot path); None (no signature) is looked up, never stored
     self._hot: dict[tuple[Any, ...] | None, Plan] = {}
+    # rank_signature -> its structure, for new sizes of hot signatures (`_resized_plan`)
+    self._by_rank: dict[tuple[Any, ...], Structure] = {}
     self._shardings = _sharding.ShardingLayout(in_shardings, out_shardings)
     self._warned: set[str] = set()
+    self._policies: dict[str, BucketPolicy] = {}  # dim -> its policy (`bucket_policy`)
     # Deterministic across processes: the name is part of the persistent
     # compilation cache's key.
     self._name = "pj_" + sanitize(getattr(fun, "__qualname__", None) or "fun")
@@ -155,7 +162,13 @@ class JitFunction:
     return self if obj is None else functools.partial(self, obj)
 
   def bucket_policy(self, dim: str) -> BucketPolicy:
-    """The bucket policy that pads the dimension `dim`."""
+    """The bucket policy that pads the dimension `dim` (made once per dimension)."""
+    policy = self._policies.get(dim)
+    if policy is None:
+      policy = self._policies[dim] = self._make_policy(dim)
+    return policy
+
+  def _make_policy(self, dim: str) -> BucketPolicy:
     spec = self.buckets
     if isinstance(spec, dict):
       spec = spec.get(dim, spec.get("*"))
@@ -176,6 +189,13 @@ class JitFunction:
       if plan.borrow is not None:  # in a larger bucket than its own: pay for it
         plan.borrow.pay()
       return plan.unpad_outputs(plan.run_plain(args))
+    if key is not None:  # a never-seen size in a compiled bucket: the bucket's plan, resized
+      plan = self._resized_plan(key)
+      if plan is not None:
+        self.stats.record_call(plan.bucket, plan.waste, plan.fallback)
+        if plan.borrow is not None:
+          plan.borrow.pay()
+        return plan.unpad_outputs(plan.run_plain(args))
     done = self._execute(args, kwargs, key)
     if done is None:  # under a transformation: inline
       return self._inline(*strip_padded(args), **strip_padded(kwargs))
@@ -213,6 +233,7 @@ class JitFunction:
       if len(self._hot) >= HOT_PLANS:
         self._hot.clear()
       self._hot[hot_key] = plan
+      self._by_rank[rank_signature(hot_key)] = struct
     self.stats.record_call(plan.bucket, plan.waste, plan.fallback)
     if plan.borrow is not None:
       plan.borrow.pay()
@@ -263,6 +284,28 @@ class JitFunction:
     if plan is None:
       plan = self._new_plan(struct, shapes)
       struct.remember(shapes, plan)
+    return plan
+
+  def _resized_plan(self, key: tuple[Any, ...]) -> Plan | None:
+    """The plan for a call signature not seen before whose structure was (the
+    same argument types and ranks), when its sizes fall in a compiled bucket
+    with a template: that bucket's plan, resized (`Plan.resized`). None sends
+    the call down the general path (`_execute`)."""
+    struct = self._by_rank.get(rank_signature(key))
+    if struct is None or (struct.rental is not None and struct.rental.measured):
+      return None  # (measured estimates time a new shape's first run: `_execute`)
+    shapes = signature_shapes(key)
+    plan = struct.plan(shapes)
+    if plan is None:
+      plan = self._fast_plan(struct, shapes)
+      if plan is None:
+        return None
+      struct.last_shapes = shapes
+      struct.remember(shapes, plan)
+    if plan.current:
+      if len(self._hot) >= HOT_PLANS:
+        self._hot.clear()
+      self._hot[key] = plan
     return plan
 
   def _forget_program(self, key: ProgramKey) -> None:
@@ -347,7 +390,7 @@ class JitFunction:
     rental = self._rental(struct, logical)
     tight = {v: self._bucket(struct, v, n) for v, n in logical.items()}
     # Under a cost-aware policy: the smallest compiled bucket, or the full path.
-    buckets = [bucket_key(tight)] if rental is None else rental.candidates(logical)[:1]
+    buckets = [bucket_key(tight)] if rental is None else rental.smallest(logical)
     for bucket in buckets:
       template = struct.template(shapes, bucket)
       if template is None:
@@ -379,7 +422,11 @@ class JitFunction:
       if plan is not None:
         return plan
       tight, buckets = buckets, rental.roomy(logical)
-      if buckets != tight:
+      if buckets != tight and buckets in rental.remembered:
+        why = dataclasses.replace(why, reason=(
+            "no compiled bucket holds " + _sizes(logical) + "; the tightest bucket an "
+            "earlier run of this program compiled (remembered on disk) holds it"))
+      elif buckets != tight:
         why = dataclasses.replace(why, reason=(
             "no compiled bucket holds " + _sizes(logical) + f"; headroom "
             f"{rental.policies[next(iter(logical))].headroom:g}x the largest size seen, "
@@ -444,6 +491,8 @@ class JitFunction:
         except PolyjitError:
           pass  # first shapes this variant cannot bind: only later sizes count
     if variant is not None and variant.traced is not None:
+      if struct.rental.model is None and not struct.rental.measured:
+        struct.rental.remember(_disk_cache.program_key(variant.traced.jaxpr, struct.specs))
       struct.rental.use_model(variant.traced.jaxpr, jax.default_backend())
     return struct.rental
 
@@ -584,6 +633,7 @@ class JitFunction:
   def _compile(self, key: ProgramKey, body: Callable[..., Any], struct: Structure,
                cause: Cause, n_dims: int = 0) -> Any:
     donate = self._args.donated_leaves(struct.treedef, struct.static_key)
+    _disk_cache.ensure()  # the on-disk cache, on by default (once per process)
     t0 = time.perf_counter()
     if struct.shardings is not None:
       _sharding.agree_on_program(key.padded_shapes, key.bucket, repr(self))
@@ -622,6 +672,7 @@ class JitFunction:
     statistics stay)."""
     self._structures.clear()   # traces, plans and the cost-aware accounts
     self._hot.clear()
+    self._by_rank.clear()
     self._cache.clear()
 
   def precompile(self, *args: Any, sizes: dict[str, Sequence[int]] | None = None,

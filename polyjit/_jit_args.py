@@ -271,6 +271,17 @@ def call_signature(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
   return tuple(key)
 
 
+def rank_signature(key: tuple[Any, ...]) -> tuple[Any, ...]:
+  """A `call_signature` with each shape replaced by its rank: equal for calls
+  of one structure whose sizes differ."""
+  return tuple(k[:-1] + (len(k[-1]),) if type(k) is tuple else k for k in key)
+
+
+def signature_shapes(key: tuple[Any, ...]) -> tuple[tuple[int, ...], ...]:
+  """Each argument's shape in a `call_signature` (scalars: ())."""
+  return tuple(k[-1] if type(k) is tuple else () for k in key)
+
+
 # --- leaves --------------------------------------------------------------------
 
 _canonical_dtypes: dict[Any, np.dtype[Any]] = {}

@@ -36,7 +36,10 @@ from ._policy import Borrow, Rental
 #: Per leaf, a shape (padded or logical).
 Shapes = tuple[tuple[int, ...], ...]
 
-PLANS_PER_STRUCTURE = 4096
+PLANS_PER_STRUCTURE = 16384
+#: Plans built from scratch in this process (a bucket's first plan; a new size
+#: in a bucket with a template reuses its plan: `Plan.resized`). Tests read it.
+plans_built = 0
 EXACT = "exact"   # `ProgramKey.specs` of jax.jit's own program at exact shapes
 
 
@@ -77,12 +80,15 @@ class Plan:
   def __init__(self, key: ProgramKey, program: Any, dtypes: Any, logical: Any,
                out_shapes: Any, waste: float, provisional: Any = None,
                fallback: bool = False, shapes: Any = None, padded_out: Any = None) -> None:
+    global plans_built
+    plans_built += 1
     self.key = key
     self.program = program
     self.dtypes = dtypes
     # The program's size arguments, put on the device once: a committed
     # array costs JAX's dispatch less than a NumPy scalar does, every call.
-    self.logical = tuple(jc.host_to_device(v, jc.default_sharding()) for v in logical)
+    self.logical: tuple[Any, ...] = tuple(jc.host_to_device(v, jc.default_sharding())
+                                          for v in logical)
     self.out_shapes = out_shapes        # per output leaf logical shape, or None
     self.waste = waste                  # fraction of input elements that are padding
     # future of the tighter bucket, if borrowing (a cost-aware policy: its `Borrow`)
@@ -103,6 +109,37 @@ class Plan:
   @property
   def padded_shapes(self) -> Shapes:
     return self.key.padded_shapes
+
+  def resized(self, shapes: Any, logical: tuple[np.ndarray[Any, Any], ...],
+              out_shapes: Any) -> Plan:
+    """This bucket's plan for other logical shapes in the same bucket: the
+    program, padded shapes and output layout are shared; only the padding
+    regions, the size scalars and the output shapes are new. Nothing is
+    compiled, traced or put on the device here (the sizes go as host int32
+    scalars, a few microseconds per call): a never-seen size costs little."""
+    new = object.__new__(Plan)
+    padded = self.key.padded_shapes
+    new.key, new.program, new.dtypes = self.key, self.program, self.dtypes
+    new.fallback, new.bucket, new.padded_out = self.fallback, self.bucket, self.padded_out
+    new.unpad_leaf = self.unpad_leaf
+    new.logical = logical
+    new.out_shapes = out_shapes
+    pads = []
+    logical_elems = padded_elems = 0
+    for i, s in enumerate(shapes):
+      p = padded[i]
+      logical_elems += math.prod(s)
+      padded_elems += math.prod(p)
+      if s != p:
+        pads.append((i, p, self.dtypes[i], tuple([slice(0, n) for n in s])))
+    new.pads = tuple(pads)
+    new.waste = 1.0 - logical_elems / padded_elems if padded_elems else 0.0
+    new.dynamic_outputs = out_shapes is not None and any(
+        tuple(o) != tuple(p) for o, p in zip(out_shapes, self.padded_out, strict=True))
+    new.live = True
+    new.borrow = None
+    new.provisional = None
+    return new
 
   @property
   def superseded(self) -> bool:
@@ -200,10 +237,8 @@ class Template:
 
   def plan_at(self, shapes: Any, logical: dict[str, int]) -> Plan:
     """The plan of this template's program for `shapes` with sizes `logical`."""
-    plan = self.plan
-    return Plan(plan.key, plan.program, plan.dtypes, logical_values(self.binding, logical),
-                out_shapes(self.out_dims, logical), waste(shapes, plan.padded_shapes),
-                shapes=shapes, padded_out=plan.padded_out)
+    return self.plan.resized(shapes, logical_values(self.binding, logical),
+                             out_shapes(self.out_dims, logical))
 
 
 class Structure:

@@ -42,6 +42,13 @@ Where the estimates come from (`estimates=`):
   in the larger bucket until it is ready. Adapts to the machine, but which
   program serves a call then depends on timings.
 
+Across processes (`_disk_cache.py`): the buckets a traced program compiled
+are remembered on disk, keyed by that program; a later run starts in the
+tightest remembered bucket that holds a call (instead of the headroom
+bucket), and a remembered bucket's price is a load (`LOAD_FRACTION` of a
+compile). The choices are then deterministic given the history and the
+cache's contents; with the cache off (`POLYJIT_NO_CACHE=1`), given the history.
+
 Exactness does not depend on the bucket: masking gives the unpadded result
 whichever program runs.
 """
@@ -55,12 +62,14 @@ import threading
 from typing import Any, Callable
 
 from ._buckets import BucketPolicy, PowersOfTwo, as_policy
+from . import _disk_cache
 from ._cost_model import CostModel
 
 SAMPLES = 3          # run-time samples of each program from its first new shapes
 SAMPLE_EVERY = 64    # then one sample every this many new shapes
 MAX_ACCOUNTS = 8     # smaller buckets a borrowing call pays into
 ROOMY_CALLS = 32     # headroom must not waste a compile's run time in fewer calls
+LOAD_FRACTION = 0.1  # a program on disk: loading it costs this part of a compile
 
 #: A bucket's key (hashable; built by the caller).
 BucketKey = tuple[Any, ...]
@@ -156,11 +165,11 @@ class Account:
     """A call ran elsewhere and wasted `seconds`; compile once it adds up."""
     self.waste += seconds
     rental = self.rental
-    if self.future is None and self.waste >= rental.compile_estimate and not rental.busy:
+    if self.future is None and self.waste >= rental.price(self.env) and not rental.busy:
       with rental.lock:
         if self.future is None and not rental.busy:
           rental.busy = True  # one at a time: the next is chosen knowing this one
-          future = self.start(self.waste, rental.compile_estimate)
+          future = self.start(self.waste, rental.price(self.env))
           future.add_done_callback(rental.finished)
           self.future = future
 
@@ -210,6 +219,7 @@ class Rental:
     self.busy = False                                 # a background compile running
     self.largest: dict[str, int] = {}
     self.envs: dict[BucketKey, dict[str, int]] = {}   # bucket key -> env, compiled ones
+    self._by_volume: list[tuple[BucketKey, dict[str, int]]] = []  # envs, smallest first
     self.times: dict[BucketKey, list[float]] = {}     # bucket key -> run-time samples
     self.new_shapes: dict[BucketKey, int] = {}        # bucket key -> new shapes run there
     self.accounts: dict[BucketKey, Account] = {}      # bucket key -> its account
@@ -217,6 +227,10 @@ class Rental:
     self.compile_estimate = math.inf
     self.borrow_accounts: dict[Any, Any] = {}         # Borrow.key -> its accounts
     self.charge_cache: dict[Any, Charges] = {}        # Borrow.key -> charges
+    # The on-disk bucket memory (`_disk_cache.py`): the traced program's key and
+    # the buckets an earlier run of it compiled (their programs load from disk).
+    self.memory_key: str | None = None
+    self.remembered: list[dict[str, int]] = []
 
   # --- sizes and buckets --------------------------------------------------------
 
@@ -233,6 +247,10 @@ class Rental:
     the measurements say the headroom would waste a compile's worth of run
     time within `ROOMY_CALLS` calls (a costly program gets its tight bucket)."""
     tight = self.tight(logical)
+    known: list[dict[str, int]] = [env for env in self.remembered if env.keys() == logical.keys()
+             and env not in self.envs.values() and all(env[v] >= n for v, n in logical.items())]
+    if known:  # an earlier run converged to these: start in the tightest (a load)
+      return min(known, key=volume).copy()
     roomy = {v: self.policies[v].roomy(n, self.largest.get(v, n)) for v, n in logical.items()}
     have, want = self.estimate(roomy), self.estimate(tight)
     if have is not None and want is not None and \
@@ -242,9 +260,15 @@ class Rental:
 
   def candidates(self, logical: dict[str, int]) -> list[BucketKey]:
     """Bucket keys of compiled programs that hold `logical`, smallest first."""
-    fits = [(volume(env), key) for key, env in list(self.envs.items())
+    return [key for key, env in self._by_volume
             if all(env.get(v, 0) >= n for v, n in logical.items())]
-    return [key for _, key in sorted(fits)]
+
+  def smallest(self, logical: dict[str, int]) -> list[BucketKey]:
+    """`candidates(logical)[:1]`, without looking further (every call with a new size)."""
+    for key, env in self._by_volume:
+      if all(env.get(v, 0) >= n for v, n in logical.items()):
+        return [key]
+    return []
 
   def smaller(self, logical: dict[str, int], running: dict[str, int]) -> list[dict[str, int]]:
     """The buckets below `running` that would hold `logical`: every grid
@@ -268,9 +292,25 @@ class Rental:
       self.model = CostModel(jaxpr, platform)
       self.compile_estimate = self.model.compile_seconds()
 
+  def remember(self, key: str) -> None:
+    """Starts from the buckets an earlier run of the traced program `key` compiled."""
+    if self.memory_key is None:
+      self.memory_key = key
+      self.remembered = _disk_cache.load_buckets(key)
+
+  def price(self, env: dict[str, int]) -> float:
+    """What buying `env` costs: a compile, or a load for a remembered bucket."""
+    if env in self.remembered:
+      return self.compile_estimate * LOAD_FRACTION
+    return self.compile_estimate
+
   def compiled(self, bucket: BucketKey, env: dict[str, int], wall_seconds: float) -> None:
     self.charge_cache = {}
     self.envs[bucket] = dict(env)
+    self._by_volume = [(k, e) for _, k, e in sorted(
+        (volume(e), k, e) for k, e in list(self.envs.items()))]
+    if self.memory_key is not None:
+      _disk_cache.remember_bucket(self.memory_key, env)
     self.compile_seconds.append(wall_seconds)
     if self.measured:
       self.compile_estimate = sum(self.compile_seconds) / len(self.compile_seconds)

@@ -72,3 +72,8 @@ from .messages import (
 from .swaps import (
     SPELLING_TARGETS as SPELLING_TARGETS, register_spellings as register_spellings,
     spellings_active as spellings_active, trace_spellings as trace_spellings)
+from .compilation_cache import (
+    CompilationCacheBase as CompilationCacheBase,
+    install_compilation_cache as install_compilation_cache, pathlib_path as pathlib_path,
+    uninstall_compilation_cache as uninstall_compilation_cache,
+    user_compilation_cache_dir as user_compilation_cache_dir)

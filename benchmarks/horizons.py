@@ -1,0 +1,284 @@
+"""Every horizon of the seed workload in one run: first calls, long runs, steady state, warm.
+
+The seed log-likelihood over vectors whose length changes every call (uniform
+or log-uniform in [100, 10000]). Each contender runs in fresh processes with
+its own fresh cache directory: first *cold* (empty cache), then *warm* (a
+second process on the cache the cold one left, as when a script is run
+again). Contenders:
+
+* `numpy`: no JIT;
+* `jax.jit`: a compile per length (capped at `--jax-calls` calls);
+* `jax.jit+cache`: the same with JAX's persistent compilation cache on
+  (everything kept, as `pj.enable_persistent_cache` sets it);
+* `pj.jit`: the default (cost-aware buckets, polyjit's on-disk cache on by
+  default, in the contender's own directory);
+* `pj.jit+sync`: the same with `jax_cpu_enable_async_dispatch=False` (set
+  before JAX's backend starts: XLA:CPU then runs a program in the calling
+  thread instead of handing it to its thread pool, as torch does; the call
+  blocks for the program's run time);
+* `torch.compile(dynamic=True)`: its on-disk caches on, as by default, in the
+  contender's own directory; Inductor's one-time start-up (about 9 s in a
+  fresh process) runs untimed before the timing, as does JAX's backend start;
+* `tf.function(reduce_retracing=True)`, where TensorFlow is installed.
+
+Each process reports the cumulative time after 1, 10, 100, 300, 1000, ...
+calls (blocking on each result, as a user reading a float does), and the
+steady state: the first 50 distinct lengths of its run, everything compiled,
+interleaved over rounds, median per call. Ratios are taken within one run of
+this script; on a shared machine the absolute times are noisy.
+
+    python benchmarks/horizons.py [--calls 20000] [--jax-calls 300]
+        [--distribution uniform|loguniform] [--only pj.jit,torch] [--json out.json]
+        [--plot out.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+CHECKPOINTS = (1, 10, 100, 300, 1000, 3000, 10000, 20000, 100000, 1000000)
+STEADY_SIZES = 50
+_PJ: list = []  # the pj.jit function of this process, for its statistics
+CONTENDERS = ("numpy", "jax.jit", "jax.jit+cache", "jax.jit+sync", "pj.jit", "pj.jit+sync",
+              "torch.compile", "tf.function")
+
+
+def lengths(calls: int, distribution: str, seed: int = 0):
+  import numpy as np
+  rng = np.random.default_rng(seed)
+  if distribution == "loguniform":
+    return np.exp(rng.uniform(np.log(100), np.log(10000), calls)).astype(int)
+  return rng.integers(100, 10001, calls)
+
+
+# --- one contender in this process ---------------------------------------------------
+
+def make(contender: str, cache_dir: str):
+  """(fn(x, mu, log_sigma) -> float, description); the framework's start-up
+  (imports, backend, Inductor's workers) happens here, untimed."""
+  if contender == "numpy":
+    import numpy as np
+
+    def np_loglik(x, mu, ls):
+      z = (x - mu) * np.exp(-ls)
+      return float(np.sum(-0.5 * z * z - ls) - 0.5 * x.shape[0] * np.log(2 * np.pi))
+    return np_loglik
+  if contender.startswith("jax.jit") or contender.startswith("pj.jit"):
+    import jax
+    import jax.numpy as jnp
+    if contender.endswith("+sync"):  # XLA:CPU runs each program in the calling thread
+      jax.config.update("jax_cpu_enable_async_dispatch", False)
+    if contender == "jax.jit+cache":
+      jax.config.update("jax_compilation_cache_dir", cache_dir)
+      jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+      jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    jax.devices()
+    float(jnp.ones(3).sum())  # the backend up, untimed (as Inductor's start-up)
+
+    def loglik(x, mu, log_sigma):
+      z = (x - mu) * jnp.exp(-log_sigma)
+      return jnp.sum(-0.5 * z * z - log_sigma) - 0.5 * x.shape[0] * jnp.log(2 * jnp.pi)
+    if contender.startswith("pj.jit"):
+      import polyjit as pj
+      f = pj.jit(loglik)
+      _PJ.append(f)
+    else:
+      f = jax.jit(loglik)
+    return lambda x, mu, ls: float(f(x, mu, ls))
+  if contender == "torch.compile":
+    import torch
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    torch.compile(lambda t: t * 2 + 1, dynamic=True)(torch.ones(3))  # Inductor up, untimed
+    torch._dynamo.reset()
+
+    def t_loglik(x, mu, log_sigma):
+      z = (x - mu) * torch.exp(-log_sigma)
+      return torch.sum(-0.5 * z * z - log_sigma) - 0.5 * x.shape[0] * math.log(2 * math.pi)
+    compiled = torch.compile(t_loglik, dynamic=True)
+
+    def call(x, mu, ls):
+      with torch.no_grad():
+        return float(compiled(torch.from_numpy(x), torch.tensor(mu), torch.tensor(ls)))
+    return call
+  if contender == "tf.function":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import tensorflow as tf
+
+    @tf.function(reduce_retracing=True, jit_compile=False)
+    def tf_loglik(x, mu, log_sigma):
+      z = (x - mu) * tf.exp(-log_sigma)
+      n = tf.cast(tf.shape(x)[0], tf.float32)
+      return tf.reduce_sum(-0.5 * z * z - log_sigma) - 0.5 * n * math.log(2 * math.pi)
+    return lambda x, mu, ls: float(tf_loglik(x, mu, ls))
+  raise ValueError(contender)
+
+
+def worker(contender: str, calls: int, distribution: str, cache_dir: str) -> dict:
+  import numpy as np
+  fn = make(contender, cache_dir)
+  rng = np.random.default_rng(1)
+  data = rng.standard_normal(10000).astype(np.float32)
+  mu, ls = np.float32(0.1), np.float32(0.3)
+  ns = lengths(calls, distribution)
+  cumulative = {}
+  results = []
+  t0 = time.perf_counter()
+  for i, n in enumerate(ns, 1):
+    results.append(fn(data[:n], mu, ls))
+    if i in CHECKPOINTS or i == calls:
+      cumulative[i] = time.perf_counter() - t0
+  steady_sizes = list(dict.fromkeys(int(n) for n in ns))[:STEADY_SIZES]
+  rounds = []
+  for _ in range(7):
+    t = time.perf_counter()
+    for n in steady_sizes:
+      fn(data[:n], mu, ls)
+    rounds.append((time.perf_counter() - t) / len(steady_sizes))
+  ref = [float(np.sum(-0.5 * ((data[:n].astype(np.float64) - 0.1) * np.exp(-0.3)) ** 2 - 0.3)
+               - 0.5 * n * np.log(2 * np.pi)) for n in ns[:50]]
+  err = max(abs(a - b) / max(abs(b), 1.0) for a, b in zip(results[:50], ref, strict=True))
+  out = {"cumulative": cumulative, "steady_us": float(np.median(rounds)) * 1e6,
+         "max_rel_error": err, "distinct": len(set(int(n) for n in ns))}
+  if _PJ:
+    import polyjit as pj
+    stats = pj.stats(_PJ[0])
+    out["programs"] = stats.compiles + stats.cache_loads
+    out["loaded"] = stats.cache_loads
+    out["padding"] = stats.padding_waste
+  return out
+
+
+# --- the driver ---------------------------------------------------------------------
+
+def run_process(contender: str, calls: int, distribution: str, cache_dir: str) -> dict:
+  env = dict(os.environ)
+  env.pop("POLYJIT_NO_CACHE", None)
+  env["POLYJIT_CACHE_DIR"] = cache_dir
+  env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_dir, "inductor")
+  env["TRITON_CACHE_DIR"] = os.path.join(cache_dir, "triton")
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+  proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", contender,
+                         "--calls", str(calls), "--distribution", distribution,
+                         "--cache-dir", cache_dir], env=env, capture_output=True, text=True)
+  if proc.returncode != 0:
+    return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed"}
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def available(contender: str) -> str | None:
+  module = {"torch.compile": "torch", "tf.function": "tensorflow"}.get(contender)
+  if module is None:
+    return None
+  import importlib.util
+  return None if importlib.util.find_spec(module) else f"{module} is not installed"
+
+
+def at(report: dict, calls: int) -> float | None:
+  c = {int(k): v for k, v in report.get("cumulative", {}).items()}
+  return c.get(calls)
+
+
+def steady(report: dict) -> float:
+  return float(report.get("steady_us", float("nan")))
+
+
+def main() -> None:
+  p = argparse.ArgumentParser()
+  p.add_argument("--calls", type=int, default=20000)
+  p.add_argument("--jax-calls", type=int, default=300, help="calls for jax.jit (a compile each)")
+  p.add_argument("--distribution", default="uniform", choices=["uniform", "loguniform"])
+  p.add_argument("--only", default=",".join(CONTENDERS))
+  p.add_argument("--json")
+  p.add_argument("--plot")
+  p.add_argument("--worker")
+  p.add_argument("--cache-dir")
+  a = p.parse_args()
+  if a.worker:
+    print(json.dumps(worker(a.worker, a.calls, a.distribution, a.cache_dir)))
+    return
+  import platform
+  print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
+        f"{a.calls} calls, lengths {a.distribution} in [100, 10000]")
+  table = {}
+  for contender in [c for c in CONTENDERS if c in a.only.split(",")]:
+    why = available(contender)
+    if why:
+      print(f"{contender}: skipped ({why})")
+      continue
+    calls = a.jax_calls if contender.startswith("jax.jit") else a.calls
+    with tempfile.TemporaryDirectory(prefix="horizons-") as cache:
+      cold = run_process(contender, calls, a.distribution, cache)
+      warm = run_process(contender, calls, a.distribution, cache)
+    table[contender] = {"calls": calls, "cold": cold, "warm": warm}
+    print(f"{contender}: cold {json.dumps(cold)}\n{' ' * len(contender)}  warm {json.dumps(warm)}",
+          flush=True)
+  print()
+  hdr = ("contender", "first 300 cold", f"{a.calls} calls cold", "steady us/call",
+         "300 warm", f"{a.calls} warm")
+  print("| " + " | ".join(hdr) + " |")
+  print("|" + "---|" * len(hdr))
+
+  def fmt(v):
+    return "-" if v is None else f"{v:.3g} s"
+  for name, r in table.items():
+    print(f"| {name} | {fmt(at(r['cold'], 300))} | {fmt(at(r['cold'], a.calls))} | "
+          f"{steady(r['cold']):.1f} | {fmt(at(r['warm'], 300))} | "
+          f"{fmt(at(r['warm'], a.calls))} |")
+  ratios = {}
+  for mine, theirs in (("pj.jit", "jax.jit"), ("pj.jit+sync", "jax.jit+sync")):
+    pj, torch_, jx = table.get(mine), table.get("torch.compile"), table.get(theirs)
+    if pj and torch_:
+      for label, side, n in (("first 300, cold", "cold", 300),
+                             (f"{a.calls}, cold", "cold", a.calls),
+                             ("first 300, warm", "warm", 300),
+                             (f"{a.calls}, warm", "warm", a.calls)):
+        x, y = at(pj[side], n), at(torch_[side], n)
+        if x and y:
+          ratios[f"{mine} / torch.compile, {label}"] = x / y
+      ratios[f"{mine} / torch.compile, steady"] = steady(pj["cold"]) / steady(torch_["cold"])
+    if pj and jx:
+      x, y = at(pj["cold"], 300), at(jx["cold"], 300)
+      if x and y:
+        ratios[f"{theirs} / {mine}, first 300 cold"] = y / x
+      ratios[f"{mine} / {theirs} steady (every size precompiled)"] = (
+          steady(pj["cold"]) / steady(jx["cold"]))
+  pj, jc = table.get("pj.jit"), table.get("jax.jit+cache")
+  if pj and jc:
+    x, y = at(pj["warm"], 300), at(jc["warm"], 300)
+    if x and y:
+      ratios["jax.jit+cache warm / pj.jit warm, first 300"] = y / x
+  for k, v in ratios.items():
+    print(f"{k}: {v:.2f}")
+  if a.json:
+    with open(a.json, "w") as f:
+      json.dump({"table": table, "ratios": ratios, "argv": sys.argv}, f, indent=1)
+  if a.plot:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, r in table.items():
+      for side, style in (("cold", "-"), ("warm", "--")):
+        c = sorted((int(k), v) for k, v in r[side].get("cumulative", {}).items())
+        if c:
+          ax.plot(*zip(*c, strict=True), style, marker="o", ms=3, label=f"{name} ({side})")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("calls")
+    ax.set_ylabel("cumulative seconds")
+    ax.set_title(f"seed likelihood, lengths {a.distribution} in [100, 10000]")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(a.plot, dpi=120)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,49 @@
+"""A fresh process for tests/test_disk_cache.py: runs `pj.jit` on given sizes
+with polyjit's default on-disk cache (its directory from POLYJIT_CACHE_DIR),
+and prints, as one JSON object on the last line, the compiles and cache loads
+measured with jax.monitoring, the results, and polyjit's warnings.
+
+    POLYJIT_CACHE_DIR=... python tests/disk_cache_worker.py <body> <size,size,...>
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+
+import jax.numpy as jnp
+import numpy as np
+
+import polyjit as pj
+
+BODIES = {
+    "square": lambda x: jnp.sum(x * x),
+    "cube": lambda x: jnp.sum(x * x * x),
+}
+
+
+def main() -> None:
+  body, sizes = sys.argv[1], [int(s) for s in sys.argv[2].split(",")]
+  fun = BODIES[body]
+
+  def loss(x):  # one name for every body: only the traced program tells them apart
+    return fun(x)
+
+  f = pj.jit(loss)
+  data = np.arange(1, max(sizes) + 1, dtype=np.float32) / max(sizes)
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    with pj.diagnostics.count_compiles() as log:
+      results = [float(f(data[:n])) for n in sizes]
+  expected = [float(np.sum(data[:n].astype(np.float64) ** (2 if body == "square" else 3)))
+              for n in sizes]
+  print(json.dumps({
+      "compiles": len(log), "loads": len(log.cache_loads), "results": results,
+      "expected": expected,
+      "warnings": [str(w.message) for w in caught if issubclass(w.category, pj.PolyjitWarning)],
+  }))
+
+
+if __name__ == "__main__":
+  main()

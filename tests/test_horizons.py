@@ -1,0 +1,76 @@
+"""Long runs: a never-seen size in a compiled bucket reuses that bucket's plan
+(no new plan built, nothing compiled), with results equal to `jax.jit`'s."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import polyjit as pj
+from polyjit import _jit_plans
+from test_jit import assert_same
+
+
+def loglik(x, mu, log_sigma):
+  z = (x - mu) * jnp.exp(-log_sigma)
+  return jnp.sum(-0.5 * z * z - log_sigma) - 0.5 * x.shape[0] * jnp.log(2 * jnp.pi)
+
+
+def scaled(x, k):
+  return x * k, jnp.cumsum(x)
+
+
+@pytest.mark.parametrize("mode", ["explicit", "automatic", "keywords"])
+def test_a_new_size_in_a_compiled_bucket_builds_no_plan(mode):
+  if mode == "explicit":
+    f = pj.jit(loglik, polymorphic_shapes=["n", None, None], buckets=[64])
+  else:
+    f = pj.jit(loglik, buckets=[64])
+  ref = jax.jit(loglik)
+  rng = np.random.default_rng(1)
+  data = rng.standard_normal(64).astype(np.float32)
+  call = ((lambda n: f(data[:n], mu=np.float32(0.3), log_sigma=np.float32(-0.2)))
+          if mode == "keywords" else (lambda n: f(data[:n], np.float32(0.3), np.float32(-0.2))))
+  for n in (10, 11, 12):  # automatic mode: exact first call, then the bucket's first plan
+    assert_same(call(n), ref(data[:n], np.float32(0.3), np.float32(-0.2)))
+  built = _jit_plans.plans_built
+  with pj.diagnostics.count_compiles() as compiles:
+    got = [call(n) for n in range(13, 64)] + [call(n) for n in (40, 13, 63)]
+  assert len(compiles) == 0
+  assert _jit_plans.plans_built == built, "a new size built a new plan"
+  for n, g in zip(list(range(13, 64)) + [40, 13, 63], got, strict=True):
+    assert_same(g, ref(data[:n], np.float32(0.3), np.float32(-0.2)))
+
+
+def test_resized_plans_slice_dynamic_outputs_and_keep_device_arrays():
+  # Outputs with a dynamic dim are sliced to each new size; device-array and
+  # Python-scalar arguments take the same path.
+  f = pj.jit(scaled, polymorphic_shapes=["n", None], buckets=[32])
+  ref = jax.jit(scaled)
+  x = np.arange(32, dtype=np.float32)
+  f(x[:3], 2.0), f(x[:4], 2.0)
+  built = _jit_plans.plans_built
+  for n in range(5, 33):
+    arg = jnp.asarray(x[:n]) if n % 2 else x[:n]
+    assert_same(f(arg, 2.0), ref(arg, 2.0))
+  assert _jit_plans.plans_built == built
+
+
+def test_a_new_size_under_the_default_policy_reuses_the_roomy_bucket():
+  # Cost-aware default: sizes below the headroom bucket run there, resized.
+  f = pj.jit(loglik, polymorphic_shapes=["n", None, None])
+  rng = np.random.default_rng(2)
+  data = rng.standard_normal(300).astype(np.float32)
+  mu, ls = np.float32(0.1), np.float32(0.4)
+  f(data[:200], mu, ls)
+  built = _jit_plans.plans_built
+  ref = jax.jit(loglik)
+  sizes = range(100, 200, 7)
+  with pj.diagnostics.count_compiles() as compiles:
+    got = [f(data[:n], mu, ls) for n in sizes]
+  assert len(compiles) == 0
+  for n, g in zip(sizes, got, strict=True):
+    np.testing.assert_allclose(g, ref(data[:n], mu, ls), rtol=1e-5)
+  assert _jit_plans.plans_built == built
