@@ -220,6 +220,9 @@ def _install_decision_hooks() -> None:
       oracle: Any = getattr(_decisions, "oracle", None)
       where = _user_frame() if oracle is not None else None
       if where is not None:
+        constant = _shape_poly._DimExpr._to_constant(self)
+        if constant is not None:  # (an expression that folded to a number)
+          return float(constant) if how == "float(n)" else int(constant)
         raise oracle.refuse_value(self, where, how)
       if original is None:
         raise TypeError(f"'{type(self).__name__}' object cannot be interpreted as {how}")
