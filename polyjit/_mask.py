@@ -247,13 +247,20 @@ def _trace_jvp(traced: Traced) -> Traced:
         f"function with symbolic shapes: {type(e).__name__}: {e}\nWhat to do: use "
         "reverse mode (jax.jacrev(f), and jax.jacrev(jax.jacrev(f)) for a Hessian), "
         "or differentiate inside the masked function (pj.mask(jax.hessian(f), ...)).") from e
-  if tangent_map.size_names:
+  if _uses_primitive(tangent_map.jaxpr, "custom_lin"):
     raise MaskingError(
-        "forward-mode differentiation of a masked function that creates "
-        f"data-dependent sizes ({', '.join(tangent_map.size_names)}) is not supported.\n"
-        "What to do: use reverse mode (jax.jacrev), or differentiate inside the "
-        "masked function.")
+        "forward-mode differentiation (jax.jvp, jax.jacfwd, jax.hessian) of a masked "
+        "function that calls a jax.custom_vjp function: JAX itself cannot differentiate "
+        "a custom_vjp function in forward mode (jax.jvp of it fails without polyjit "
+        "too).\nWhat to do: use reverse mode (jax.jacrev, jax.jacrev(jax.jacrev(f)) "
+        "for a Hessian), or give that function a jax.custom_jvp rule instead.")
   return tangent_map
+
+
+def _uses_primitive(jaxpr: jc.Jaxpr, name: str) -> bool:
+  return any(eqn.primitive.name == name
+             or any(_uses_primitive(sub, name) for sub in jc.subjaxprs_in_params(eqn.params))
+             for eqn in jaxpr.eqns)
 
 
 def _trace_vjp(traced: Traced) -> VJP:

@@ -201,8 +201,9 @@ def _masked_vjp(traced: "Traced", padded: dict[str, int], inputs: Sequence[Any],
     diff_in = vjp.diff_in
     outs = call_traced(vjp.traced, padded, [*inputs, *cts], logical)
   env = MaskEnv(traced.dim_names, padded, logical)
+  # (a VJP that creates data-dependent sizes returns them after the gradients)
   return {i: env.fill_padding(g, traced.in_avals[i], np.zeros((), g.dtype)[()])
-          for i, g in zip(diff_in, outs, strict=True)}
+          for i, g in zip(diff_in, outs[:len(diff_in)], strict=True)}
 
 
 class Lin(Node):
@@ -214,6 +215,7 @@ class Lin(Node):
     self.n_in = len(traced.in_avals)
     self.n_res = n_res
     self.diff_in = [i for i, a in enumerate(traced.in_avals) if _inexact(a)]
+    self.n_out = sum(1 for a in traced.out_avals if _inexact(a))
 
   def _split(self, args: Sequence[Any]) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
     a, b, c = self.n_in, self.n_in + self.n_res, self.n_in + self.n_res + len(self.diff_in)
@@ -222,8 +224,11 @@ class Lin(Node):
   def impl(self, *args: Any) -> list[Any]:
     inputs, _, ts, logical = self._split(args)
     tangent_map = self.traced.jvp()
-    return _masked_eval(tangent_map, self.padded, [*tangent_map.consts, *inputs, *ts],
+    outs = _masked_eval(tangent_map, self.padded, [*tangent_map.consts, *inputs, *ts],
                         logical)
+    # (a function with data-dependent sizes: the tangents are shaped by the
+    # sizes the primal evaluation creates and returns, the same ones)
+    return outs[:self.n_out]
 
   def jvp(self, primals: list[Any], tangents: list[Any | None]
           ) -> tuple[list[Any], list[Any | None]]:
@@ -233,7 +238,8 @@ class Lin(Node):
     consts = list(tangent_map.consts)
     args = [*consts, *inputs, *ts, *logical]
     node: Call = _node(Call, tangent_map, self.padded, args)
-    return node.jvp(args, [*[None] * len(consts), *d_inputs, *d_ts, *d_logical])
+    outs, touts = node.jvp(args, [*[None] * len(consts), *d_inputs, *d_ts, *d_logical])
+    return outs[:self.n_out], touts[:self.n_out]
 
   def transpose(self, cts: list[Any], args: list[Any | None]) -> list[Any | None]:
     inputs, res, ts, logical = self._split(args)
