@@ -10,37 +10,35 @@ jaxpr is evaluated on the padded arguments by the masking interpreter
 serves every logical size up to the padded one, and `jax.vmap` over the
 logical sizes gives ragged batching.
 
-Gradients
----------
+Derivatives
+-----------
 Differentiating the masked evaluation directly is unsafe: JAX's transpose
 rules sum over padding without masks (the transpose of a broadcast into a
 dynamic axis is a sum over it), and the local derivatives in the padding are
-garbage, so 0 * NaN = NaN reaches valid entries. Instead the masked function
-is a `jax.custom_vjp` whose backward pass is *the masked evaluation of fun's
-VJP*: `jax.vjp(fun)` traced symbolically once, whose transposes are explicit
-primitives (`reduce_sum`, `dot_general`, reverse `cumsum`, `scatter-add`)
-that the same rules mask before anything mixes positions. That backward pass
-is itself a masked function, so higher derivatives are safe too. Gradients
-with respect to padded inputs have zeros in their padding.
+garbage, so 0 * NaN = NaN reaches valid entries. Instead the masked
+evaluation is one `polyjit_masked_call` equation (`_mask_calls.py`) whose
+derivatives are themselves masked evaluations of derivatives traced
+symbolically: its JVP is the masked evaluation of `jax.jvp(fun)` (forward
+mode: `jax.jvp`, `jax.jacfwd`, `jax.linearize`), and the transpose of that
+tangent map is *the masked evaluation of fun's VJP*: `jax.vjp(fun)` traced
+symbolically once, whose transposes are explicit primitives (`reduce_sum`,
+`dot_general`, reverse `cumsum`, `scatter-add`) that the same rules mask
+before anything mixes positions. Each derivative is again such an equation,
+so higher derivatives in any order (`jax.hessian` = jacfwd(jacrev)) are safe.
+Gradients with respect to padded inputs have zeros in their padding.
 
 The VJP is traced in two parts where JAX splits it (`SplitVJP`): the forward
 part returns `fun`'s outputs and the residuals (the pullback's array leaves),
-the backward part maps residuals and cotangents to gradients. The custom_vjp's
-forward pass evaluates the first (masked, as a custom_vjp itself, so a second
-derivative through it is safe) and its backward pass the second, so a
-gradient runs the forward computation once, as `jax.grad` of the unmasked
-function does. Residuals are padded values like any other: their padding is
-unspecified and the backward rules mask it. A function with data-dependent
-sizes, or whose split fails, replays the forward pass in the backward one.
+the backward part maps residuals and cotangents to gradients. The JVP's
+primal output is the masked evaluation of the first, and the transpose of its
+tangent map the second, so a gradient runs the forward computation once, as
+`jax.grad` of the unmasked function does. Residuals are padded values like
+any other: their padding is unspecified and the backward rules mask it. A
+function with data-dependent sizes, or whose split fails, replays the forward
+pass in the backward one.
 
-Values `fun` closes over become inputs of the custom_vjp (closure
-conversion), so gradients reach them as well. Forward-mode differentiation
-(`jax.jvp`, `jax.jacfwd`, `jax.hessian`) of a masked function is not
-supported: JAX forbids it on a custom_vjp, and a custom_jvp instead would
-have JAX transpose the masked tangent computation, multiplying garbage in the
-padding by zero cotangents (NaN) again. It raises a MaskingError that names
-`jax.jacrev(jax.jacrev(f))`; calling `jax.jvp`/`jax.hessian` *inside* `fun` is
-fine.
+Values `fun` closes over become inputs of the equation (closure conversion),
+so derivatives reach them as well.
 """
 
 from __future__ import annotations
@@ -59,7 +57,7 @@ from . import _dims
 from . import _jax as jc
 from . import _rules  # noqa: F401  (registers the masking rules)
 from . import _spellings  # noqa: F401  (registers the replacements used while tracing)
-from . import _data_dependent, _size_range, _spec, _symbolic_ad, _variants, _verify
+from . import _data_dependent, _mask_calls, _size_range, _spec, _symbolic_ad, _variants, _verify
 from ._rules import fft as _fft_rules, windows as _window_rules
 from ._refusals import jax_refusal
 from ._core import MaskEnv, eval_jaxpr_masked
@@ -87,6 +85,9 @@ class Traced:
   dim_names: tuple[str, ...]
   cache: dict[Any, Any] = dataclasses.field(default_factory=dict)
   _vjp: "VJP | None" = None
+  _jvp: "Traced | None" = None
+  # The call nodes of its masked evaluation and derivatives (`_mask_calls.py`).
+  nodes: dict[Any, Any] = dataclasses.field(default_factory=dict)
   _split: "SplitVJP | None" = None
   _split_traced: bool = False
   # Whether its masked evaluation checks for empty selections (known once it
@@ -109,6 +110,13 @@ class Traced:
     if self._vjp is None:
       self._vjp = _trace_vjp(self)
     return self._vjp
+
+  def jvp(self) -> "Traced":
+    """The tangent map: (inputs, tangents of the inexact inputs) -> tangents
+    of the inexact outputs, traced symbolically."""
+    if self._jvp is None:
+      self._jvp = _trace_jvp(self)
+    return self._jvp
 
   def split_vjp(self) -> "SplitVJP | None":
     if not self._split_traced:
@@ -209,6 +217,52 @@ def trace_flat(flat_fun: Callable[..., list[Any]], avals: Sequence[Any],
       dim_names=tuple(dim_names))
 
 
+def _trace_jvp(traced: Traced) -> Traced:
+  n_in = len(traced.in_avals)
+  diff_in = [i for i, a in enumerate(traced.in_avals) if _inexact(a)]
+  diff_out = [j for j, a in enumerate(traced.out_avals) if _inexact(a)]
+  primal_fun = jc.jaxpr_as_fun(traced.jaxpr)
+
+  def jvp_fun(*flat: Any) -> list[Any]:
+    inputs, ts = list(flat[:n_in]), list(flat[n_in:])
+
+    def primal(*diff_values: Any) -> list[Any]:
+      full = list(inputs)
+      for i, v in zip(diff_in, diff_values, strict=True):
+        full[i] = v
+      outs = primal_fun(*full)
+      return [outs[j] for j in diff_out]
+
+    _, touts = jax.jvp(primal, tuple(inputs[i] for i in diff_in), tuple(ts))
+    return list(touts)
+
+  t_avals = [jc.shaped(traced.in_avals[i].shape, traced.in_avals[i].dtype) for i in diff_in]
+  try:
+    tangent_map = trace_flat(jvp_fun, [*traced.in_avals, *t_avals], traced.dim_names)
+  except MaskingError:
+    raise
+  except Exception as e:
+    raise MaskingError(
+        "polyjit could not derive the forward-mode derivative (JVP) of the masked "
+        f"function with symbolic shapes: {type(e).__name__}: {e}\nWhat to do: use "
+        "reverse mode (jax.jacrev(f), and jax.jacrev(jax.jacrev(f)) for a Hessian), "
+        "or differentiate inside the masked function (pj.mask(jax.hessian(f), ...)).") from e
+  if _uses_primitive(tangent_map.jaxpr, "custom_lin"):
+    raise MaskingError(
+        "forward-mode differentiation (jax.jvp, jax.jacfwd, jax.hessian) of a masked "
+        "function that calls a jax.custom_vjp function: JAX itself cannot differentiate "
+        "a custom_vjp function in forward mode (jax.jvp of it fails without polyjit "
+        "too).\nWhat to do: use reverse mode (jax.jacrev, jax.jacrev(jax.jacrev(f)) "
+        "for a Hessian), or give that function a jax.custom_jvp rule instead.")
+  return tangent_map
+
+
+def _uses_primitive(jaxpr: jc.Jaxpr, name: str) -> bool:
+  return any(eqn.primitive.name == name
+             or any(_uses_primitive(sub, name) for sub in jc.subjaxprs_in_params(eqn.params))
+             for eqn in jaxpr.eqns)
+
+
 def _trace_vjp(traced: Traced) -> VJP:
   n_in = len(traced.in_avals)
   diff_in = [i for i, a in enumerate(traced.in_avals) if _inexact(a)]
@@ -264,73 +318,10 @@ def apply(traced: Traced, padded: dict[str, int], args: Sequence[Any],
           logical: Sequence[Any]) -> list[Any]:
   """Runs `traced` masked on padded `args` (without its consts).
 
-  A custom_vjp: its backward pass is the masked evaluation of the traced VJP.
+  One `polyjit_masked_call` equation (`_mask_calls.py`): its gradient is the
+  masked evaluation of the traced VJP, its JVP that of the traced JVP.
   """
-  return _apply_inputs(traced, padded, [*traced.consts, *args], tuple(logical))
-
-
-def _apply_inputs(traced: Traced, padded: dict[str, int], inputs: list[Any],
-                  logical: tuple[Any, ...]) -> list[Any]:
-  @jax.custom_vjp
-  def run(inputs: list[Any], logical: tuple[Any, ...]) -> list[Any]:
-    env = MaskEnv(traced.dim_names, padded, logical, traced.cache)
-    outs = eval_jaxpr_masked(traced.jaxpr, (), inputs, env)
-    return outs + _data_dependent.extra_outputs(env, traced)
-
-  def fwd(inputs: list[Any], logical: tuple[Any, ...]
-          ) -> tuple[list[Any], tuple[list[Any], tuple[Any, ...], bool]]:
-    split = traced.split_vjp()
-    if split is None:
-      return run(inputs, logical), (inputs, logical, False)
-    both = _apply_inputs(split.fwd, padded, [*split.fwd.consts, *inputs], logical)
-    n = len(traced.out_avals)
-    return both[:n], (both[n:], logical, True)
-
-  def bwd(res: tuple[list[Any], tuple[Any, ...], bool], cts: Sequence[Any]
-          ) -> tuple[list[Any], None]:
-    saved, logical, is_split = res
-    grads: list[Any] = [None] * len(traced.in_avals)
-    if is_split:
-      split = traced.split_vjp()
-      assert split is not None
-      diff_cts = [cts[j] for j in split.diff_out]
-      outs = apply(split.bwd, padded, [*saved, *diff_cts], logical)
-      env = MaskEnv(traced.dim_names, padded, logical)
-      for i, g in zip(split.diff_in, outs):
-        grads[i] = env.fill_padding(g, traced.in_avals[i], np.zeros((), g.dtype)[()])
-      return grads, None
-    inputs = saved
-    if any(_inexact(a) for a in traced.in_avals):
-      vjp = traced.vjp()
-      diff_cts = [cts[j] for j in vjp.diff_out]
-      outs = apply(vjp.traced, padded, [*inputs, *diff_cts], logical)
-      env = MaskEnv(traced.dim_names, padded, logical)
-      for i, g in zip(vjp.diff_in, outs):
-        aval = traced.in_avals[i]
-        grads[i] = env.fill_padding(g, aval, np.zeros((), g.dtype)[()])
-    return grads, None
-
-  run.defvjp(fwd, bwd)
-  try:
-    outs: list[Any] = run(inputs, logical)
-  except TypeError as e:
-    if jc.is_custom_vjp_jvp_refusal(e):
-      raise _forward_mode_error() from None
-    raise
-  return outs
-
-
-def _forward_mode_error() -> MaskingError:
-  return MaskingError(
-      "forward-mode differentiation (jax.jvp, jax.jacfwd, jax.linearize, "
-      "jax.hessian, jax.linear_transpose) of a masked function (pj.mask, pj.vmap, "
-      "jax.jit of either) is not supported: its gradient is a custom_vjp, which "
-      "keeps gradients exact and NaN-free with garbage in the padding, and JAX "
-      "refuses forward mode on a custom_vjp.\nWhat to do: use reverse mode, "
-      "jax.jacrev(f) for a Jacobian and jax.jacrev(jax.jacrev(f)) for a Hessian "
-      "(same values as jax.hessian); or differentiate inside the masked function: "
-      "pj.mask(jax.hessian(f), ...), pj.vmap(jax.hessian(f)), pj.jit(jax.hessian(f)) "
-      "(forward mode works there).")
+  return _mask_calls.call_traced(traced, padded, args, tuple(logical))
 
 
 GROWING_VARIANTS = 8   # variants of one argument structure before a warning

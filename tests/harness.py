@@ -11,6 +11,9 @@ every output with `fun` on the unpadded arguments:
 * grad: `jax.vjp` with cotangents that carry NaN in their padding; the valid
   region of every gradient must match the unpadded VJP, and the padding of
   gradients with respect to padded inputs must be exactly zero.
+* jvp: `jax.jvp` of the masked function (forward mode, issue 26) with tangents
+  that carry NaN in their padding; the valid region of every output tangent
+  must match the unpadded JVP.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import pytest
 
 import polyjit as pj
 
-MODES = ("eager", "jit", "vmap", "grad")
+MODES = ("eager", "jit", "vmap", "grad", "jvp")
 
 
 @dataclasses.dataclass
@@ -139,6 +142,9 @@ def check(case: Case, mode: str, seed: int = 0):
     padded = padded_args(case, unpadded, rng)
     if mode == "grad":
       _check_grad(case, masked, unpadded, padded, sizes, rng)
+      continue
+    if mode == "jvp":
+      _check_jvp(case, masked, unpadded, padded, sizes, rng)
       continue
     expected = reference(case, unpadded)
     outs, shapes = _outputs_and_shapes(masked, run(padded, sizes), padded, sizes)
@@ -258,3 +264,48 @@ def _check_grad(case: Case, masked, unpadded, padded, sizes, rng):
     outside = g.copy()
     outside[tuple(slice(0, s) for s in np.shape(e))] = 0
     assert np.all(outside == 0), f"{what}: gradient padding is not zero: {g}"
+
+
+def _check_jvp(case: Case, masked, unpadded, padded, sizes, rng):
+  run = jax.jit(masked) if case.compiled else masked
+  padded_leaves, in_tree = jax.tree.flatten(padded)
+  unpadded_leaves = jax.tree.leaves(unpadded)
+  diff = [i for i, x in enumerate(unpadded_leaves)
+          if np.issubdtype(np.asarray(x).dtype, np.inexact)]
+  if not diff:
+    pytest.skip(f"{case.name} has no inexact inputs")
+  tangents = [_cotangent(padded_leaves[i], np.shape(unpadded_leaves[i]), rng) for i in diff]
+
+  def on_diff(leaves, *values):
+    full = list(leaves)
+    for i, v in zip(diff, values, strict=True):
+      full[i] = v
+    return jax.tree.unflatten(in_tree, full)
+
+  ref_tangents = [valid(t, np.shape(unpadded_leaves[i])) for t, i in zip(tangents, diff)]
+  ref_leaves = [jnp.asarray(x) for x in unpadded_leaves]
+  masked_jvp = lambda: jax.jvp(lambda *v: run(on_diff(padded_leaves, *v), sizes),  # noqa: E731
+                               tuple(padded_leaves[i] for i in diff), tuple(tangents))
+  try:
+    expected, expected_t = jax.jvp(
+        lambda *v: _fun(case)(*on_diff(ref_leaves, *v)),
+        tuple(ref_leaves[i] for i in diff), tuple(jnp.asarray(t) for t in ref_tangents))
+  except Exception:   # JAX refuses forward mode here (a custom_vjp): polyjit too
+    with pytest.raises(pj.MaskingError):
+      masked_jvp()
+    return
+  data_dependent = _data_dependent(masked, padded)
+  outs, touts = masked_jvp()
+  if data_dependent:
+    (outs, shapes), (touts, _) = (outs, touts)
+    shapes = jax.tree.map(int, shapes)
+  else:
+    shapes = masked.logical_shapes(padded, sizes)
+  for k, (t, e, s) in enumerate(zip(jax.tree.leaves(touts), jax.tree.leaves(expected_t),
+                                    _shape_leaves(shapes, expected))):
+    t = np.asarray(t)
+    if t.dtype == jax.dtypes.float0:
+      continue
+    what = f"{case.name} jvp sizes={sizes} output {k}"
+    np.testing.assert_allclose(valid(t, s), e, rtol=max(case.rtol, 1e-4),
+                               atol=max(case.atol, 1e-4), equal_nan=True, err_msg=what)

@@ -133,15 +133,16 @@ def test_filter_jit_with_partial():  # keywords reach pj.jit through filter_jit
   _same(g(jnp.arange(4.0)), jnp.arange(4.0) + jax.random.uniform(KEY))
 
 
-def test_forward_mode_of_a_masked_function_names_the_reverse_spelling():
+def test_hessian_of_a_masked_function_in_both_spellings():
+  # (forward mode of pj.mask: tests/test_forward_mode.py)
   f = lambda x: jnp.sum(jnp.sin(x) ** 2)  # noqa: E731
   m = pj.mask(f, ["n"])
   x = jnp.concatenate([jnp.arange(5.0), jnp.array([np.nan, np.inf, 0.0])])
-  with pytest.raises(pj.MaskingError, match=r"jax\.jacrev\(jax\.jacrev\(f\)\)"):
-    jax.jvp(lambda x: m([x], {"n": 5}), (x,), (x,))
-  # the spelling it names: exact, and zero in the padding
-  hess = jax.jacrev(jax.jacrev(lambda x: m([x], {"n": 5})))(x)
   expected = jax.hessian(f)(x[:5])
+  fwd = jax.hessian(lambda x: m([x], {"n": 5}))(x)
+  np.testing.assert_allclose(fwd[:5, :5], expected, rtol=1e-5, atol=1e-6)
+  assert np.all(np.asarray(fwd[5:]) == 0) and np.all(np.asarray(fwd[:, 5:]) == 0)
+  hess = jax.jacrev(jax.jacrev(lambda x: m([x], {"n": 5})))(x)
   np.testing.assert_allclose(hess[:5, :5], expected, rtol=1e-5, atol=1e-6)
   assert np.all(np.asarray(hess[5:]) == 0) and np.all(np.asarray(hess[:, 5:]) == 0)
   # and forward mode inside the masked function works

@@ -16,6 +16,7 @@ Modules (dependencies point up the list):
   frames      source locations; which frames are the user's
   decisions   size comparisons asked by user code (hooks on `DimExpr`)
   primitives  JAX's primitives by name; polyjit's size primitives
+  calls       polyjit's call primitive (the masked evaluation and its derivatives)
   patches     the permanent patches, installed once by `install_patches()`
   messages    parsers of JAX's texts (cache misses, compile events, errors)
   swaps       JAX functions replaced for the duration of a symbolic trace
@@ -55,6 +56,7 @@ from .frames import (
 from .primitives import (
     all_primitives as all_primitives, bind_params as bind_params, primitive as primitive,
     required_primitive as required_primitive, size_primitive as size_primitive)
+from .calls import CallNode as CallNode, bind_call as bind_call
 from .patches import (
     install_patches as install_patches, instantiate_zeros as instantiate_zeros,
     is_zero_tangent as is_zero_tangent, wrap_custom_jvp_rule as wrap_custom_jvp_rule,
@@ -67,7 +69,6 @@ from .messages import (
     inconclusive_comparison as inconclusive_comparison,
     is_cache_miss_explanation as is_cache_miss_explanation,
     is_while_loop_vjp_refusal as is_while_loop_vjp_refusal,
-    is_custom_vjp_jvp_refusal as is_custom_vjp_jvp_refusal,
     jit_program_name as jit_program_name, parse_cache_miss as parse_cache_miss)
 from .swaps import (
     SPELLING_TARGETS as SPELLING_TARGETS, register_spellings as register_spellings,

@@ -96,12 +96,6 @@ _INCONCLUSIVE = re.compile(
     r"comparison '(?P<a>[^']+)' (?P<op>>=|<=|>|<) '(?P<b>[^']+)' is inconclusive")
 
 
-def is_custom_vjp_jvp_refusal(error: BaseException) -> bool:
-  """Whether `error` is JAX refusing forward-mode differentiation (jvp,
-  jacfwd, linearize, hessian) of a custom_vjp function."""
-  return "forward-mode autodiff (jvp) to a custom_vjp function" in str(error)
-
-
 def is_while_loop_vjp_refusal(error: BaseException) -> bool:
   """Whether `error` is JAX refusing to differentiate a while_loop in reverse
   mode (what a loop whose trip count is a symbolic size becomes)."""

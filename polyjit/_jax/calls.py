@@ -1,0 +1,111 @@
+"""polyjit's call primitive: a function bound as one equation whose JVP,
+transpose and batching polyjit defines (the masked evaluation, `_mask_calls.py`).
+
+The equation's param `node` is an object (hashed by identity) with:
+
+  jaxpr                      ClosedJaxpr of the function at its input avals:
+                             abstract evaluation, eager evaluation and lowering
+  jvp(primals, tangents)     -> (outs, out tangents); a tangent is None for a
+                             symbolic zero, in and out
+  transpose(cts, args)       -> a cotangent per argument (None for the known
+                             ones); `args` holds None for the linear arguments,
+                             `cts` are arrays (symbolic zeros instantiated)
+  batch(dims, avals, axis_size, axis_name)
+                             -> the node of the function vmapped over `dims`
+                             (None: not batched) into output axis 0
+
+This is `jax.custom_derivatives.linear_call`'s shape, with the two things it
+lacks: a JVP rule for every argument (it asserts zero residual tangents, so
+`jax.hessian` = jacfwd(jacrev) fails) and a batching rule (`jax.jacfwd` vmaps).
+The rules here only translate JAX's conventions (symbolic zeros, undefined
+primals, batch dims) into the node's; what each derivative is, is the node's.
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+import jax
+from jax._src import core as _core
+from jax._src.interpreters import ad as _ad
+from jax._src.interpreters import batching as _batching
+from jax._src.interpreters import mlir as _mlir
+
+from .core import ClosedJaxpr, Primitive
+
+
+class CallNode(Protocol):
+  @property
+  def jaxpr(self) -> ClosedJaxpr: ...
+
+  def jvp(self, primals: list[Any], tangents: list[Any | None]
+          ) -> tuple[list[Any], list[Any | None]]: ...
+
+  def transpose(self, cts: list[Any], args: list[Any | None]) -> list[Any | None]: ...
+
+  def batch(self, dims: tuple[int | None, ...], avals: tuple[Any, ...], axis_size: int,
+            axis_name: Any) -> "CallNode": ...
+
+
+call_p = Primitive("polyjit_masked_call")
+call_p.multiple_results = True
+
+
+def bind_call(node: CallNode, args: Sequence[Any]) -> list[Any]:
+  """`node`'s function applied to `args`, as one `polyjit_masked_call` equation."""
+  outs: list[Any] = call_p.bind(*args, node=node)  # type: ignore[no-untyped-call, unused-ignore]
+  return outs
+
+
+def _impl(*args: Any, node: CallNode) -> list[Any]:
+  closed = node.jaxpr
+  outs: list[Any] = _core.eval_jaxpr(closed.jaxpr, closed.consts, *args)
+  return outs
+
+
+def _abstract_eval(*avals: Any, node: CallNode) -> tuple[list[Any], Any]:
+  return list(node.jaxpr.out_avals), node.jaxpr.effects
+
+
+def _lower(ctx: Any, *args: Any, node: CallNode) -> Any:
+  return _mlir.core_call_lowering(ctx, *args, name="polyjit_masked_call",
+                                  call_jaxpr=node.jaxpr)
+
+
+def _jvp(primals: Sequence[Any], tangents: Sequence[Any], *, node: CallNode
+         ) -> tuple[list[Any], list[Any]]:
+  ts = [None if isinstance(t, _ad.Zero) else t for t in tangents]  # type: ignore[attr-defined, unused-ignore]
+  if all(t is None for t in ts):
+    outs = bind_call(node, primals)
+    touts: list[Any | None] = [None] * len(outs)
+  else:
+    outs, touts = node.jvp(list(primals), ts)
+  return outs, [
+      _ad.Zero(_core.typeof(o).to_tangent_aval()) if t is None else t  # type: ignore[attr-defined, unused-ignore]
+      for o, t in zip(outs, touts, strict=True)]
+
+
+def _transpose(cts: Sequence[Any], *args: Any, node: CallNode) -> list[Any]:
+  dense = [_ad.instantiate_zeros(ct) for ct in cts]  # type: ignore[no-untyped-call, unused-ignore]
+  known = [None if _ad.is_undefined_primal(a) else a for a in args]  # type: ignore[no-untyped-call, unused-ignore]
+  return node.transpose(dense, known)
+
+
+def _batch(axis_data: Any, args: Sequence[Any], dims: Sequence[Any], *, node: CallNode
+           ) -> tuple[list[Any], list[int | None]]:
+  dims_ = tuple(None if d is None else int(d) for d in dims)
+  if all(d is None for d in dims_):   # (JAX asks even when nothing is batched)
+    outs = bind_call(node, args)
+    return outs, [None] * len(outs)
+  avals = tuple(_core.typeof(a) for a in args)
+  batched = node.batch(dims_, avals, axis_data.size, axis_data.name)
+  outs = bind_call(batched, args)
+  return outs, [0 for _ in outs]
+
+
+call_p.def_impl(_impl)  # type: ignore[no-untyped-call, unused-ignore]
+call_p.def_effectful_abstract_eval(_abstract_eval)  # type: ignore[no-untyped-call, unused-ignore]
+_mlir.register_lowering(call_p, _lower, cacheable=False)
+_ad.primitive_jvps[call_p] = _jvp
+_ad.primitive_transposes[call_p] = _transpose
+_batching.fancy_primitive_batchers[call_p] = _batch
+
