@@ -77,6 +77,9 @@ class Node:
       self._jaxpr = jc.make_closed_jaxpr(lambda *a: self.impl(*a), list(self.in_avals))
     return self._jaxpr
 
+  def out_avals(self) -> list[Any] | None:
+    return None
+
   def impl(self, *args: Any) -> list[Any]:
     raise NotImplementedError
 
@@ -157,7 +160,11 @@ class Call(Node):
       outs, res = jc.bind_call(self, primals), []
     ts = [_zeros_like(inputs[i]) if tangents[i] is None else tangents[i] for i in diff_in]
     args = [*inputs, *res, *ts, *logical]
-    touts = jc.bind_call(_node(Lin, traced, padded, args, len(res)), args)
+    # (the tangents' avals are the outputs': reverse mode never traces the
+    # tangent map, which a custom_vjp inside `fun` could not give)
+    t_avals = tuple(jc.shaped(jc.typeof(outs[j]).shape, jc.typeof(outs[j]).dtype)
+                    for j in diff_out)
+    touts = jc.bind_call(_node(Lin, traced, padded, args, len(res), t_avals), args)
     out_tangents: list[Any | None] = [None] * len(outs)
     for j, t in zip(diff_out, touts, strict=True):
       out_tangents[j] = t
@@ -208,14 +215,18 @@ def _masked_vjp(traced: "Traced", padded: dict[str, int], inputs: Sequence[Any],
 
 class Lin(Node):
   def __init__(self, traced: "Traced", padded: dict[str, int], in_avals: tuple[Any, ...],
-               n_res: int) -> None:
+               n_res: int, t_avals: tuple[Any, ...] | None = None) -> None:
     super().__init__(in_avals)
+    self.t_avals = t_avals
     self.traced = traced
     self.padded = padded
     self.n_in = len(traced.in_avals)
     self.n_res = n_res
     self.diff_in = [i for i, a in enumerate(traced.in_avals) if _inexact(a)]
     self.n_out = sum(1 for a in traced.out_avals if _inexact(a))
+
+  def out_avals(self) -> list[Any] | None:
+    return None if self.t_avals is None else list(self.t_avals)
 
   def _split(self, args: Sequence[Any]) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
     a, b, c = self.n_in, self.n_in + self.n_res, self.n_in + self.n_res + len(self.diff_in)

@@ -37,6 +37,10 @@ class CallNode(Protocol):
   @property
   def jaxpr(self) -> ClosedJaxpr: ...
 
+  def out_avals(self) -> list[Any] | None:
+    """The output avals when known without tracing (else `jaxpr` is traced)."""
+    ...
+
   def jvp(self, primals: list[Any], tangents: list[Any | None]
           ) -> tuple[list[Any], list[Any | None]]: ...
 
@@ -63,6 +67,9 @@ def _impl(*args: Any, node: CallNode) -> list[Any]:
 
 
 def _abstract_eval(*avals: Any, node: CallNode) -> tuple[list[Any], Any]:
+  known = node.out_avals()
+  if known is not None:   # (a tangent map, traced only where it is evaluated)
+    return known, _core.no_effects
   return list(node.jaxpr.out_avals), node.jaxpr.effects
 
 
