@@ -30,7 +30,7 @@ from .core import (
     PRIMITIVES_NEWER_THAN_THIS_JAX as PRIMITIVES_NEWER_THAN_THIS_JAX,
     ClosedJaxpr as ClosedJaxpr, InconclusiveDimensionOperation as InconclusiveDimensionOperation,
     Jaxpr as Jaxpr, JaxprEqn as JaxprEqn, Literal as Literal, Primitive as Primitive,
-    Tracer as Tracer, convert_constvars_jaxpr as convert_constvars_jaxpr,
+    Tracer as Tracer, max_dim as max_dim, convert_constvars_jaxpr as convert_constvars_jaxpr,
     default_sharding as default_sharding, host_to_device as host_to_device,
     is_dropvar as is_dropvar, jaxpr_as_fun as jaxpr_as_fun,
     make_closed_jaxpr as make_closed_jaxpr, promote_dtypes_inexact as promote_dtypes_inexact,
@@ -68,5 +68,10 @@ from .messages import (
     is_while_loop_vjp_refusal as is_while_loop_vjp_refusal,
     jit_program_name as jit_program_name, parse_cache_miss as parse_cache_miss)
 from .swaps import (
-    SPELLING_TARGETS as SPELLING_TARGETS, register_spellings as register_spellings,
+    ARRAY_GETITEM as ARRAY_GETITEM, SWAP_SITES as SWAP_SITES, original_of as original_of,
+    register_spellings as register_spellings, replacement_of as replacement_of,
     spellings_active as spellings_active, trace_spellings as trace_spellings)
+from .registry import (
+    AUDITED as AUDITED, NEWEST_TESTED as NEWEST_TESTED, TESTED as TESTED,
+    JaxBoundaryError as JaxBoundaryError, require as require)
+from . import probes as probes

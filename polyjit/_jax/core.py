@@ -38,6 +38,7 @@ JaxprEqn = jex_core.JaxprEqn
 Literal = jex_core.Literal
 Primitive = jex_core.Primitive
 Tracer = jax.core.Tracer
+max_dim = jax.core.max_dim
 InconclusiveDimensionOperation = _InconclusiveDimensionOperation
 
 # --- the call path ------------------------------------------------------------
@@ -50,6 +51,8 @@ ARRAY_TYPE = _ArrayImpl
 
 @functools.lru_cache(maxsize=None)
 def default_sharding() -> jax.sharding.SingleDeviceSharding:
+  from . import probes, registry  # (the call path's probes, at its first use)
+  registry.require(probes.CALL)
   return jax.sharding.SingleDeviceSharding(jax.devices()[0])
 
 

@@ -1,0 +1,262 @@
+"""The probes of the JAX internals polyjit relies on (rows of `registry.ROWS`).
+
+Each probe is cheap (microseconds to a few milliseconds): the internal exists,
+has the signature polyjit calls it with, and behaves as assumed on a tiny
+case. Probes of kind "patch" and of what every trace reads run before
+`install_patches()` installs anything; the others at their feature's first use
+(`registry.require`). docs/jax-boundary.md is the audit of these rows against
+JAX's source at 0.9.2, 0.10.2, 0.11.0 and the newest snapshot.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import math
+from typing import Any
+
+import jax
+import numpy as np
+from jax import export as _export
+from jax._src import ad_util as _ad_util
+from jax._src import core as _core
+from jax._src import effects as _effects
+from jax._src import source_info_util as _siu
+from jax._src.array import ArrayImpl as _ArrayImpl
+from jax._src.export import shape_poly as _shape_poly
+from jax._src.interpreters import ad as _ad
+from jax._src.interpreters import batching as _batching
+from jax._src.interpreters import partial_eval as _pe
+from jax._src.interpreters import pxla as _pxla
+from jax._src.numpy import util as _np_util
+
+from . import core
+from .registry import internal
+
+DECISIONS = "size comparisons in user code"
+SOURCE = "source lines"
+AD = "differentiation rules"
+DIMS = "symbolic dimensions"
+JAXPRS = "jaxpr interpretation"
+SWAPS = "exact spellings during traces"
+CALL = "the call path"
+SIZES = "data-dependent sizes"
+TEXTS = "explanations of JAX's errors"
+
+#: Primitives whose JVP or transpose polyjit wraps (`_symbolic_ad.py`,
+#: `_rules/windows.py`, `_rules/fft.py`).
+WRAPPED_JVPS = ("cumprod", "cummax", "cummin", "cumlogsumexp", "reduce_prod",
+                "triangular_solve")
+WRAPPED_TRANSPOSES = ("conv_general_dilated", "fft")
+
+
+def _params(fn: Any) -> list[str]:
+  return list(inspect.signature(fn).parameters)
+
+
+def _ab() -> tuple[Any, Any]:
+  a, b = _export.symbolic_shape("a, b")
+  return a, b
+
+
+# --- size comparisons in user code (patches) ---------------------------------------
+
+@internal("shape_poly._DimExpr.__eq__", DECISIONS, "patch",
+          "wrapped to ask the oracle when an equality of sizes cannot be proven")
+def _dimexpr_eq() -> None:
+  a, b = _ab()
+  assert (a == b) is False and (a == a) is True and (a + 0 == a) is True
+  assert isinstance(core.Tracer, type)
+
+
+@internal("shape_poly._geq_decision(e1, e2, cmp_str)", DECISIONS, "patch",
+          "wrapped to ask the oracle when `>=` of sizes is inconclusive")
+def _geq_decision() -> None:
+  assert _params(_shape_poly._geq_decision) == ["e1", "e2", "cmp_str"]
+  a, b = _ab()
+  assert (a >= 1) is True
+  try:
+    _ = a >= b
+  except core.InconclusiveDimensionOperation:
+    return
+  raise AssertionError("`a >= b` did not raise InconclusiveDimensionOperation")
+
+
+@internal("shape_poly._bounds_decision, BoundsPrecision.BEST", DECISIONS, "read",
+          "bounds of a size difference (is an equality already decided?)")
+def _bounds() -> None:
+  a, _ = _ab()
+  lo, hi = _shape_poly._bounds_decision(a - 1, _shape_poly.BoundsPrecision.BEST)
+  assert (lo, hi) == (0, math.inf), (lo, hi)
+
+
+@internal("SymbolicScope._explicit_constraints (cmp, debug_str, diff), Comparator",
+          DECISIONS, "read", "the constraints a scope was made with")
+def _constraints() -> None:
+  scope = _export.SymbolicScope(["a >= 2"])
+  c, = scope._explicit_constraints
+  assert c.cmp == _shape_poly.Comparator.GEQ and "a >= 2" in c.debug_str
+  assert str(c.diff) == "a - 2", str(c.diff)
+  assert {c.name for c in _shape_poly.Comparator} >= {"EQ", "GEQ"}
+
+
+# --- symbolic dimensions (reads) ---------------------------------------------------
+
+@internal("_DimExpr._get_vars/_sorted_terms/_factors/_evaluate/_from_var/scope, "
+          "factor var/operation/operands", DIMS, "read",
+          "polyjit's own algebra on dimension expressions (`_dims.py`)")
+def _dimexpr_structure() -> None:
+  a, b = _ab()
+  e: Any = 2 * a * b + a // 3 + 1
+  assert e._get_vars() == {"a", "b"}
+  ops = {f.operation for term, _ in e._sorted_terms for f, _ in term._factors if f.var is None}
+  assert ops == {"floordiv"}, ops
+  q: Any = a // 3
+  for term, _ in q._sorted_terms:
+    (f, exponent), = term._factors
+    assert exponent == 1
+    assert tuple(str(o) for o in f.operands) == ("a", "3"), f.operands
+  assert e._evaluate({"a": 6, "b": 1}) == 15
+  assert _shape_poly._DimExpr._from_var("a", a.scope) == a
+  dtype: Any = _core.dim_value_dtype()  # type: ignore[no-untyped-call, unused-ignore]
+  assert np.dtype(dtype) in (np.dtype(np.int32), np.dtype(np.int64))
+
+
+# --- source lines ------------------------------------------------------------------
+
+@internal("source_info_util.register_exclusion(path)", SOURCE, "patch",
+          "polyjit's frames are left out of JAX's source lines")
+def _register_exclusion() -> None:
+  assert _params(_siu.register_exclusion) == ["path"]
+
+
+@internal("source_info_util.current_name_stack/user_context/summarize, "
+          "JaxprEqn.source_info/ctx.manager", SOURCE, "read",
+          "ops emitted for an equation keep its source location")
+def _eqn_source() -> None:
+  eqn, = jax.make_jaxpr(lambda x: x + 1)(1.0).jaxpr.eqns
+  _siu.current_name_stack() + eqn.source_info.name_stack
+  assert "name_stack" in _params(_siu.user_context)
+  with _siu.user_context(eqn.source_info.traceback, name_stack=_siu.current_name_stack()):
+    with eqn.ctx.manager:
+      pass
+  assert isinstance(_siu.summarize(eqn.source_info), str)
+
+
+# --- differentiation rules (patches) -----------------------------------------------
+
+@internal("ad.primitive_jvps", AD, "patch",
+          "JVPs of cumulative ops, reduce_prod, triangular_solve wrapped (`_symbolic_ad.py`)")
+def _jvps() -> None:
+  from .primitives import primitive
+  for name in WRAPPED_JVPS:
+    prim = primitive(name)
+    assert prim is not None and callable(_ad.primitive_jvps.get(prim)), name
+
+
+@internal("ad.primitive_transposes entries as functools.partial(driver, *rules)", AD, "patch",
+          "transposes of conv_general_dilated and fft wrapped (`_rules/windows.py`, `fft.py`)")
+def _transposes() -> None:
+  from .primitives import primitive
+  for name in WRAPPED_TRANSPOSES:
+    prim = primitive(name)
+    assert prim is not None, name
+    entries = [t.get(prim) for t in (_ad.primitive_transposes,
+                                     getattr(_ad, "fancy_transposes", {}))]
+    assert any(isinstance(e, functools.partial) for e in entries), (name, entries)
+
+
+@internal("jax._src.numpy.linalg._det (a jax.custom_jvp)", AD, "patch",
+          "the JVP of jnp.linalg.det wrapped (`_symbolic_ad.py`)")
+def _det() -> None:
+  fn = getattr(importlib.import_module("jax._src.numpy.linalg"), "_det")
+  assert isinstance(fn, jax.custom_jvp) and callable(fn.jvp)
+
+
+@internal("ad.Zero, ad_util.p2tz, core.primal_dtype_to_tangent_dtype", AD, "read",
+          "symbolic zero tangents (the JVP of polyjit's size primitive)")
+def _zero() -> None:
+  z = _ad_util.p2tz(np.int32(1))  # type: ignore[no-untyped-call, unused-ignore]
+  assert isinstance(z, _ad.Zero) and z.aval.dtype == jax.dtypes.float0  # type: ignore[attr-defined, unused-ignore]
+  assert _core.primal_dtype_to_tangent_dtype(np.dtype(np.int32)) == jax.dtypes.float0  # type: ignore[no-untyped-call, unused-ignore]
+
+
+@internal("batching.primitive_batchers", SIZES, "patch",
+          "polyjit's own size primitive refuses jax.vmap")
+def _batchers() -> None:
+  from .primitives import primitive
+  table = _batching.primitive_batchers
+  add = primitive("add")
+  assert callable(getattr(table, "__setitem__", None)) and add is not None
+
+
+# --- jaxprs (reads) -----------------------------------------------------------------
+
+@internal("core.Primitive instances in jax._src modules, get_bind_params, DropVar, "
+          "pe.convert_constvars_jaxpr, jaxprs_in_params, core.ShapedArray, "
+          "effects.remat_allowed_effects", JAXPRS, "read",
+          "the masking interpreter finds, reads and re-binds equations")
+def _jaxprs() -> None:
+  from .primitives import bind_params, primitive
+  add = primitive("add")
+  assert add is not None and add.name == "add"
+  closed = jax.make_jaxpr(lambda p, x: jax.lax.cond(p, lambda y: y, lambda y: -y, x))(True, 1.0)
+  eqn = closed.jaxpr.eqns[-1]
+  assert len(list(core.subjaxprs_in_params(bind_params(eqn)))) == 2
+  assert not core.is_dropvar(eqn.outvars[0])
+  assert isinstance(_core.DropVar, type)
+  assert callable(_pe.convert_constvars_jaxpr)
+  assert core.shaped((2,), np.float32).shape == (2,)
+  assert not list(core.replay_unsafe_effects(closed.jaxpr))
+  assert callable(_effects.remat_allowed_effects.filter_not_in)
+
+
+# --- the call path (reads) ---------------------------------------------------------
+
+@internal("array.ArrayImpl, pxla.batched_device_put(aval, sharding, xs, devices, committed)",
+          CALL, "read", "the exact type of device arrays; a fast host-to-device copy")
+def _call_path() -> None:
+  assert issubclass(_ArrayImpl, jax.Array)
+  assert _params(_pxla.batched_device_put)[:4] == ["aval", "sharding", "xs", "devices"]
+  host = np.arange(3, dtype=np.int32)
+  out = core.host_to_device(host, jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+  assert type(out) is _ArrayImpl and np.array_equal(np.asarray(out), host)
+
+
+# --- spellings swapped during traces -----------------------------------------------
+
+@internal("numpy.util.promote_dtypes_inexact, jax.core.max_dim, jax.core.Tracer", SWAPS,
+          "read", "the replacement of jnp.interp promotes as JAX does; sizes' max")
+def _spelling_reads() -> None:
+  x, = _np_util.promote_dtypes_inexact(np.int32(1))
+  assert x.dtype == np.float32 or x.dtype == np.float64
+  assert core.max_dim(3, 5) == 5
+
+
+# --- JAX's texts -------------------------------------------------------------------
+
+@internal("InconclusiveDimensionOperation text \"comparison 'a' >= 'b' is inconclusive\"",
+          TEXTS, "text", "names the sizes to bound in a constraint")
+def _inconclusive_text() -> None:
+  from .messages import inconclusive_comparison
+  a, b = _ab()
+  try:
+    _ = a >= b
+  except core.InconclusiveDimensionOperation as e:
+    assert inconclusive_comparison(e) == ("a", ">=", "b"), str(e)
+    return
+  raise AssertionError("no InconclusiveDimensionOperation")
+
+
+@internal("the functions at swaps.SWAP_SITES (jnp.searchsorted, lax_numpy.searchsorted, "
+          "jnp.interp/linspace/diff, lax.fori_loop, jnp.nonzero, lax_numpy.nonzero, "
+          "jnp.flatnonzero/argwhere/where/compress/extract/unique, indexing.rewriting_take)",
+          SWAPS, "swap", "replaced by exact spellings for the duration of a symbolic trace")
+def _swap_sites() -> None:
+  from . import swaps
+  plan = swaps.site_plan()
+  by_site = {(m.__name__, a): original for m, a, _, original, _ in plan}
+  # The private globals are the functions JAX's Array methods and digitize call.
+  assert by_site[("jax._src.numpy.lax_numpy", "searchsorted")] is by_site[("jax.numpy", "searchsorted")]
+  assert by_site[("jax._src.numpy.lax_numpy", "nonzero")] is by_site[("jax.numpy", "nonzero")]
+  assert _params(swaps.ARRAY_GETITEM)[:2] == ["arr", "idx"]
