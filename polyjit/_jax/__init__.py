@@ -66,7 +66,8 @@ from .messages import (
     inconclusive_comparison as inconclusive_comparison,
     is_cache_miss_explanation as is_cache_miss_explanation,
     is_while_loop_vjp_refusal as is_while_loop_vjp_refusal,
-    jit_program_name as jit_program_name, parse_cache_miss as parse_cache_miss)
+    jit_program_name as jit_program_name, needs_concrete_size as needs_concrete_size,
+    parse_cache_miss as parse_cache_miss, trace_refusal as trace_refusal)
 from .swaps import (
     ARRAY_GETITEM as ARRAY_GETITEM, SWAP_SITES as SWAP_SITES, original_of as original_of,
     register_spellings as register_spellings, replacement_of as replacement_of,

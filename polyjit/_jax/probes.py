@@ -260,3 +260,40 @@ def _swap_sites() -> None:
   assert by_site[("jax._src.numpy.lax_numpy", "searchsorted")] is by_site[("jax.numpy", "searchsorted")]
   assert by_site[("jax._src.numpy.lax_numpy", "nonzero")] is by_site[("jax.numpy", "nonzero")]
   assert _params(swaps.ARRAY_GETITEM)[:2] == ["arr", "idx"]
+
+
+REFUSALS = "explanations of JAX's refusals"
+
+
+@internal("texts of JAX's NotImplementedError for lax.associative_scan and "
+          "jax.random.permutation at a symbolic size", REFUSALS, "text",
+          "the refusal is explained with what to do instead (`_refusals.py`)")
+def _refusal_texts() -> None:
+  from .messages import trace_refusal
+  n, = _export.symbolic_shape("n")
+  cases: list[tuple[Any, str]] = [
+      (lambda x: jax.lax.associative_scan(jax.numpy.add, x), "associative_scan"),
+      (lambda x: jax.random.permutation(jax.random.key(0), x), "permutation")]
+  for fn, name in cases:
+    try:
+      jax.eval_shape(fn, core.shaped((n,), np.float32))
+    except NotImplementedError as e:
+      assert trace_refusal(e) == name, str(e)
+      continue
+    raise AssertionError(f"JAX traced {name} at a symbolic size")
+
+
+@internal("TypeError texts for a symbolic size used as an int (`range(n)`, `int(n)`)",
+          TEXTS, "text", "the error says to keep sizes symbolic")
+def _concrete_size_texts() -> None:
+  from .messages import needs_concrete_size
+  n: Any
+  n, = _export.symbolic_shape("n")
+  uses: list[Any] = [range, int]
+  for use in uses:
+    try:
+      use(n)
+    except Exception as e:
+      assert needs_concrete_size(e), (type(e).__name__, str(e))
+      continue
+    raise AssertionError(f"{use.__name__}(n) accepted a symbolic size")

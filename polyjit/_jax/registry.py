@@ -45,6 +45,7 @@ class Internal:
 ROWS: dict[str, Internal] = {}
 KINDS = ("patch", "swap", "read", "text")
 _passed: set[str] = set()
+_running: set[str] = set()   # probes under way (a probe that uses its own feature)
 _lock = threading.RLock()  # (a probe may use a feature whose first use checks it)
 
 
@@ -80,13 +81,16 @@ def check(rows: list[Internal]) -> None:
   with _lock:
     failures = []
     for row in todo:
-      if row.name in _passed:
+      if row.name in _passed or row.name in _running:
         continue
+      _running.add(row.name)
       try:
         row.probe()
       except Exception as e:
         failures.append((row, e))
         continue
+      finally:
+        _running.discard(row.name)
       _passed.add(row.name)
     if failures:
       row, cause = failures[0]
