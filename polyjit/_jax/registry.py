@@ -40,6 +40,7 @@ class Internal:
   kind: str                    # "patch" (permanent), "swap" (per trace), "read", "text"
   why: str                     # what polyjit does with it
   probe: Callable[[], None]    # raises (or asserts) when it does not hold
+  versions: str                # the JAX versions where the audit found it as used
 
 
 ROWS: dict[str, Internal] = {}
@@ -49,16 +50,18 @@ _running: set[str] = set()   # probes under way (a probe that uses its own featu
 _lock = threading.RLock()  # (a probe may use a feature whose first use checks it)
 
 
-def internal(name: str, feature: str, kind: str, why: str
+def internal(name: str, feature: str, kind: str, why: str,
+             versions: str = "0.9.2, 0.10.2, 0.11.0, main (cec06d1)"
              ) -> Callable[[Callable[[], None]], Callable[[], None]]:
-  """Decorator: registers the decorated function as the probe of `name`."""
+  """Decorator: registers the decorated function as the probe of `name`,
+  found as used in JAX `versions` (the audit, docs/jax-boundary.md)."""
   if kind not in KINDS:
     raise ValueError(f"unknown kind {kind!r}")
 
   def register(probe: Callable[[], None]) -> Callable[[], None]:
     if name in ROWS:
       raise ValueError(f"internal {name!r} registered twice")
-    ROWS[name] = Internal(name, feature, kind, why, probe)
+    ROWS[name] = Internal(name, feature, kind, why, probe, versions)
     return probe
   return register
 
