@@ -139,14 +139,34 @@ def _plain_jax_checks(rounds, errors):
 
 
 def test_plain_jax_in_another_thread_while_polyjit_traces():
-  errors = []
-  thread = threading.Thread(target=_plain_jax_checks, args=(40, errors))
+  errors, seen = [], []
+  started, ran = threading.Event(), threading.Event()
+
+  def other_thread():
+    started.wait(60)  # polyjit is inside its first trace: the swaps are installed
+    seen.append(hasattr(jnp.searchsorted, "_polyjit_spelling") and not jc.spellings_active())
+    # The replacements equal JAX wherever JAX works, so the plain results alone
+    # cannot show a leak; JAX's own refusal at a symbolic size can.
+    n, = jax.export.symbolic_shape("n")
+    try:
+      jax.make_jaxpr(jnp.searchsorted)(jax.ShapeDtypeStruct((n,), jnp.float32),
+                                       jax.ShapeDtypeStruct((3,), jnp.float32))
+      seen.append("replacement leaked into this thread")
+    except Exception:
+      pass
+    _plain_jax_checks(1, errors)
+    ran.set()
+    _plain_jax_checks(30, errors)
 
   def masked(x):
+    if not started.is_set():
+      started.set()
+      ran.wait(60)
     y = jnp.where(x > 0, x, 0.0)
     idx = jnp.searchsorted(jnp.sort(x), 0.0)
     return jnp.sum(x[x > 0]) + y.sum() + idx + jax.lax.fori_loop(0, x.shape[0], lambda i, c: c + 1.0, 0.0)
 
+  thread = threading.Thread(target=other_thread)
   thread.start()
   for n in range(3, 12):
     x = np.linspace(-1.0, 1.0, n, dtype=np.float32)
@@ -154,6 +174,7 @@ def test_plain_jax_in_another_thread_while_polyjit_traces():
     want = x[x > 0].sum() * 2 + np.searchsorted(np.sort(x), 0.0) + n
     np.testing.assert_allclose(jf(x), want, rtol=1e-6)
   thread.join()
+  assert seen == [True]  # the other thread ran while the swaps were in place
   assert not errors, errors
   _plain_jax_checks(1, errors)  # and after
   assert not errors, errors
