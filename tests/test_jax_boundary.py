@@ -112,8 +112,10 @@ def test_every_installed_patch_was_probed():
   probed = {r.name for r in registry.ROWS.values() if r.kind == "patch"}
   assert {"shape_poly._DimExpr.__eq__", "source_info_util.register_exclusion(path)",
           "ad.primitive_jvps"} <= probed
-  for row in registry.ROWS.values():
-    row.probe()  # every probe holds on the installed JAX
+  with pj.diagnostics.count_compiles() as compiles:
+    for row in registry.ROWS.values():
+      row.probe()  # every probe holds on the installed JAX
+  assert len(compiles) == 0  # and compiles nothing (compile counts are user-visible)
 
 
 # --- per-trace swaps never change what another thread computes ------------------------
