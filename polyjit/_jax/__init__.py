@@ -75,4 +75,4 @@ from .swaps import (
 from .registry import (
     AUDITED as AUDITED, NEWEST_TESTED as NEWEST_TESTED, TESTED as TESTED,
     JaxBoundaryError as JaxBoundaryError, require as require)
-from . import probes as probes
+from . import probes as probes, registry as registry

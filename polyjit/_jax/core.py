@@ -51,8 +51,8 @@ ARRAY_TYPE = _ArrayImpl
 
 @functools.lru_cache(maxsize=None)
 def default_sharding() -> jax.sharding.SingleDeviceSharding:
-  from . import probes, registry  # (the call path's probes, at its first use)
-  registry.require(probes.CALL)
+  from .registry import CALL, require  # (the call path's probes, at its first use)
+  require(CALL)
   return jax.sharding.SingleDeviceSharding(jax.devices()[0])
 
 

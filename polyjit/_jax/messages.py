@@ -108,8 +108,13 @@ _TRACE_REFUSAL_MARKERS = {
 
 def trace_refusal(error: BaseException) -> str | None:
   """Which of JAX's known refusals to trace at a symbolic size `error` is."""
-  from . import probes, registry  # (the texts are probed at first use)
-  registry.require(probes.REFUSALS)
+  from .registry import REFUSALS, require  # (the texts are probed at first use)
+  require(REFUSALS)
+  return trace_refusal_unchecked(error)
+
+
+def trace_refusal_unchecked(error: BaseException) -> str | None:
+  """`trace_refusal` without the probe of the texts (for the probe itself)."""
   text = str(error)
   for marker, name in _TRACE_REFUSAL_MARKERS.items():
     if marker in text:

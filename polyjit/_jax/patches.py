@@ -22,8 +22,9 @@ from jax._src.interpreters import ad as _ad
 
 from .decisions import _install_decision_hooks
 from .frames import _POLYJIT_DIR
-from . import probes, registry
 from .primitives import primitive
+from .probes import WRAPPED_JVPS, WRAPPED_TRANSPOSES
+from .registry import DECISIONS, DIMS, JAXPRS, SOURCE, TEXTS, require, require_kind
 
 # --- differentiation rules ---------------------------------------------------
 
@@ -34,9 +35,9 @@ def wrap_jvp_rule(name: str, rule: Callable[..., Any]) -> None:
   except where it adds support (see `_symbolic_ad.py`). Idempotent.
   """
   prim = primitive(name)
-  if prim is None or prim not in _ad.primitive_jvps or name not in probes.WRAPPED_JVPS:
+  if prim is None or prim not in _ad.primitive_jvps or name not in WRAPPED_JVPS:
     raise LookupError(f"no JVP rule of {name!r} to wrap, or it is not probed "
-                      "(probes.WRAPPED_JVPS)")
+                      "(WRAPPED_JVPS)")
   original = _ad.primitive_jvps[prim]
   if getattr(original, "_polyjit_wrapped", False):
     return
@@ -56,7 +57,7 @@ def wrap_transpose_rules(name: str, wrap: Callable[[int, Any], Any]) -> None:
   (see `_rules/windows.py`, `_rules/fft.py`). Idempotent.
   """
   prim = primitive(name)
-  if prim is None or name not in probes.WRAPPED_TRANSPOSES:
+  if prim is None or name not in WRAPPED_TRANSPOSES:
     raise LookupError(f"no primitive {name!r}, or its transpose is not probed "
                       "(probes.WRAPPED_TRANSPOSES)")
   for table in (_ad.primitive_transposes, getattr(_ad, "fancy_transposes", {})):
@@ -141,9 +142,9 @@ def install_patches(*rule_installers: Callable[[], None]) -> None:
   with _patches_lock:
     if _patches_installed:
       return
-    registry.require_kind("patch")  # before anything is installed
-    for feature in (probes.DIMS, probes.JAXPRS, probes.SOURCE, probes.DECISIONS, probes.TEXTS):
-      registry.require(feature)
+    require_kind("patch")  # before anything is installed
+    for feature in (DIMS, JAXPRS, SOURCE, DECISIONS, TEXTS):
+      require(feature)
     _siu.register_exclusion(_POLYJIT_DIR)
     INSTALLED.append(("source_info_util exclusions", "polyjit's frames are not user frames"))
     _install_decision_hooks()

@@ -30,18 +30,14 @@ from jax._src.interpreters import partial_eval as _pe
 from jax._src.interpreters import pxla as _pxla
 from jax._src.numpy import util as _np_util
 
-from . import core
-from .registry import internal
+from .core import (InconclusiveDimensionOperation, Tracer, default_sharding, host_to_device,
+                   is_dropvar, max_dim, replay_unsafe_effects, shaped, subjaxprs_in_params)
+from .messages import inconclusive_comparison, needs_concrete_size, trace_refusal_unchecked
+from .primitives import bind_params, primitive
+from .registry import (AD, CALL, DECISIONS, DIMS, JAXPRS, REFUSALS, SIZES, SOURCE, SWAPS, TEXTS,
+                       internal)
+from .swaps import ARRAY_GETITEM, site_plan
 
-DECISIONS = "size comparisons in user code"
-SOURCE = "source lines"
-AD = "differentiation rules"
-DIMS = "symbolic dimensions"
-JAXPRS = "jaxpr interpretation"
-SWAPS = "exact spellings during traces"
-CALL = "the call path"
-SIZES = "data-dependent sizes"
-TEXTS = "explanations of JAX's errors"
 
 #: Primitives whose JVP or transpose polyjit wraps (`_symbolic_ad.py`,
 #: `_rules/windows.py`, `_rules/fft.py`).
@@ -66,7 +62,7 @@ def _ab() -> tuple[Any, Any]:
 def _dimexpr_eq() -> None:
   a, b = _ab()
   assert (a == b) is False and (a == a) is True and (a + 0 == a) is True
-  assert isinstance(core.Tracer, type)
+  assert isinstance(Tracer, type)
 
 
 @internal("shape_poly._geq_decision(e1, e2, cmp_str)", DECISIONS, "patch",
@@ -77,7 +73,7 @@ def _geq_decision() -> None:
   assert (a >= 1) is True
   try:
     _ = a >= b
-  except core.InconclusiveDimensionOperation:
+  except InconclusiveDimensionOperation:
     return
   raise AssertionError("`a >= b` did not raise InconclusiveDimensionOperation")
 
@@ -148,7 +144,6 @@ def _eqn_source() -> None:
 @internal("ad.primitive_jvps", AD, "patch",
           "JVPs of cumulative ops, reduce_prod, triangular_solve wrapped (`_symbolic_ad.py`)")
 def _jvps() -> None:
-  from .primitives import primitive
   for name in WRAPPED_JVPS:
     prim = primitive(name)
     assert prim is not None and callable(_ad.primitive_jvps.get(prim)), name
@@ -157,7 +152,6 @@ def _jvps() -> None:
 @internal("ad.primitive_transposes entries as functools.partial(driver, *rules)", AD, "patch",
           "transposes of conv_general_dilated and fft wrapped (`_rules/windows.py`, `fft.py`)")
 def _transposes() -> None:
-  from .primitives import primitive
   for name in WRAPPED_TRANSPOSES:
     prim = primitive(name)
     assert prim is not None, name
@@ -184,7 +178,6 @@ def _zero() -> None:
 @internal("batching.primitive_batchers", SIZES, "patch",
           "polyjit's own size primitive refuses jax.vmap")
 def _batchers() -> None:
-  from .primitives import primitive
   table = _batching.primitive_batchers
   add = primitive("add")
   assert callable(getattr(table, "__setitem__", None)) and add is not None
@@ -197,17 +190,16 @@ def _batchers() -> None:
           "effects.remat_allowed_effects", JAXPRS, "read",
           "the masking interpreter finds, reads and re-binds equations")
 def _jaxprs() -> None:
-  from .primitives import bind_params, primitive
   add = primitive("add")
   assert add is not None and add.name == "add"
   closed = jax.make_jaxpr(lambda p, x: jax.lax.cond(p, lambda y: y, lambda y: -y, x))(True, 1.0)
   eqn = closed.jaxpr.eqns[-1]
-  assert len(list(core.subjaxprs_in_params(bind_params(eqn)))) == 2
-  assert not core.is_dropvar(eqn.outvars[0])
+  assert len(list(subjaxprs_in_params(bind_params(eqn)))) == 2
+  assert not is_dropvar(eqn.outvars[0])
   assert isinstance(_core.DropVar, type)
   assert callable(_pe.convert_constvars_jaxpr)
-  assert core.shaped((2,), np.float32).shape == (2,)
-  assert not list(core.replay_unsafe_effects(closed.jaxpr))
+  assert shaped((2,), np.float32).shape == (2,)
+  assert not list(replay_unsafe_effects(closed.jaxpr))
   assert callable(_effects.remat_allowed_effects.filter_not_in)
 
 
@@ -219,19 +211,19 @@ def _call_path() -> None:
   assert issubclass(_ArrayImpl, jax.Array)
   assert _params(_pxla.batched_device_put)[:4] == ["aval", "sharding", "xs", "devices"]
   host = np.arange(3, dtype=np.int32)
-  out = core.host_to_device(host, jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+  out = host_to_device(host, jax.sharding.SingleDeviceSharding(jax.devices()[0]))
   assert type(out) is _ArrayImpl and np.array_equal(np.asarray(out), host)
 
 
 # --- spellings swapped during traces -----------------------------------------------
 
-@internal("numpy.util.promote_dtypes_inexact, jax.core.max_dim, jax.core.Tracer", SWAPS,
+@internal("numpy.util.promote_dtypes_inexact, jax.max_dim, jax.Tracer", SWAPS,
           "read", "the replacement of jnp.interp promotes as JAX does; sizes' max")
 def _spelling_reads() -> None:
   # (abstractly: a probe never compiles, since compile counts are user-visible)
-  x = jax.eval_shape(lambda v: _np_util.promote_dtypes_inexact(v)[0], core.shaped((), np.int32))
+  x = jax.eval_shape(lambda v: _np_util.promote_dtypes_inexact(v)[0], shaped((), np.int32))
   assert x.dtype == np.float32 or x.dtype == np.float64
-  assert core.max_dim(3, 5) == 5
+  assert max_dim(3, 5) == 5
 
 
 # --- JAX's texts -------------------------------------------------------------------
@@ -239,11 +231,10 @@ def _spelling_reads() -> None:
 @internal("InconclusiveDimensionOperation text \"comparison 'a' >= 'b' is inconclusive\"",
           TEXTS, "text", "names the sizes to bound in a constraint")
 def _inconclusive_text() -> None:
-  from .messages import inconclusive_comparison
   a, b = _ab()
   try:
     _ = a >= b
-  except core.InconclusiveDimensionOperation as e:
+  except InconclusiveDimensionOperation as e:
     assert inconclusive_comparison(e) == ("a", ">=", "b"), str(e)
     return
   raise AssertionError("no InconclusiveDimensionOperation")
@@ -254,32 +245,27 @@ def _inconclusive_text() -> None:
           "jnp.flatnonzero/argwhere/where/compress/extract/unique, indexing.rewriting_take)",
           SWAPS, "swap", "replaced by exact spellings for the duration of a symbolic trace")
 def _swap_sites() -> None:
-  from . import swaps
-  plan = swaps.site_plan()
+  plan = site_plan()
   by_site = {(m.__name__, a): original for m, a, _, original, _ in plan}
   # The private globals are the functions JAX's Array methods and digitize call.
   assert by_site[("jax._src.numpy.lax_numpy", "searchsorted")] is by_site[("jax.numpy", "searchsorted")]
   assert by_site[("jax._src.numpy.lax_numpy", "nonzero")] is by_site[("jax.numpy", "nonzero")]
-  assert _params(swaps.ARRAY_GETITEM)[:2] == ["arr", "idx"]
-
-
-REFUSALS = "explanations of JAX's refusals"
+  assert _params(ARRAY_GETITEM)[:2] == ["arr", "idx"]
 
 
 @internal("texts of JAX's NotImplementedError for lax.associative_scan and "
           "jax.random.permutation at a symbolic size", REFUSALS, "text",
           "the refusal is explained with what to do instead (`_refusals.py`)")
 def _refusal_texts() -> None:
-  from .messages import trace_refusal
   n, = _export.symbolic_shape("n")
   cases: list[tuple[Any, str]] = [
       (lambda x: jax.lax.associative_scan(jax.numpy.add, x), "associative_scan"),
       (lambda x: jax.random.permutation(jax.random.key(0), x), "permutation")]
   for fn, name in cases:
     try:
-      jax.eval_shape(fn, core.shaped((n,), np.float32))
+      jax.eval_shape(fn, shaped((n,), np.float32))
     except NotImplementedError as e:
-      assert trace_refusal(e) == name, str(e)
+      assert trace_refusal_unchecked(e) == name, str(e)
       continue
     raise AssertionError(f"JAX traced {name} at a symbolic size")
 
@@ -287,7 +273,6 @@ def _refusal_texts() -> None:
 @internal("TypeError texts for a symbolic size used as an int (`range(n)`, `int(n)`)",
           TEXTS, "text", "the error says to keep sizes symbolic")
 def _concrete_size_texts() -> None:
-  from .messages import needs_concrete_size
   n: Any
   n, = _export.symbolic_shape("n")
   uses: list[Any] = [range, int]

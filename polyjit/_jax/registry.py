@@ -29,6 +29,19 @@ TESTED = ("0.10.2 (full suite)", "0.9.2 (tests/test_old_jax.py subset)")
 AUDITED = ("0.9.2", "0.10.2", "0.11.0", "main at cec06d1 (2026-08-08)")
 
 
+# The features that rely on JAX internals (each internal's row names one).
+DECISIONS = "size comparisons in user code"
+SOURCE = "source lines"
+AD = "differentiation rules"
+DIMS = "symbolic dimensions"
+JAXPRS = "jaxpr interpretation"
+SWAPS = "exact spellings during traces"
+CALL = "the call path"
+SIZES = "data-dependent sizes"
+TEXTS = "explanations of JAX's errors"
+REFUSALS = "explanations of JAX's refusals"
+
+
 class JaxBoundaryError(RuntimeError):
   """The installed JAX lacks (or changed) an internal a polyjit feature needs."""
 

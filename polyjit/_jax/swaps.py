@@ -118,8 +118,8 @@ def site_plan() -> list[tuple[Any, str, Any, Callable[..., Any], Callable[..., A
 
 
 def _install_spellings() -> None:
-  from . import probes, registry
-  registry.require(probes.SWAPS)
+  from .registry import SWAPS, require
+  require(SWAPS)
   # Resolve every site before patching any: a missing one raises with
   # nothing half-installed.
   plan = site_plan()
