@@ -645,6 +645,6 @@ def unique(original: Callable[..., Any], ar: Any, return_index: bool = False,
   return unique_of(ar, return_index, return_inverse, return_counts, equal_nan)
 
 
-jc.register_spellings({"nonzero": nonzero, "flatnonzero": flatnonzero, "argwhere": argwhere,
-                       "where": where, "compress": compress, "extract": extract,
-                       "unique": unique, "getitem": getitem})
+jc.register_spellings({jnp.nonzero: nonzero, jnp.flatnonzero: flatnonzero, jnp.argwhere: argwhere,
+                       jnp.where: where, jnp.compress: compress, jnp.extract: extract,
+                       jnp.unique: unique, jc.ARRAY_GETITEM: getitem})

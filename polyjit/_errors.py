@@ -67,9 +67,7 @@ def trace_error(error: BaseException, fun_name: str) -> PolyjitError:
         f"What to do: if '{bound}' always holds, declare it: constraints=['{bound}'] "
         f"(pj.mask, pj.jit); or {fixed}. pj.jit, and pj.mask called with concrete "
         "sizes, add such a bound themselves when the sizes of the call satisfy it.")
-  concrete_needed = (isinstance(error, TypeError) and (
-      "cannot be interpreted as an integer" in str(error) or "DimExpr" in str(error))
-      or isinstance(error, jc.InconclusiveDimensionOperation))
+  concrete_needed = jc.needs_concrete_size(error)
   if concrete_needed and inside is None:
     return ShapeError(
         head + "a dynamic size was used where Python needs a plain int.\nWhat to do: "

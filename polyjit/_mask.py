@@ -490,6 +490,8 @@ class Masked:
                    traced_sizes: bool = False) -> PolyjitError:
     """`error` from tracing `fun`, as a polyjit error that explains itself."""
     out: PolyjitError
+    if isinstance(error, jc.JaxBoundaryError):  # this JAX lacks an internal: that alone
+      raise error
     if isinstance(error, (MaskingError, ShapeError)):
       # A copy: the variant keeps its error and raises it on every call, and
       # each raise gets notes of its own.

@@ -8,6 +8,7 @@ rule, `_mask` when tracing fails).
 
 from __future__ import annotations
 
+from . import _jax as jc
 from ._errors import MaskingError
 
 SUPPORTED = "supported"
@@ -38,23 +39,24 @@ REASONS: dict[str, tuple[str, str]] = {
                     "the backend and on the shape. Use `jax.random`."),
 }
 
-#: JAX's own refusals to trace at a symbolic size: a marker in JAX's message
-#: -> (the function, why JAX refuses, what to do).
+#: JAX's own refusals to trace at a symbolic size, by the name
+#: `jc.trace_refusal` gives them (it reads JAX's message) -> (the function,
+#: why JAX refuses, what to do).
 TRACE_REFUSALS: dict[str, tuple[str, str, str]] = {
-    "associative scan over axis of non-constant size": (
+    "associative_scan": (
         "lax.associative_scan",
         "it builds its tree of combinations from a static length.",
         "scan sequentially with lax.scan, which masks and differentiates; or use "
         "the cumulative primitive when fn is one (lax.cumsum, lax.cumprod, "
         "lax.cummax, lax.cummin, lax.cumlogsumexp); or declare the axis fixed "
         "(\"_\" in the spec)."),
-    "shape polymorphism for `permutation` or `shuffle`": (
+    "permutation": (
         "jax.random.permutation",
         "it shuffles with a number of sorting rounds that depends on the size.",
         "shuffle by sorting on random keys, "
         "x[jnp.argsort(jax.random.uniform(key, x.shape))]; or declare the axis "
         "fixed (\"_\" in the spec)."),
-    "Evaluation rule for 'dim_as_value' is not implemented": (
+    "eager_size": (
         "code under jax.ensure_compile_time_eval()",
         "it evaluates eagerly, and a dynamic size has no concrete value (NumPyro "
         "validates distribution parameters this way when validation is on).",
@@ -72,10 +74,11 @@ def why_unsupported(name: str) -> str | None:
 
 def jax_refusal(e: NotImplementedError) -> MaskingError:
   """A `MaskingError` for JAX refusing to trace a function at a symbolic size."""
-  for marker, (function, why, todo) in TRACE_REFUSALS.items():
-    if marker in str(e):
-      return MaskingError(f"JAX cannot trace {function} at a dynamic size: {why}\n"
-                          f"What to do: {todo}")
+  refusal = jc.trace_refusal(e)
+  if refusal in TRACE_REFUSALS:
+    function, why, todo = TRACE_REFUSALS[refusal]
+    return MaskingError(f"JAX cannot trace {function} at a dynamic size: {why}\n"
+                        f"What to do: {todo}")
   return MaskingError(
       f"JAX cannot trace the masked function with symbolic sizes: {e}\n"
       "What to do: declare the axis involved fixed (\"_\" in the spec, or None "

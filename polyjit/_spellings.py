@@ -97,7 +97,7 @@ from . import _jax as jc
 
 def _is_dim(d: Any) -> bool:
   """A symbolic size (a dimension expression), not a traced value."""
-  return is_symbolic_dim(d) and not isinstance(d, jax.core.Tracer)
+  return is_symbolic_dim(d) and not isinstance(d, jc.Tracer)
 
 
 # --- searchsorted ------------------------------------------------------------
@@ -297,13 +297,13 @@ def diff(original: Callable[..., Any], a: Any, n: Any = 1, axis: Any = -1,
 def fori_loop(original: Callable[..., Any], lower: Any, upper: Any,
               body_fun: Callable[[Any, Any], Any], init_val: Any, *,
               unroll: Any = None) -> Any:
-  if not _is_dim(upper) or is_symbolic_dim(lower) or isinstance(lower, jax.core.Tracer):
+  if not _is_dim(upper) or is_symbolic_dim(lower) or isinstance(lower, jc.Tracer):
     return original(lower, upper, body_fun, init_val, unroll=unroll)
   try:
     lower_ = int(lower)
   except (TypeError, ValueError):
     return original(lower, upper, body_fun, init_val, unroll=unroll)
-  length = jax.core.max_dim(upper - lower_, 0)
+  length = jc.max_dim(upper - lower_, 0)
 
   def step(carry: tuple[Any, Any], _: Any) -> tuple[tuple[Any, Any], None]:
     i, x = carry
@@ -315,5 +315,5 @@ def fori_loop(original: Callable[..., Any], lower: Any, upper: Any,
   return result
 
 
-jc.register_spellings({"searchsorted": searchsorted, "interp": interp, "linspace": linspace,
-                       "diff": diff, "fori_loop": fori_loop})
+jc.register_spellings({jnp.searchsorted: searchsorted, jnp.interp: interp, jnp.linspace: linspace,
+                       jnp.diff: diff, lax.fori_loop: fori_loop})

@@ -32,6 +32,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
+from . import _jax as jc
 from ._errors import PolyjitError
 from ._padding import is_key_dtype
 
@@ -78,7 +79,7 @@ class _Inside:
 
 
 def _has_tracer(tree: Any) -> bool:
-  return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
+  return any(isinstance(x, jc.Tracer) for x in jax.tree.leaves(tree))
 
 
 def checked_call(name: str, reference: Callable[..., Any], run: Callable[..., Any],

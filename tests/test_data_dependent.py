@@ -226,7 +226,9 @@ def test_intercepted_spellings_match_this_jax():
           "argwhere": _data_dependent.argwhere, "where": _data_dependent.where,
           "compress": _data_dependent.compress, "extract": _data_dependent.extract,
           "unique": _data_dependent.unique, "getitem": _data_dependent.getitem}
-  targets = [(m, a, n) for m, a, n in jc.SPELLING_TARGETS if n in ours]
+  names = {fn: name for name, fn in ours.items()}
+  targets = [(m, a, names[r]) for m, a in jc.SWAP_SITES
+             if (r := jc.replacement_of(getattr(importlib.import_module(m), a))) in names]
   assert {n for _, _, n in targets} == set(ours)
   for module, attr, name in targets:
     original = getattr(importlib.import_module(module), attr)

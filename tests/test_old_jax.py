@@ -1,6 +1,6 @@
 """The older supported JAX line: a fast subset of the suite on JAX 0.9.2.
 
-pyproject.toml declares jax>=0.9.2,<0.11; the whole suite runs on 0.10.2
+pyproject.toml declares jax>=0.9.2 (no upper bound: probes); the whole suite runs on 0.10.2
 (the environment it is installed in), and this test runs a subset on 0.9.2
 in a virtual environment of its own, `.venv-jax09` at the repository root
 (built on first use with pip, reused afterwards; delete it to rebuild). The
@@ -25,7 +25,7 @@ VERSION = "0.9.2"
 REQUIREMENTS = [f"jax=={VERSION}", f"jaxlib=={VERSION}", "numpy>=1.26", "pytest>=8",
                 "hypothesis>=6.100"]
 SUBSET = ["tests/test_spec.py", "tests/test_mask_api.py", "tests/test_jit.py",
-          "tests/test_errors.py"]
+          "tests/test_errors.py", "tests/test_jax_boundary.py"]
 
 
 def _python() -> Path:

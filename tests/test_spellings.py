@@ -216,10 +216,12 @@ def test_linspace_and_interp_match_jax_to_the_last_bits():
 
 def test_patch_targets_exist_in_this_jax():
   """A JAX that renames or moves one of these must fail here, not silently."""
-  for module, attr, name in jc.SPELLING_TARGETS:
+  for module, attr in jc.SWAP_SITES:
     target = getattr(importlib.import_module(module), attr)
     assert callable(target), (module, attr)
-    assert callable(getattr(_spellings, name, None) or getattr(_data_dependent, name)), name
+    replacement = jc.replacement_of(target)  # keyed by the function object itself
+    assert replacement in (getattr(_spellings, replacement.__name__, None),
+                           getattr(_data_dependent, replacement.__name__, None)), (module, attr)
   # The private global is the function JAX's digitize and Array method call.
   from jax._src.numpy import lax_numpy
   assert lax_numpy.searchsorted is jnp.searchsorted
@@ -230,23 +232,24 @@ def test_patch_targets_exist_in_this_jax():
 
 def test_a_missing_target_fails_loudly_and_installs_nothing(monkeypatch):
   before = jnp.searchsorted
-  monkeypatch.setattr(jc.swaps, "SPELLING_TARGETS",
-                      jc.SPELLING_TARGETS + (("jax.numpy", "no_such_function", "diff"),))
-  with pytest.raises(AttributeError, match="no_such_function"):
+  monkeypatch.setattr(jc.swaps, "SWAP_SITES",
+                      jc.SWAP_SITES + (("jax.numpy", "no_such_function"),))
+  jc.registry.forget()  # the probe of the swap sites runs again, and fails
+  with pytest.raises(jc.JaxBoundaryError, match="no_such_function"):
     with jc.trace_spellings():
       pass
   assert jnp.searchsorted is before and not jc.spellings_active()
 
 
 def test_originals_are_restored_and_nesting_is_counted():
-  before = {(m, a): getattr(importlib.import_module(m), a) for m, a, _ in jc.SPELLING_TARGETS}
+  before = {(m, a): getattr(importlib.import_module(m), a) for m, a in jc.SWAP_SITES}
   with jc.trace_spellings():
     assert jnp.searchsorted is not before[("jax.numpy", "searchsorted")]
     with jc.trace_spellings():
       assert jc.spellings_active()
     assert jc.spellings_active() and jnp.linspace is not before[("jax.numpy", "linspace")]
   assert not jc.spellings_active()
-  after = {(m, a): getattr(importlib.import_module(m), a) for m, a, _ in jc.SPELLING_TARGETS}
+  after = {(m, a): getattr(importlib.import_module(m), a) for m, a in jc.SWAP_SITES}
   assert after == before
   jax.jit(pj.mask(lambda a, v: jnp.searchsorted(a, v), ["n", None]))(
       [np.zeros(4, np.float32), np.zeros(2, np.float32)], {"n": 3})

@@ -31,7 +31,7 @@ from .core import (
     PRIMITIVES_NEWER_THAN_THIS_JAX as PRIMITIVES_NEWER_THAN_THIS_JAX,
     ClosedJaxpr as ClosedJaxpr, InconclusiveDimensionOperation as InconclusiveDimensionOperation,
     Jaxpr as Jaxpr, JaxprEqn as JaxprEqn, Literal as Literal, Primitive as Primitive,
-    Tracer as Tracer, convert_constvars_jaxpr as convert_constvars_jaxpr,
+    Tracer as Tracer, max_dim as max_dim, convert_constvars_jaxpr as convert_constvars_jaxpr,
     default_sharding as default_sharding, host_to_device as host_to_device,
     jit_disabled as jit_disabled,
     is_dropvar as is_dropvar, jaxpr_as_fun as jaxpr_as_fun,
@@ -69,12 +69,18 @@ from .messages import (
     inconclusive_comparison as inconclusive_comparison,
     is_cache_miss_explanation as is_cache_miss_explanation,
     is_while_loop_vjp_refusal as is_while_loop_vjp_refusal,
-    jit_program_name as jit_program_name, parse_cache_miss as parse_cache_miss)
+    jit_program_name as jit_program_name, needs_concrete_size as needs_concrete_size,
+    parse_cache_miss as parse_cache_miss, trace_refusal as trace_refusal)
 from .swaps import (
-    SPELLING_TARGETS as SPELLING_TARGETS, register_spellings as register_spellings,
+    ARRAY_GETITEM as ARRAY_GETITEM, SWAP_SITES as SWAP_SITES, original_of as original_of,
+    register_spellings as register_spellings, replacement_of as replacement_of,
     spellings_active as spellings_active, trace_spellings as trace_spellings)
 from .compilation_cache import (
     CompilationCacheBase as CompilationCacheBase,
     install_compilation_cache as install_compilation_cache, pathlib_path as pathlib_path,
     uninstall_compilation_cache as uninstall_compilation_cache,
     user_compilation_cache_dir as user_compilation_cache_dir)
+from .registry import (
+    AUDITED as AUDITED, NEWEST_TESTED as NEWEST_TESTED, TESTED as TESTED,
+    JaxBoundaryError as JaxBoundaryError, require as require)
+from . import probes as probes, registry as registry

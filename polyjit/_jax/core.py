@@ -38,6 +38,7 @@ JaxprEqn = jex_core.JaxprEqn
 Literal = jex_core.Literal
 Primitive = jex_core.Primitive
 Tracer = jax.core.Tracer
+max_dim = jax.core.max_dim
 InconclusiveDimensionOperation = _InconclusiveDimensionOperation
 
 # --- the call path ------------------------------------------------------------
@@ -56,6 +57,8 @@ def jit_disabled() -> bool:
 
 @functools.lru_cache(maxsize=None)
 def default_sharding() -> jax.sharding.SingleDeviceSharding:
+  from .registry import CALL, require  # (the call path's probes, at its first use)
+  require(CALL)
   return jax.sharding.SingleDeviceSharding(jax.devices()[0])
 
 

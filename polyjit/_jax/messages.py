@@ -7,6 +7,8 @@ from typing import Any
 
 from jax._src import config as _config
 
+from .core import InconclusiveDimensionOperation
+
 # --- recompilation explanations ------------------------------------------------
 
 def explain_cache_misses() -> Any:
@@ -94,6 +96,41 @@ def function_of_program(program_name: str) -> str:
 
 _INCONCLUSIVE = re.compile(
     r"comparison '(?P<a>[^']+)' (?P<op>>=|<=|>|<) '(?P<b>[^']+)' is inconclusive")
+
+
+#: JAX's refusals to trace at a symbolic size: a marker in its message -> the
+#: name polyjit gives it (`_refusals.TRACE_REFUSALS`).
+_TRACE_REFUSAL_MARKERS = {
+    "associative scan over axis of non-constant size": "associative_scan",
+    "shape polymorphism for `permutation` or `shuffle`": "permutation",
+    # a size evaluated eagerly, under jax.ensure_compile_time_eval()
+    "Evaluation rule for 'dim_as_value' is not implemented": "eager_size",
+}
+
+
+def trace_refusal(error: BaseException) -> str | None:
+  """Which of JAX's known refusals to trace at a symbolic size `error` is."""
+  from .registry import REFUSALS, require  # (the texts are probed at first use)
+  require(REFUSALS)
+  return trace_refusal_unchecked(error)
+
+
+def trace_refusal_unchecked(error: BaseException) -> str | None:
+  """`trace_refusal` without the probe of the texts (for the probe itself)."""
+  text = str(error)
+  for marker, name in _TRACE_REFUSAL_MARKERS.items():
+    if marker in text:
+      return name
+  return None
+
+
+def needs_concrete_size(error: BaseException) -> bool:
+  """Whether `error` is Python or JAX needing a plain int where a symbolic
+  size was given (`range(n)`, `int(n)`, an inconclusive comparison)."""
+  text = str(error)
+  return (isinstance(error, TypeError) and (
+      "cannot be interpreted as an integer" in text or "DimExpr" in text)
+      or isinstance(error, InconclusiveDimensionOperation))
 
 
 def is_while_loop_vjp_refusal(error: BaseException) -> bool:

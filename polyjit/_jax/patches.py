@@ -1,4 +1,13 @@
-"""The permanent patches polyjit installs on JAX's tables and classes."""
+"""The permanent patches polyjit installs on JAX's tables and classes.
+
+`install_patches()` (at import) first runs the probes of every internal of
+kind "patch" and of what every trace reads (`probes.py`): on a JAX where one
+fails it raises `JaxBoundaryError` with nothing installed. Then it installs,
+and records each target in `INSTALLED`, the registry of what is patched (one
+row each: target, why). The wrappers below refuse, rather than skip, a target
+that is not as probed, so no patch is ever half-installed. Per-trace swaps of
+public functions are not here: see `swaps.py`.
+"""
 from __future__ import annotations
 
 import functools
@@ -14,6 +23,8 @@ from jax._src.interpreters import ad as _ad
 from .decisions import _install_decision_hooks
 from .frames import _POLYJIT_DIR
 from .primitives import primitive
+from .probes import WRAPPED_JVPS, WRAPPED_TRANSPOSES
+from .registry import DECISIONS, DIMS, JAXPRS, SOURCE, TEXTS, require, require_kind
 
 # --- differentiation rules ---------------------------------------------------
 
@@ -24,14 +35,16 @@ def wrap_jvp_rule(name: str, rule: Callable[..., Any]) -> None:
   except where it adds support (see `_symbolic_ad.py`). Idempotent.
   """
   prim = primitive(name)
-  if prim is None or prim not in _ad.primitive_jvps:
-    return
+  if prim is None or prim not in _ad.primitive_jvps or name not in WRAPPED_JVPS:
+    raise LookupError(f"no JVP rule of {name!r} to wrap, or it is not probed "
+                      "(WRAPPED_JVPS)")
   original = _ad.primitive_jvps[prim]
   if getattr(original, "_polyjit_wrapped", False):
     return
   wrapped = functools.partial(rule, original)
   setattr(wrapped, "_polyjit_wrapped", True)
   _ad.primitive_jvps[prim] = wrapped
+  INSTALLED.append((f"ad.primitive_jvps[{name}]", "JVP at symbolic sizes"))
 
 
 def wrap_transpose_rules(name: str, wrap: Callable[[int, Any], Any]) -> None:
@@ -44,8 +57,9 @@ def wrap_transpose_rules(name: str, wrap: Callable[[int, Any], Any]) -> None:
   (see `_rules/windows.py`, `_rules/fft.py`). Idempotent.
   """
   prim = primitive(name)
-  if prim is None:
-    return
+  if prim is None or name not in WRAPPED_TRANSPOSES:
+    raise LookupError(f"no primitive {name!r}, or its transpose is not probed "
+                      "(probes.WRAPPED_TRANSPOSES)")
   for table in (_ad.primitive_transposes, getattr(_ad, "fancy_transposes", {})):
     entry = table.get(prim)
     if not isinstance(entry, functools.partial) or getattr(entry, "_polyjit_wrapped", False):
@@ -54,6 +68,7 @@ def wrap_transpose_rules(name: str, wrap: Callable[[int, Any], Any]) -> None:
     wrapped = functools.partial(entry.func, *rules, **entry.keywords)
     setattr(wrapped, "_polyjit_wrapped", True)
     table[prim] = wrapped
+    INSTALLED.append((f"ad transpose table[{name}]", "transpose at symbolic sizes"))
 
 
 def instantiate_zeros(t: Any, like: Any) -> Any:
@@ -73,25 +88,36 @@ def is_zero_tangent(t: Any) -> bool:
   return isinstance(t, _ad.Zero)  # type: ignore[attr-defined, unused-ignore]
 
 
-def wrap_custom_jvp_rule(module: str, name: str, rule: Callable[..., Any]) -> None:
+#: The private `jax.custom_jvp` functions whose JVP polyjit wraps, by the
+#: public function they implement.
+CUSTOM_JVP_TARGETS = {"jnp.linalg.det": ("jax._src.numpy.linalg", "_det")}
+
+
+def wrap_custom_jvp_rule(public_name: str, rule: Callable[..., Any]) -> None:
   """Installs `rule(original, primals, tangents)` as the JVP of the private
-  `jax.custom_jvp` function `module.name` (e.g. jax._src.numpy.linalg._det).
+  `jax.custom_jvp` function behind `public_name` (`CUSTOM_JVP_TARGETS`).
 
   Like `wrap_jvp_rule`: the rule defers to `original` except where it adds
-  support. Idempotent; does nothing if this JAX version has no such function.
+  support. Idempotent; refuses a target that is not a `jax.custom_jvp`.
   """
+  module, name = CUSTOM_JVP_TARGETS[public_name]
   fn = getattr(importlib.import_module(module), name, None)
-  if not isinstance(fn, jax.custom_jvp) or getattr(fn.jvp, "_polyjit_wrapped", False):
+  if not isinstance(fn, jax.custom_jvp):
+    raise LookupError(f"{module}.{name} is not a jax.custom_jvp")
+  if getattr(fn.jvp, "_polyjit_wrapped", False):
     return
   wrapped = functools.partial(rule, fn.jvp)
   setattr(wrapped, "_polyjit_wrapped", True)
   fn.jvp = wrapped
+  INSTALLED.append((f"{module}.{name}.jvp", f"JVP of {public_name} at symbolic sizes"))
 
 
 # --- installing the patches ---------------------------------------------------
 
 _patches_lock = threading.Lock()
 _patches_installed = False
+#: What is patched, in order: (target, why).
+INSTALLED: list[tuple[str, str]] = []
 
 
 def install_patches(*rule_installers: Callable[[], None]) -> None:
@@ -116,8 +142,14 @@ def install_patches(*rule_installers: Callable[[], None]) -> None:
   with _patches_lock:
     if _patches_installed:
       return
+    require_kind("patch")  # before anything is installed
+    for feature in (DIMS, JAXPRS, SOURCE, DECISIONS, TEXTS):
+      require(feature)
     _siu.register_exclusion(_POLYJIT_DIR)
+    INSTALLED.append(("source_info_util exclusions", "polyjit's frames are not user frames"))
     _install_decision_hooks()
+    INSTALLED.append(("shape_poly._DimExpr.__eq__", "size equalities asked by user code"))
+    INSTALLED.append(("shape_poly._geq_decision", "size inequalities asked by user code"))
     for install in rule_installers:
       install()
     _patches_installed = True

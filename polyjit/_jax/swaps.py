@@ -1,4 +1,25 @@
-"""JAX spellings replaced while polyjit traces (per-trace swaps)."""
+"""JAX functions replaced while polyjit traces (per-trace swaps).
+
+`jnp.searchsorted`, `jnp.interp`, `jnp.linspace`, `jnp.diff` and
+`lax.fori_loop` cannot be traced (or, for fori_loop, reverse-differentiated)
+by JAX when a size they depend on is symbolic; `jnp.nonzero`, `jnp.where`,
+`jnp.unique`, boolean indexing and their kin create sizes from data.
+`_spellings.py` and `_data_dependent.py` have exact replacements, registered
+*keyed by the JAX function object they replace* (`register_spellings({
+jnp.searchsorted: searchsorted, ...})`). `trace_spellings()` puts them in
+place for the duration of polyjit's symbolic trace (`_mask.trace_flat`) at
+the module attributes `SWAP_SITES`: the public names, plus the module globals
+through which JAX's own functions reach them (`Array.searchsorted` and
+`jnp.digitize` call `lax_numpy.searchsorted`). Each site must hold one of the
+registered function objects: a JAX that moves, renames or wraps one fails the
+probe (`probes.py`) with a clear error before anything is installed, never
+silently.
+
+Patching a module is global to the process, so each installed wrapper checks
+a thread-local depth: in a thread that is not inside `trace_spellings()` it
+calls JAX's original at once. The first block to enter (over all threads)
+installs, the last to leave restores what it found; nesting is counted.
+"""
 from __future__ import annotations
 
 import contextlib
@@ -7,50 +28,44 @@ import importlib
 import threading
 from typing import Any, Callable, Iterator
 
-# --- JAX spellings replaced while polyjit traces (issue 10) -------------------------
-#
-# `jnp.searchsorted`, `jnp.interp`, `jnp.linspace`, `jnp.diff` and
-# `lax.fori_loop` cannot be traced (or, for fori_loop, reverse-differentiated)
-# by JAX when a size they depend on is symbolic. `_spellings.py` has exact
-# replacements; `trace_spellings()` puts them in place of JAX's functions for
-# the duration of polyjit's symbolic trace (`_mask.trace_flat`). The targets
-# are module attributes: the public names, plus the module globals through
-# which JAX's own functions reach them (`Array.searchsorted`, `jnp.digitize`
-# call `lax_numpy.searchsorted`). A JAX that moves or renames one fails loudly
-# here (`getattr` raises) and in tests/test_spellings.py, never silently.
-#
-# Patching a module is global to the process, so each installed wrapper checks
-# a thread-local depth: in a thread that is not inside `trace_spellings()` it
-# calls JAX's original at once. The first block to enter (over all threads)
-# installs, the last to leave restores what it found; nesting is counted.
+from jax._src.numpy import indexing as _indexing
 
-SPELLING_TARGETS: tuple[tuple[str, str, str], ...] = (
-    # (module, attribute, replacement in polyjit._spellings)
-    ("jax.numpy", "searchsorted", "searchsorted"),
-    ("jax._src.numpy.lax_numpy", "searchsorted", "searchsorted"),
-    ("jax.numpy", "interp", "interp"),
-    ("jax.numpy", "linspace", "linspace"),
-    ("jax.numpy", "diff", "diff"),
-    ("jax.lax", "fori_loop", "fori_loop"),
+#: The function behind `Array.__getitem__` (boolean masks: `x[x > 0]`).
+ARRAY_GETITEM: Callable[..., Any] = _indexing.rewriting_take
+
+#: Module attributes that hold a replaced function (module, attribute).
+SWAP_SITES: tuple[tuple[str, str], ...] = (
+    ("jax.numpy", "searchsorted"),
+    ("jax._src.numpy.lax_numpy", "searchsorted"),
+    ("jax.numpy", "interp"),
+    ("jax.numpy", "linspace"),
+    ("jax.numpy", "diff"),
+    ("jax.lax", "fori_loop"),
     # Data-dependent sizes (issue 14, `_data_dependent.py`): the public names,
     # `lax_numpy.nonzero` (through which `Array.nonzero` reaches it) and the
-    # function behind `Array.__getitem__` (boolean masks: `x[x > 0]`).
-    ("jax.numpy", "nonzero", "nonzero"),
-    ("jax._src.numpy.lax_numpy", "nonzero", "nonzero"),
-    ("jax.numpy", "flatnonzero", "flatnonzero"),
-    ("jax.numpy", "argwhere", "argwhere"),
-    ("jax.numpy", "where", "where"),
-    ("jax.numpy", "compress", "compress"),
-    ("jax.numpy", "extract", "extract"),
-    ("jax.numpy", "unique", "unique"),
-    ("jax._src.numpy.indexing", "rewriting_take", "getitem"),
+    # function behind `Array.__getitem__`.
+    ("jax.numpy", "nonzero"),
+    ("jax._src.numpy.lax_numpy", "nonzero"),
+    ("jax.numpy", "flatnonzero"),
+    ("jax.numpy", "argwhere"),
+    ("jax.numpy", "where"),
+    ("jax.numpy", "compress"),
+    ("jax.numpy", "extract"),
+    ("jax.numpy", "unique"),
+    ("jax._src.numpy.indexing", "rewriting_take"),
 )
 
-_spelling_replacements: dict[str, Callable[..., Any]] = {}   # filled by `_spellings` at import
+_spelling_replacements: dict[Callable[..., Any], Callable[..., Any]] = {}  # JAX's fn -> ours
 _spelling_lock = threading.Lock()
 _spelling_local = threading.local()
 _spelling_users = 0                      # open trace_spellings() blocks, all threads
 _spelling_saved: list[tuple[Any, str, Any]] = []
+
+
+def original_of(fn: Callable[..., Any]) -> Callable[..., Any]:
+  """JAX's function behind `fn` (itself, or what an installed wrapper wraps)."""
+  original: Callable[..., Any] = getattr(fn, "_polyjit_spelling", fn)
+  return original
 
 
 def spellings_active() -> bool:
@@ -69,26 +84,48 @@ def _spelling_wrapper(original: Callable[..., Any],
   return wrapper
 
 
-def register_spellings(replacements: dict[str, Callable[..., Any]]) -> None:
-  """Gives the replacements (name -> `fn(original, *args, **kwargs)`); called
-  by `_spellings` when it is imported, so that this module imports nothing of
+def register_spellings(replacements: dict[Callable[..., Any], Callable[..., Any]]) -> None:
+  """Gives the replacements, keyed by the JAX function each replaces (each
+  called as `fn(original, *args, **kwargs)`); called by `_spellings` and
+  `_data_dependent` when imported, so that this module imports nothing of
   polyjit's."""
-  _spelling_replacements.update(replacements)
+  for original, replacement in replacements.items():
+    key = original_of(original)
+    if key in _spelling_replacements and _spelling_replacements[key] is not replacement:
+      raise ValueError(f"two replacements registered for {key!r}")
+    _spelling_replacements[key] = replacement
+
+
+def replacement_of(original: Callable[..., Any]) -> Callable[..., Any] | None:
+  """polyjit's replacement of a JAX function, or None."""
+  return _spelling_replacements.get(original_of(original))
+
+
+def site_plan() -> list[tuple[Any, str, Any, Callable[..., Any], Callable[..., Any]]]:
+  """(module, attribute, current value, JAX's function, its replacement) of
+  every site; raises when a site is missing or holds no registered function."""
+  plan = []
+  for module_name, attr in SWAP_SITES:
+    module = importlib.import_module(module_name)
+    current = getattr(module, attr)          # AttributeError: JAX renamed it
+    original = original_of(current)
+    replacement = _spelling_replacements.get(original)
+    if replacement is None:
+      raise LookupError(f"{module_name}.{attr} is {original!r}, which is not a function "
+                        "polyjit replaces (JAX changed it, or `_spellings` is not imported)")
+    plan.append((module, attr, current, original, replacement))
+  return plan
 
 
 def _install_spellings() -> None:
-  # Resolve every target before patching any: a missing one raises with
+  from .registry import SWAPS, require
+  require(SWAPS)
+  # Resolve every site before patching any: a missing one raises with
   # nothing half-installed.
-  plan = []
-  for module_name, attr, name in SPELLING_TARGETS:
-    module = importlib.import_module(module_name)
-    current = getattr(module, attr)          # AttributeError: JAX renamed it
-    original = getattr(current, "_polyjit_spelling", current)
-    replacement = _spelling_replacements[name]  # KeyError: `_spellings` not imported
-    plan.append((module, attr, current, _spelling_wrapper(original, replacement)))
-  _spelling_saved[:] = [(module, attr, current) for module, attr, current, _ in plan]
-  for module, attr, _, wrapper in plan:
-    setattr(module, attr, wrapper)
+  plan = site_plan()
+  _spelling_saved[:] = [(module, attr, current) for module, attr, current, _, _ in plan]
+  for module, attr, _, original, replacement in plan:
+    setattr(module, attr, _spelling_wrapper(original, replacement))
 
 
 def _restore_spellings() -> None:
@@ -99,8 +136,8 @@ def _restore_spellings() -> None:
 
 @contextlib.contextmanager
 def trace_spellings() -> Iterator[None]:
-  """Within the block, this thread's calls of the `SPELLING_TARGETS` go to
-  polyjit's exact replacements where a size they need is symbolic."""
+  """Within the block, this thread's calls of the functions at `SWAP_SITES`
+  go to polyjit's exact replacements where a size they need is symbolic."""
   global _spelling_users
   with _spelling_lock:
     if _spelling_users == 0:

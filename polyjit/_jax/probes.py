@@ -1,0 +1,329 @@
+"""The probes of the JAX internals polyjit relies on (rows of `registry.ROWS`).
+
+Each probe is cheap (microseconds to a few milliseconds): the internal exists,
+has the signature polyjit calls it with, and behaves as assumed on a tiny
+case. Probes of kind "patch" and of what every trace reads run before
+`install_patches()` installs anything; the others at their feature's first use
+(`registry.require`). docs/jax-boundary.md is the audit of these rows against
+JAX's source at 0.9.2, 0.10.2, 0.11.0 and the newest snapshot.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import math
+from typing import Any
+
+import jax
+import numpy as np
+from jax import export as _export
+from jax._src import ad_util as _ad_util
+from jax._src import core as _core
+from jax._src import effects as _effects
+from jax._src import source_info_util as _siu
+from jax._src.array import ArrayImpl as _ArrayImpl
+from jax._src.export import shape_poly as _shape_poly
+from jax._src.interpreters import ad as _ad
+from jax._src.interpreters import batching as _batching
+from jax._src.interpreters import partial_eval as _pe
+from jax._src.interpreters import pxla as _pxla
+from jax._src.numpy import util as _np_util
+
+from .core import (InconclusiveDimensionOperation, Tracer, default_sharding, host_to_device,
+                   is_dropvar, max_dim, replay_unsafe_effects, shaped, subjaxprs_in_params)
+from .messages import inconclusive_comparison, needs_concrete_size, trace_refusal_unchecked
+from .primitives import bind_params, primitive
+from .registry import (AD, CALL, DECISIONS, DIMS, JAXPRS, REFUSALS, SIZES, SOURCE, SWAPS, TEXTS,
+                       internal)
+from .swaps import ARRAY_GETITEM, site_plan
+
+
+#: Primitives whose JVP or transpose polyjit wraps (`_symbolic_ad.py`,
+#: `_rules/windows.py`, `_rules/fft.py`).
+WRAPPED_JVPS = ("cumprod", "cummax", "cummin", "cumlogsumexp", "reduce_prod",
+                "triangular_solve")
+WRAPPED_TRANSPOSES = ("conv_general_dilated", "fft")
+
+
+def _params(fn: Any) -> list[str]:
+  return list(inspect.signature(fn).parameters)
+
+
+def _ab() -> tuple[Any, Any]:
+  a, b = _export.symbolic_shape("a, b")
+  return a, b
+
+
+# --- size comparisons in user code (patches) ---------------------------------------
+
+@internal("shape_poly._DimExpr.__eq__", DECISIONS, "patch",
+          "wrapped to ask the oracle when an equality of sizes cannot be proven")
+def _dimexpr_eq() -> None:
+  a, b = _ab()
+  assert (a == b) is False and (a == a) is True and (a + 0 == a) is True
+  assert isinstance(Tracer, type)
+
+
+@internal("shape_poly._geq_decision(e1, e2, cmp_str)", DECISIONS, "patch",
+          "wrapped to ask the oracle when `>=` of sizes is inconclusive")
+def _geq_decision() -> None:
+  assert _params(_shape_poly._geq_decision) == ["e1", "e2", "cmp_str"]
+  a, b = _ab()
+  assert (a >= 1) is True
+  try:
+    _ = a >= b
+  except InconclusiveDimensionOperation:
+    return
+  raise AssertionError("`a >= b` did not raise InconclusiveDimensionOperation")
+
+
+@internal("shape_poly._DimExpr.__ne__, __bool__, __hash__, __int__, __index__, __float__",
+          DECISIONS, "patch",
+          "every other question Python asks of a size goes to the oracle or is refused "
+          "with the user's line (issue 22): `!=` through `==`, truth, hashing "
+          "(membership), conversions to Python numbers")
+def _dimexpr_questions() -> None:
+  a, b = _ab()
+  assert (a != b) is True and (a != a) is False
+  assert bool(a) is True and isinstance(hash(a), int) and hash(a) == hash(a + 0)
+  try:
+    int(a)
+  except InconclusiveDimensionOperation:
+    pass
+  else:
+    raise AssertionError("int() of a symbolic size did not raise")
+  assert not hasattr(type(a), "__index__") or getattr(type(a).__index__, "__name__", "") == "convert"
+  assert _shape_poly._DimExpr._to_constant(a) is None
+
+
+@internal("shape_poly._bounds_decision, BoundsPrecision.BEST", DECISIONS, "read",
+          "bounds of a size difference (is an equality already decided?)")
+def _bounds() -> None:
+  a, _ = _ab()
+  lo, hi = _shape_poly._bounds_decision(a - 1, _shape_poly.BoundsPrecision.BEST)
+  assert (lo, hi) == (0, math.inf), (lo, hi)
+
+
+@internal("SymbolicScope._explicit_constraints (cmp, debug_str, diff), Comparator",
+          DECISIONS, "read", "the constraints a scope was made with")
+def _constraints() -> None:
+  scope = _export.SymbolicScope(["a >= 2"])
+  c, = scope._explicit_constraints
+  assert c.cmp == _shape_poly.Comparator.GEQ and "a >= 2" in c.debug_str
+  assert str(c.diff) == "a - 2", str(c.diff)
+  assert {c.name for c in _shape_poly.Comparator} >= {"EQ", "GEQ"}
+
+
+# --- symbolic dimensions (reads) ---------------------------------------------------
+
+@internal("_DimExpr._get_vars/_sorted_terms/_factors/_evaluate/_from_var/scope, "
+          "factor var/operation/operands", DIMS, "read",
+          "polyjit's own algebra on dimension expressions (`_dims.py`)")
+def _dimexpr_structure() -> None:
+  a, b = _ab()
+  e: Any = 2 * a * b + a // 3 + 1
+  assert e._get_vars() == {"a", "b"}
+  ops = {f.operation for term, _ in e._sorted_terms for f, _ in term._factors if f.var is None}
+  assert ops == {"floordiv"}, ops
+  q: Any = a // 3
+  for term, _ in q._sorted_terms:
+    (f, exponent), = term._factors
+    assert exponent == 1
+    assert tuple(str(o) for o in f.operands) == ("a", "3"), f.operands
+  assert e._evaluate({"a": 6, "b": 1}) == 15
+  assert _shape_poly._DimExpr._from_var("a", a.scope) == a
+  dtype: Any = _core.dim_value_dtype()  # type: ignore[no-untyped-call, unused-ignore]
+  assert np.dtype(dtype) in (np.dtype(np.int32), np.dtype(np.int64))
+
+
+# --- source lines ------------------------------------------------------------------
+
+@internal("source_info_util.register_exclusion(path)", SOURCE, "patch",
+          "polyjit's frames are left out of JAX's source lines")
+def _register_exclusion() -> None:
+  assert _params(_siu.register_exclusion) == ["path"]
+
+
+@internal("source_info_util.current_name_stack/user_context/summarize, "
+          "JaxprEqn.source_info/ctx.manager", SOURCE, "read",
+          "ops emitted for an equation keep its source location")
+def _eqn_source() -> None:
+  eqn, = jax.make_jaxpr(lambda x: x + 1)(1.0).jaxpr.eqns
+  _siu.current_name_stack() + eqn.source_info.name_stack
+  assert "name_stack" in _params(_siu.user_context)
+  with _siu.user_context(eqn.source_info.traceback, name_stack=_siu.current_name_stack()):
+    with eqn.ctx.manager:
+      pass
+  assert isinstance(_siu.summarize(eqn.source_info), str)
+
+
+# --- differentiation rules (patches) -----------------------------------------------
+
+@internal("ad.primitive_jvps", AD, "patch",
+          "JVPs of cumulative ops, reduce_prod, triangular_solve wrapped (`_symbolic_ad.py`)")
+def _jvps() -> None:
+  for name in WRAPPED_JVPS:
+    prim = primitive(name)
+    assert prim is not None and callable(_ad.primitive_jvps.get(prim)), name
+
+
+@internal("ad.primitive_transposes entries as functools.partial(driver, *rules)", AD, "patch",
+          "transposes of conv_general_dilated and fft wrapped (`_rules/windows.py`, `fft.py`)")
+def _transposes() -> None:
+  for name in WRAPPED_TRANSPOSES:
+    prim = primitive(name)
+    assert prim is not None, name
+    entries = [t.get(prim) for t in (_ad.primitive_transposes,
+                                     getattr(_ad, "fancy_transposes", {}))]
+    assert any(isinstance(e, functools.partial) for e in entries), (name, entries)
+
+
+@internal("jax._src.numpy.linalg._det (a jax.custom_jvp)", AD, "patch",
+          "the JVP of jnp.linalg.det wrapped (`_symbolic_ad.py`)")
+def _det() -> None:
+  fn = getattr(importlib.import_module("jax._src.numpy.linalg"), "_det")
+  assert isinstance(fn, jax.custom_jvp) and callable(fn.jvp)
+
+
+@internal("ad.Zero, ad_util.p2tz, core.primal_dtype_to_tangent_dtype", AD, "read",
+          "symbolic zero tangents (the JVP of polyjit's size primitive)")
+def _zero() -> None:
+  z = _ad_util.p2tz(np.int32(1))  # type: ignore[no-untyped-call, unused-ignore]
+  assert isinstance(z, _ad.Zero) and z.aval.dtype == jax.dtypes.float0  # type: ignore[attr-defined, unused-ignore]
+  assert _core.primal_dtype_to_tangent_dtype(np.dtype(np.int32)) == jax.dtypes.float0  # type: ignore[no-untyped-call, unused-ignore]
+
+
+@internal("batching.primitive_batchers", SIZES, "patch",
+          "polyjit's own size primitive refuses jax.vmap")
+def _batchers() -> None:
+  table = _batching.primitive_batchers
+  add = primitive("add")
+  assert callable(getattr(table, "__setitem__", None)) and add is not None
+
+
+# --- jaxprs (reads) -----------------------------------------------------------------
+
+@internal("core.Primitive instances in jax._src modules, get_bind_params, DropVar, "
+          "pe.convert_constvars_jaxpr, jaxprs_in_params, core.ShapedArray, "
+          "effects.remat_allowed_effects", JAXPRS, "read",
+          "the masking interpreter finds, reads and re-binds equations")
+def _jaxprs() -> None:
+  add = primitive("add")
+  assert add is not None and add.name == "add"
+  closed = jax.make_jaxpr(lambda p, x: jax.lax.cond(p, lambda y: y, lambda y: -y, x))(True, 1.0)
+  eqn = closed.jaxpr.eqns[-1]
+  assert len(list(subjaxprs_in_params(bind_params(eqn)))) == 2
+  assert not is_dropvar(eqn.outvars[0])
+  assert isinstance(_core.DropVar, type)
+  assert callable(_pe.convert_constvars_jaxpr)
+  assert shaped((2,), np.float32).shape == (2,)
+  assert not list(replay_unsafe_effects(closed.jaxpr))
+  assert callable(_effects.remat_allowed_effects.filter_not_in)
+
+
+# --- the call path (reads) ---------------------------------------------------------
+
+@internal("array.ArrayImpl, pxla.batched_device_put(aval, sharding, xs, devices, committed)",
+          CALL, "read", "the exact type of device arrays; a fast host-to-device copy")
+def _call_path() -> None:
+  assert issubclass(_ArrayImpl, jax.Array)
+  assert _params(_pxla.batched_device_put)[:4] == ["aval", "sharding", "xs", "devices"]
+  host = np.arange(3, dtype=np.int32)
+  out = host_to_device(host, jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+  assert type(out) is _ArrayImpl and np.array_equal(np.asarray(out), host)
+
+
+# --- spellings swapped during traces -----------------------------------------------
+
+@internal("numpy.util.promote_dtypes_inexact, jax.max_dim, jax.Tracer", SWAPS,
+          "read", "the replacement of jnp.interp promotes as JAX does; sizes' max")
+def _spelling_reads() -> None:
+  # (abstractly: a probe never compiles, since compile counts are user-visible)
+  x = jax.eval_shape(lambda v: _np_util.promote_dtypes_inexact(v)[0], shaped((), np.int32))
+  assert x.dtype == np.float32 or x.dtype == np.float64
+  assert max_dim(3, 5) == 5
+
+
+# --- JAX's texts -------------------------------------------------------------------
+
+@internal("InconclusiveDimensionOperation text \"comparison 'a' >= 'b' is inconclusive\"",
+          TEXTS, "text", "names the sizes to bound in a constraint")
+def _inconclusive_text() -> None:
+  a, b = _ab()
+  try:
+    _ = a >= b
+  except InconclusiveDimensionOperation as e:
+    assert inconclusive_comparison(e) == ("a", ">=", "b"), str(e)
+    return
+  raise AssertionError("no InconclusiveDimensionOperation")
+
+
+@internal("the functions at swaps.SWAP_SITES (jnp.searchsorted, lax_numpy.searchsorted, "
+          "jnp.interp/linspace/diff, lax.fori_loop, jnp.nonzero, lax_numpy.nonzero, "
+          "jnp.flatnonzero/argwhere/where/compress/extract/unique, indexing.rewriting_take)",
+          SWAPS, "swap", "replaced by exact spellings for the duration of a symbolic trace")
+def _swap_sites() -> None:
+  plan = site_plan()
+  by_site = {(m.__name__, a): original for m, a, _, original, _ in plan}
+  # The private globals are the functions JAX's Array methods and digitize call.
+  assert by_site[("jax._src.numpy.lax_numpy", "searchsorted")] is by_site[("jax.numpy", "searchsorted")]
+  assert by_site[("jax._src.numpy.lax_numpy", "nonzero")] is by_site[("jax.numpy", "nonzero")]
+  assert _params(ARRAY_GETITEM)[:2] == ["arr", "idx"]
+
+
+@internal("texts of JAX's NotImplementedError for lax.associative_scan and "
+          "jax.random.permutation at a symbolic size", REFUSALS, "text",
+          "the refusal is explained with what to do instead (`_refusals.py`)")
+def _refusal_texts() -> None:
+  n, = _export.symbolic_shape("n")
+  cases: list[tuple[Any, str]] = [
+      (lambda x: jax.lax.associative_scan(jax.numpy.add, x), "associative_scan"),
+      (lambda x: jax.random.permutation(jax.random.key(0), x), "permutation")]
+  for fn, name in cases:
+    try:
+      jax.eval_shape(fn, shaped((n,), np.float32))
+    except NotImplementedError as e:
+      assert trace_refusal_unchecked(e) == name, str(e)
+      continue
+    raise AssertionError(f"JAX traced {name} at a symbolic size")
+
+
+@internal("TypeError texts for a symbolic size used as an int (`range(n)`, `int(n)`)",
+          TEXTS, "text", "the error says to keep sizes symbolic")
+def _concrete_size_texts() -> None:
+  n: Any
+  n, = _export.symbolic_shape("n")
+  uses: list[Any] = [range, int]
+  for use in uses:
+    try:
+      use(n)
+    except Exception as e:
+      assert needs_concrete_size(e), (type(e).__name__, str(e))
+      continue
+    raise AssertionError(f"{use.__name__}(n) accepted a symbolic size")
+
+
+@internal("jax._src.compilation_cache: _cache, _cache_initialized(_mutex), reset_cache; "
+          "compilation_cache_interface.CacheInterface", CALL, "patch",
+          "polyjit's on-disk cache is installed as JAX's persistent cache object "
+          "(`compilation_cache.py`, `_disk_cache.py`)")
+def _compilation_cache() -> None:
+  from jax._src import compilation_cache as cc
+  from jax._src import compilation_cache_interface as cci
+  for name in ("_cache", "_cache_initialized", "_cache_initialized_mutex", "reset_cache"):
+    assert hasattr(cc, name), name
+  for name in ("get", "put"):
+    assert callable(getattr(cci.CacheInterface, name, None)), name
+
+
+@internal("mlir.core_call_lowering, ad.primitive_jvps/primitive_transposes, "
+          "batching.primitive_batchers, core.no_effects", AD, "patch",
+          "the `polyjit_masked_call` primitive: a masked function with forward, "
+          "transpose and batching rules (`calls.py`)")
+def _masked_call_rules() -> None:
+  from jax._src.interpreters import mlir
+  assert {"name", "call_jaxpr"} <= set(_params(mlir.core_call_lowering))
+  for table in (_ad.primitive_jvps, _ad.primitive_transposes, _batching.primitive_batchers):
+    assert hasattr(table, "__setitem__"), type(table)
+  assert _core.no_effects is not None
