@@ -1,6 +1,7 @@
 """The warm on-disk cache: compiled programs and converged buckets across processes.
 
-On by default. The first program `pj.jit` builds in a process turns on JAX's
+On by default. The first program `pj.jit` builds in a process (or the first
+`pj.vmap`, whose programs the caller's `jax.jit` compiles) turns on JAX's
 persistent compilation cache in a polyjit directory, so a second run of the
 same script loads each bucket's program from disk instead of compiling it:
 
