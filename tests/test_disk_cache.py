@@ -61,6 +61,13 @@ def test_a_second_process_compiles_nothing_for_sizes_the_first_run_saw(tmp_path)
   assert os.listdir(tmp_path / "buckets")
 
 
+def test_pj_vmap_programs_are_kept_too(tmp_path):
+  first = run(tmp_path, "ragged", SIZES)
+  assert first["compiles"] > 0 and first["loads"] == 0
+  second = run(tmp_path, "ragged", SIZES)
+  assert second["compiles"] == 0 and second["loads"] > 0
+
+
 def test_a_changed_function_body_gets_a_new_program(tmp_path):
   first = run(tmp_path, "square", SIZES[:4])
   changed = run(tmp_path, "cube", SIZES[:4])  # same name, same sizes, other body
