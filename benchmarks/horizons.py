@@ -30,6 +30,7 @@ this script; on a shared machine the absolute times are noisy.
     python benchmarks/horizons.py [--calls 20000] [--jax-calls 300]
         [--distribution uniform|loguniform] [--only pj.jit,torch] [--json out.json]
         [--plot out.png]
+    python benchmarks/horizons.py --workload rnn --calls 60   # ragged RNN training steps
 """
 
 from __future__ import annotations
@@ -155,9 +156,44 @@ def worker(contender: str, calls: int, distribution: str, cache_dir: str) -> dic
   return out
 
 
+def worker_rnn(contender: str, steps: int, cache_dir: str) -> dict:
+  """Ragged RNN training (`ragged_training.py`'s scan RNN, batches of 32 sequences,
+  lengths log-uniform in 10..512): `jax.jit` pads each batch to its own longest
+  (with or without its persistent cache), `pj.jit` is `pj.vmap` over `pj.Ragged`."""
+  import jax
+  import numpy as np
+  if contender == "jax.jit+cache":
+    jax.config.update("jax_compilation_cache_dir", cache_dir)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+  float(jax.numpy.ones(3).sum())  # the backend up, untimed
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  import ragged_training as rt
+  batches = rt.make_batches(steps, 32, 10, 512, 8, "loguniform")
+  params = params0 = rt.init_params(8, 16)
+  approach = rt.make("polyjit" if contender.startswith("pj.jit") else "jax_jit",
+                     rt.MODELS["rnn"])
+  cumulative = {}
+  t0 = time.perf_counter()
+  for i, (xs, ys) in enumerate(batches, 1):
+    params, loss, _ = approach(params, xs, ys)
+    if i in CHECKPOINTS or i == steps:
+      jax.block_until_ready(params)
+      cumulative[i] = time.perf_counter() - t0
+  rounds = []
+  for _ in range(3):
+    t = time.perf_counter()
+    for xs, ys in batches[:20]:
+      jax.block_until_ready(approach(params0, xs, ys)[0])
+    rounds.append((time.perf_counter() - t) / min(20, steps))
+  return {"cumulative": cumulative, "steady_us": float(np.median(rounds)) * 1e6,
+          "final_loss": float(loss)}
+
+
 # --- the driver ---------------------------------------------------------------------
 
-def run_process(contender: str, calls: int, distribution: str, cache_dir: str) -> dict:
+def run_process(contender: str, calls: int, distribution: str, cache_dir: str,
+                workload: str = "seed") -> dict:
   env = dict(os.environ)
   env.pop("POLYJIT_NO_CACHE", None)
   env["POLYJIT_CACHE_DIR"] = cache_dir
@@ -167,7 +203,8 @@ def run_process(contender: str, calls: int, distribution: str, cache_dir: str) -
   env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
   proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", contender,
                          "--calls", str(calls), "--distribution", distribution,
-                         "--cache-dir", cache_dir], env=env, capture_output=True, text=True)
+                         "--cache-dir", cache_dir, "--workload", workload],
+                        env=env, capture_output=True, text=True)
   if proc.returncode != 0:
     return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed"}
   return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -198,15 +235,25 @@ def main() -> None:
   p.add_argument("--only", default=",".join(CONTENDERS))
   p.add_argument("--json")
   p.add_argument("--plot")
+  p.add_argument("--workload", default="seed", choices=["seed", "rnn"],
+                 help="rnn: ragged RNN training steps (--calls is the number of steps; "
+                 "contenders jax.jit, jax.jit+cache, pj.jit)")
   p.add_argument("--worker")
   p.add_argument("--cache-dir")
   a = p.parse_args()
   if a.worker:
-    print(json.dumps(worker(a.worker, a.calls, a.distribution, a.cache_dir)))
+    if a.workload == "rnn":
+      print(json.dumps(worker_rnn(a.worker, a.calls, a.cache_dir)))
+    else:
+      print(json.dumps(worker(a.worker, a.calls, a.distribution, a.cache_dir)))
     return
+  if a.workload == "rnn":
+    a.only = ",".join(c for c in a.only.split(",") if c in ("jax.jit", "jax.jit+cache", "pj.jit"))
+    a.jax_calls = a.calls
   import platform
   print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
-        f"{a.calls} calls, lengths {a.distribution} in [100, 10000]")
+        + (f"{a.calls} calls, lengths {a.distribution} in [100, 10000]" if a.workload == "seed"
+           else f"ragged RNN training, {a.calls} steps"))
   table = {}
   for contender in [c for c in CONTENDERS if c in a.only.split(",")]:
     why = available(contender)
@@ -215,8 +262,8 @@ def main() -> None:
       continue
     calls = a.jax_calls if contender.startswith("jax.jit") else a.calls
     with tempfile.TemporaryDirectory(prefix="horizons-") as cache:
-      cold = run_process(contender, calls, a.distribution, cache)
-      warm = run_process(contender, calls, a.distribution, cache)
+      cold = run_process(contender, calls, a.distribution, cache, a.workload)
+      warm = run_process(contender, calls, a.distribution, cache, a.workload)
     table[contender] = {"calls": calls, "cold": cold, "warm": warm}
     print(f"{contender}: cold {json.dumps(cold)}\n{' ' * len(contender)}  warm {json.dumps(warm)}",
           flush=True)
@@ -250,11 +297,16 @@ def main() -> None:
         ratios[f"{theirs} / {mine}, first 300 cold"] = y / x
       ratios[f"{mine} / {theirs} steady (every size precompiled)"] = (
           steady(pj["cold"]) / steady(jx["cold"]))
-  pj, jc = table.get("pj.jit"), table.get("jax.jit+cache")
-  if pj and jc:
-    x, y = at(pj["warm"], 300), at(jc["warm"], 300)
-    if x and y:
-      ratios["jax.jit+cache warm / pj.jit warm, first 300"] = y / x
+  pj, jc, jx = table.get("pj.jit"), table.get("jax.jit+cache"), table.get("jax.jit")
+  for n in sorted({300, a.calls}):
+    if pj and jc:
+      x, y = at(pj["warm"], n), at(jc["warm"], n)
+      if x and y:
+        ratios[f"jax.jit+cache warm / pj.jit warm, {n} calls"] = y / x
+    if pj and jx and n == a.calls == jx["calls"]:
+      x, y = at(pj["cold"], n), at(jx["cold"], n)
+      if x and y:
+        ratios[f"jax.jit / pj.jit cold, {n} calls"] = y / x
   for k, v in ratios.items():
     print(f"{k}: {v:.2f}")
   if a.json:

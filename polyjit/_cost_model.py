@@ -28,8 +28,8 @@ per-element terms and the compile cost are what must be right; the fixed
 per-call terms cancel. The CPU constants were fitted on a 2-core x86 CPU
 with jaxlib 0.10.2 by `benchmarks/cost_model_check.py` (the seed likelihood,
 a small MLP, a scan RNN; never-seen sizes in a bucket, blocking on the
-result): there the modelled waste per padded row is within 0.8x-1.5x of
-the measured one and the compile estimate within 0.8x-1.2x (the earlier
+result; two runs): there the modelled waste per padded row is 1.1x-1.7x
+the measured one and the compile estimate 1.0x-1.15x (the earlier
 constants were 1.3x-3.9x and 1.7x-2.6x too high, so tighter buckets were
 bought late). The GPU and TPU figures are nominal, not fitted. The
 ski-rental rule tolerates errors (an error in the ratio only moves the

@@ -1,6 +1,7 @@
 """The warm on-disk cache: compiled programs and converged buckets across processes.
 
-On by default. The first program `pj.jit` builds in a process turns on JAX's
+On by default. The first program `pj.jit` builds in a process (or the first
+`pj.vmap`, whose programs the caller's `jax.jit` compiles) turns on JAX's
 persistent compilation cache in a polyjit directory, so a second run of the
 same script loads each bucket's program from disk instead of compiling it:
 
@@ -31,6 +32,8 @@ Bucket memory: the buckets a traced program converged to are kept in
 JAX version and the platform (never a function name), so a second run of the
 same program starts in those buckets (`_policy.Rental.remember`) and a
 remembered bucket costs a load, not a compile, in the cost-aware policy.
+At most `MAX_REMEMBERED` buckets per program and `MAX_PROGRAMS` programs
+are kept (the least recently written memories go).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 import threading
 import time
@@ -50,6 +54,7 @@ from ._errors import CacheWarning, warn_user
 
 DEFAULT_MAX_BYTES = 1 << 30
 MAX_REMEMBERED = 64       # buckets remembered per traced program
+MAX_PROGRAMS = 1024       # traced programs remembered (the least recently written go)
 SUFFIX = "-cache"         # JAX's entry suffix (only these count toward the bound)
 
 _lock = threading.RLock()
@@ -243,7 +248,9 @@ def root() -> str | None:
 
 def program_key(jaxpr: Any, specs: Any) -> str:
   """A hash of a traced program: its jaxpr text and specs, JAX and platform."""
-  text = "\n".join([str(jaxpr), repr(specs), jax.__version__, jax.default_backend()])
+  # (object addresses, should a parameter print one, differ between processes)
+  body = re.sub(r" at 0x[0-9a-fA-F]+", "", str(jaxpr))
+  text = "\n".join([body, repr(specs), jax.__version__, jax.default_backend()])
   return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -279,5 +286,23 @@ def remember_bucket(key: str, env: dict[str, int]) -> None:
     with os.fdopen(fd, "w") as f:
       json.dump({"buckets": envs, "written": time.time()}, f)
     os.replace(tmp, path)
+    if len(envs) == 1:  # a new program's memory: keep their number bounded
+      _trim(os.path.dirname(path))
   except OSError:
     pass  # a memory, not a program: losing it costs only a compile
+
+
+def _trim(directory: str) -> None:
+  entries = []
+  with os.scandir(directory) as it:
+    for e in it:
+      if e.name.endswith(".json"):
+        try:
+          entries.append((e.stat().st_mtime_ns, e.path))
+        except OSError:
+          continue
+  for _, path in sorted(entries)[:max(len(entries) - MAX_PROGRAMS, 0)]:
+    try:
+      os.unlink(path)
+    except OSError:
+      pass

@@ -83,7 +83,7 @@ from ._jit_plans import (Plan, ProgramKey, Structure, Template, borrow, exact_bo
                          out_shapes, padded_shapes, waste, zero_sized)
 from ._jit_stats import Cause, CauseKind, Stats
 from ._mask import Masked
-from ._policy import Borrow, CostAware, Rental
+from ._policy import CostAware, Rental
 from ._padding import Padded, logical_shape
 from ._spec import ArgSpecs, Binding
 from ._variants import Variant
@@ -562,7 +562,7 @@ class JitFunction:
         rental.borrow_accounts[key] = accounts
       else:
         key = None
-    plan.borrow = plan.provisional = Borrow(rental, plan.key.bucket, accounts, key)
+    plan.borrow = plan.provisional = rental.borrow(plan.key.bucket, accounts, key)
 
   def _compile_for_waste(self, struct: Structure, binding: Binding, variant: Variant,
                          env: dict[str, int], wasted: float,

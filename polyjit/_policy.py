@@ -227,6 +227,7 @@ class Rental:
     self.compile_estimate = math.inf
     self.borrow_accounts: dict[Any, Any] = {}         # Borrow.key -> its accounts
     self.charge_cache: dict[Any, Charges] = {}        # Borrow.key -> charges
+    self.borrows: dict[Any, Borrow] = {}              # Borrow.key -> the current one
     # The on-disk bucket memory (`_disk_cache.py`): the traced program's key and
     # the buckets an earlier run of it compiled (their programs load from disk).
     self.memory_key: str | None = None
@@ -385,6 +386,17 @@ class Rental:
     if key is not None:
       self.charge_cache[key] = out
     return out
+
+  def borrow(self, running: BucketKey, accounts: list[Account], key: Any) -> Borrow:
+    """The `Borrow` of plans in bucket `running` that pay into `accounts`:
+    one per `key` (variant, tight bucket, running bucket) and generation,
+    shared by every size with that key (None: a new one)."""
+    if key is None:
+      return Borrow(self, running, accounts, None)
+    borrow = self.borrows.get(key)
+    if borrow is None or borrow.done():
+      borrow = self.borrows[key] = Borrow(self, running, accounts, key)
+    return borrow
 
   def account(self, env: dict[str, int], start: Callable[..., Any]) -> Account:
     key = tuple(sorted(env.items()))

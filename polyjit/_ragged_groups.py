@@ -70,7 +70,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import _buckets
+from . import _buckets, _disk_cache
 from ._errors import ShapeError
 from ._ragged import (InAxes, OutAxes, Ragged, RaggedVmapped, _broadcast, _describe,
                       _host_examples, _is_ragged, _leaf_axes, shared_vmap)
@@ -450,6 +450,7 @@ class GroupedVmapped(RaggedVmapped):
 
 
 def vmap(fun: Callable[..., Any], in_axes: InAxes = 0, out_axes: OutAxes = 0) -> GroupedVmapped:
+  _disk_cache.ensure()  # its programs (compiled by the caller's jax.jit) go to disk too
   return shared_vmap(GroupedVmapped, fun, in_axes, out_axes)
 
 

@@ -23,7 +23,24 @@ BODIES = {
 }
 
 
+def ragged_main(sizes) -> None:
+  """`pj.vmap` over a `pj.Ragged` batch inside `jax.jit` (programs compiled by JAX)."""
+  import jax
+  step = jax.jit(pj.vmap(lambda x: jnp.sum(x * x)))
+  data = np.arange(1, max(sizes) + 1, dtype=np.float32) / max(sizes)
+  batches = [sizes[i:i + 2] for i in range(0, len(sizes), 2)]
+  with pj.diagnostics.count_compiles() as log:
+    results = [[float(v) for v in step(pj.Ragged.from_list([data[:n] for n in b]))]
+               for b in batches]
+  expected = [[float(np.sum(data[:n].astype(np.float64) ** 2)) for n in b] for b in batches]
+  print(json.dumps({"compiles": len(log), "loads": len(log.cache_loads),
+                    "results": sum(results, []), "expected": sum(expected, []),
+                    "warnings": []}))
+
+
 def main() -> None:
+  if sys.argv[1] == "ragged":
+    return ragged_main([int(s) for s in sys.argv[2].split(",")])
   body, sizes = sys.argv[1], [int(s) for s in sys.argv[2].split(",")]
   fun = BODIES[body]
 

@@ -61,6 +61,13 @@ def test_a_second_process_compiles_nothing_for_sizes_the_first_run_saw(tmp_path)
   assert os.listdir(tmp_path / "buckets")
 
 
+def test_pj_vmap_programs_are_kept_too(tmp_path):
+  first = run(tmp_path, "ragged", SIZES)
+  assert first["compiles"] > 0 and first["loads"] == 0
+  second = run(tmp_path, "ragged", SIZES)
+  assert second["compiles"] == 0 and second["loads"] > 0
+
+
 def test_a_changed_function_body_gets_a_new_program(tmp_path):
   first = run(tmp_path, "square", SIZES[:4])
   changed = run(tmp_path, "cube", SIZES[:4])  # same name, same sizes, other body
@@ -129,3 +136,26 @@ def test_the_size_bound_holds_for_programs_of_a_real_run(tmp_path):
   finish(proc)
   sizes = [os.path.getsize(tmp_path / "xla" / n) for n in os.listdir(tmp_path / "xla")]
   assert sizes and sum(sizes) <= 30000
+
+
+def test_bucket_memories_are_keyed_by_the_traced_program_and_bounded(tmp_path, monkeypatch):
+  import jax
+  import jax.numpy as jnp
+  monkeypatch.setitem(_disk_cache._state, "decided", True)
+  monkeypatch.setitem(_disk_cache._state, "disabled", False)
+  monkeypatch.setitem(_disk_cache._state, "dir", str(tmp_path))
+  (tmp_path / "buckets").mkdir()
+  square = jax.make_jaxpr(lambda x: jnp.sum(x * x))(jnp.ones(3))
+  cube = jax.make_jaxpr(lambda x: jnp.sum(x * x * x))(jnp.ones(3))
+  a, b = _disk_cache.program_key(square, ("n",)), _disk_cache.program_key(cube, ("n",))
+  assert a != b and a == _disk_cache.program_key(square, ("n",))
+  _disk_cache.remember_bucket(a, {"n": 64})
+  _disk_cache.remember_bucket(a, {"n": 256})
+  _disk_cache.remember_bucket(a, {"n": 64})
+  assert _disk_cache.load_buckets(a) == [{"n": 64}, {"n": 256}]
+  assert _disk_cache.load_buckets(b) == []
+  monkeypatch.setattr(_disk_cache, "MAX_PROGRAMS", 3)
+  for i in range(6):
+    _disk_cache.remember_bucket(f"k{i}", {"n": i + 1})
+  assert len(os.listdir(tmp_path / "buckets")) == 3
+  assert _disk_cache.load_buckets("k5") == [{"n": 6}]
