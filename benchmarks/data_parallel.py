@@ -47,6 +47,9 @@ import numpy as np  # noqa: E402
 from jax.sharding import AxisType, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
+# Cold runs: no programs from an earlier run on disk (horizons.py measures warm ones;
+# POLYJIT_NO_CACHE=0 turns polyjit's default on-disk cache back on).
+os.environ.setdefault("POLYJIT_NO_CACHE", "1")
 import polyjit as pj  # noqa: E402
 from jax import lax  # noqa: E402
 from ragged_training import (MODELS, _train_step, example_loss, init_params,  # noqa: E402

@@ -168,6 +168,7 @@ def worker_rnn(contender: str, steps: int, cache_dir: str) -> dict:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
   float(jax.numpy.ones(3).sum())  # the backend up, untimed
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  os.environ["POLYJIT_NO_CACHE"] = "0"  # (ragged_training.py turns it off by default)
   import ragged_training as rt
   batches = rt.make_batches(steps, 32, 10, 512, 8, "loguniform")
   params = params0 = rt.init_params(8, 16)

@@ -44,6 +44,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+import os  # noqa: E402
+# Cold runs: no programs from an earlier run on disk (horizons.py measures warm ones;
+# POLYJIT_NO_CACHE=0 turns polyjit's default on-disk cache back on).
+os.environ.setdefault("POLYJIT_NO_CACHE", "1")
 import polyjit as pj
 
 LEARNING_RATE = 0.01
