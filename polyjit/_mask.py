@@ -160,13 +160,7 @@ def _trace_split_vjp(traced: Traced) -> SplitVJP | None:
   box: list[Any] = []
 
   def fwd_fun(*inputs: Any) -> list[Any]:
-    def primal(*diff_values: Any) -> tuple[list[Any], list[Any]]:
-      full = list(inputs)
-      for i, v in zip(diff_in, diff_values):
-        full[i] = v
-      outs = primal_fun(*full)
-      return [outs[j] for j in diff_out], outs
-
+    primal = _differentiable_part(primal_fun, inputs, diff_in, diff_out, with_outputs=True)
     _, pullback, outs = jax.vjp(primal, *[inputs[i] for i in diff_in], has_aux=True)
     leaves, tree = jax.tree.flatten(pullback)
     dynamic = [k for k, leaf in enumerate(leaves) if _is_array(leaf)]
@@ -217,6 +211,22 @@ def trace_flat(flat_fun: Callable[..., list[Any]], avals: Sequence[Any],
       dim_names=tuple(dim_names))
 
 
+def _differentiable_part(fun: Callable[..., Any], inputs: Sequence[Any], diff_in: Sequence[int],
+                         diff_out: Sequence[int], with_outputs: bool = False
+                         ) -> Callable[..., Any]:
+  """`fun` as a function of its differentiable inputs only (the others fixed
+  at `inputs`), returning its differentiable outputs: what jvp/vjp take
+  (`with_outputs`: and all its outputs, as `has_aux`)."""
+  def primal(*diff_values: Any) -> Any:
+    full = list(inputs)
+    for i, v in zip(diff_in, diff_values, strict=True):
+      full[i] = v
+    outs = fun(*full)
+    diff = [outs[j] for j in diff_out]
+    return (diff, outs) if with_outputs else diff
+  return primal
+
+
 def _trace_jvp(traced: Traced) -> Traced:
   n_in = len(traced.in_avals)
   diff_in = [i for i, a in enumerate(traced.in_avals) if _inexact(a)]
@@ -225,14 +235,7 @@ def _trace_jvp(traced: Traced) -> Traced:
 
   def jvp_fun(*flat: Any) -> list[Any]:
     inputs, ts = list(flat[:n_in]), list(flat[n_in:])
-
-    def primal(*diff_values: Any) -> list[Any]:
-      full = list(inputs)
-      for i, v in zip(diff_in, diff_values, strict=True):
-        full[i] = v
-      outs = primal_fun(*full)
-      return [outs[j] for j in diff_out]
-
+    primal = _differentiable_part(primal_fun, inputs, diff_in, diff_out)
     _, touts = jax.jvp(primal, tuple(inputs[i] for i in diff_in), tuple(ts))
     return list(touts)
 
@@ -271,13 +274,7 @@ def _trace_vjp(traced: Traced) -> VJP:
 
   def vjp_fun(*flat: Any) -> list[Any]:
     inputs, cts = list(flat[:n_in]), list(flat[n_in:])
-
-    def primal(*diff_values: Any) -> list[Any]:
-      full = list(inputs)
-      for i, v in zip(diff_in, diff_values):
-        full[i] = v
-      outs = primal_fun(*full)
-      return [outs[j] for j in diff_out]
+    primal = _differentiable_part(primal_fun, inputs, diff_in, diff_out)
 
     _, pullback = jax.vjp(primal, *[inputs[i] for i in diff_in])
     return list(pullback(cts))
