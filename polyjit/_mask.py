@@ -60,7 +60,6 @@ from . import _spellings  # noqa: F401  (registers the replacements used while t
 from . import _data_dependent, _mask_calls, _size_range, _spec, _symbolic_ad, _variants, _verify
 from ._rules import fft as _fft_rules, windows as _window_rules
 from ._refusals import jax_refusal
-from ._core import MaskEnv, eval_jaxpr_masked
 from ._errors import (FallbackWarning, MaskingError, PolyjitError, ShapeError, trace_error,
                       warn_user)
 from ._spec import ArgSpecs, LogicalEnv, SpecTree
@@ -100,6 +99,16 @@ class Traced:
   @property
   def cacheable(self) -> bool:
     return not any(isinstance(c, jc.Tracer) for c in self.consts)
+
+  @functools.cached_property
+  def diff_in(self) -> list[int]:
+    """The inputs that take derivatives (inexact dtypes)."""
+    return [i for i, a in enumerate(self.in_avals) if _inexact(a)]
+
+  @functools.cached_property
+  def diff_out(self) -> list[int]:
+    """The outputs that carry derivatives (inexact dtypes)."""
+    return [j for j, a in enumerate(self.out_avals) if _inexact(a)]
 
   @functools.cached_property
   def size_names(self) -> tuple[str, ...]:
@@ -154,8 +163,7 @@ def _trace_split_vjp(traced: Traced) -> SplitVJP | None:
   residuals; the backward trace rebuilds the pullback from them. None when
   that fails or the backward pass has effects that must not run (then the
   gradient replays the forward pass, `_trace_vjp`, which explains itself)."""
-  diff_in = [i for i, a in enumerate(traced.in_avals) if _inexact(a)]
-  diff_out = [j for j, a in enumerate(traced.out_avals) if _inexact(a)]
+  diff_in, diff_out = traced.diff_in, traced.diff_out
   primal_fun = jc.jaxpr_as_fun(traced.jaxpr)
   box: list[Any] = []
 
@@ -229,8 +237,7 @@ def _differentiable_part(fun: Callable[..., Any], inputs: Sequence[Any], diff_in
 
 def _trace_jvp(traced: Traced) -> Traced:
   n_in = len(traced.in_avals)
-  diff_in = [i for i, a in enumerate(traced.in_avals) if _inexact(a)]
-  diff_out = [j for j, a in enumerate(traced.out_avals) if _inexact(a)]
+  diff_in, diff_out = traced.diff_in, traced.diff_out
   primal_fun = jc.jaxpr_as_fun(traced.jaxpr)
 
   def jvp_fun(*flat: Any) -> list[Any]:
@@ -268,8 +275,7 @@ def _uses_primitive(jaxpr: jc.Jaxpr, name: str) -> bool:
 
 def _trace_vjp(traced: Traced) -> VJP:
   n_in = len(traced.in_avals)
-  diff_in = [i for i, a in enumerate(traced.in_avals) if _inexact(a)]
-  diff_out = [j for j, a in enumerate(traced.out_avals) if _inexact(a)]
+  diff_in, diff_out = traced.diff_in, traced.diff_out
   primal_fun = jc.jaxpr_as_fun(traced.jaxpr)
 
   def vjp_fun(*flat: Any) -> list[Any]:

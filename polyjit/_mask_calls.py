@@ -146,8 +146,7 @@ class Call(Node):
           ) -> tuple[list[Any], list[Any | None]]:
     traced, padded = self.traced, self.padded
     inputs, logical = primals[:self.n_in], primals[self.n_in:]
-    diff_in = [i for i, a in enumerate(traced.in_avals) if _inexact(a)]
-    diff_out = [j for j, a in enumerate(traced.out_avals) if _inexact(a)]
+    diff_in, diff_out = traced.diff_in, traced.diff_out
     if all(tangents[i] is None for i in diff_in) or not diff_out:
       outs = jc.bind_call(self, primals)
       return outs, [None] * len(outs)
@@ -179,7 +178,7 @@ class Call(Node):
     logical = args[self.n_in:]
     if any(x is None for x in logical):
       raise TypeError("the logical sizes of a masked function are not linear inputs")
-    diff_out = [j for j, a in enumerate(traced.out_avals) if _inexact(a)]
+    diff_out = traced.diff_out
     grads = _masked_vjp(traced, self.padded, inputs, [cts[j] for j in diff_out], logical, [])
     out: list[Any | None] = [None] * len(args)
     for i, g in grads.items():
@@ -222,8 +221,8 @@ class Lin(Node):
     self.padded = padded
     self.n_in = len(traced.in_avals)
     self.n_res = n_res
-    self.diff_in = [i for i, a in enumerate(traced.in_avals) if _inexact(a)]
-    self.n_out = sum(1 for a in traced.out_avals if _inexact(a))
+    self.diff_in = traced.diff_in
+    self.n_out = len(traced.diff_out)
 
   def out_avals(self) -> list[Any] | None:
     return None if self.t_avals is None else list(self.t_avals)

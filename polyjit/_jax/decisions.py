@@ -13,7 +13,6 @@ from typing import Any, Callable, Iterator
 import jax
 import numpy as np
 from jax import export as _export
-from jax._src import core as _core
 from jax._src.export import shape_poly as _shape_poly
 
 from .core import InconclusiveDimensionOperation
@@ -34,7 +33,6 @@ from .frames import is_user_path
 # known to be valid exactly where its recorded answers hold (`_mask.Variant`).
 
 _decisions = threading.local()
-_JAX_DIR = os.path.dirname(os.path.dirname(os.path.abspath(_core.__file__)))
 _SHAPE_POLY_FILE = os.path.abspath(_shape_poly.__file__)
 _THIS_FILE = os.path.abspath(__file__)
 
