@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import polyjit as pj
-from polyjit._cost_model import CostModel
+from polyjit._buckets.cost_model import CostModel
 
 
 def loglik(x, mu, log_sigma):

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import polyjit as pj
-from polyjit import _spec
+from polyjit._masking import spec as _spec
 
 
 def seed(x, mu):

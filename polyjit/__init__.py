@@ -6,18 +6,18 @@ See docs/DESIGN.md for the approach and the invariant.
 """
 
 from . import buckets, diagnostics
-from ._cache import disable_persistent_cache, enable_persistent_cache
-from ._errors import (CacheWarning, CompileLimitError, FallbackWarning, MaskingError,
-                      PolyjitError, PolyjitWarning, ShapeError, SizeValueError)
-from ._filter_jit import FilterJitFunction, filter_jit
-from ._jit import JitFunction, jit
-from ._mask import Masked, mask
-from ._padding import Padded
-from ._ragged import Ragged
-from ._ragged_groups import GroupedRagged, LengthGroups, vmap
-from ._selection import boolean_mask, nonzero, unique
-from ._size_range import SizeRangeError
-from ._verify import VerificationError, verify
+from ._caching.executables import disable_persistent_cache, enable_persistent_cache
+from ._masking.errors import (CacheWarning, CompileLimitError, FallbackWarning, MaskingError,
+                              PolyjitError, PolyjitWarning, ShapeError, SizeValueError)
+from ._jit.filter_jit import FilterJitFunction, filter_jit
+from ._jit.function import JitFunction, jit
+from ._masking.mask import Masked, mask
+from ._masking.padding import Padded
+from ._ragged.ragged import Ragged
+from ._ragged.groups import GroupedRagged, LengthGroups, vmap
+from ._spellings.selection import boolean_mask, nonzero, unique
+from ._masking.size_range import SizeRangeError
+from ._masking.verify import VerificationError, verify
 from .diagnostics import assert_max_compiles, explain, shapecheck, stats, watch
 
 __version__ = "0.1.0"

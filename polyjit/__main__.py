@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-from . import _bench, _demo
+from ._cli import bench as _bench, demo as _demo
 
 COMMANDS = {
     "demo": "jax.jit and polyjit side by side on the seed workload and on ragged RNN "

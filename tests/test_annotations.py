@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import polyjit as pj
-from polyjit._annotations import annotated_specs, annotation_spec
+from polyjit._jit.annotations import annotated_specs, annotation_spec
 
 jaxtyping = pytest.importorskip("jaxtyping")
 from jaxtyping import Array, Float, Int  # noqa: E402

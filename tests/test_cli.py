@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from polyjit import _demo
+from polyjit._cli import demo as _demo
 from polyjit.__main__ import COMMANDS, main
 
 

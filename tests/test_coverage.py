@@ -25,8 +25,8 @@ from harness import Case
 from jax import lax
 
 import polyjit as pj
-from polyjit._core import masking_rules, register, registered_names
-from polyjit._refusals import NOT_APPLICABLE, REASONS, SUPPORTED, UNSUPPORTED
+from polyjit._masking.core import masking_rules, register, registered_names
+from polyjit._masking.refusals import NOT_APPLICABLE, REASONS, SUPPORTED, UNSUPPORTED
 from tools import coverage
 
 REGENERATE = f".venv/bin/{coverage.REGENERATE}"

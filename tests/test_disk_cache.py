@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from polyjit import _disk_cache
+from polyjit._caching import disk as _disk_cache
 
 WORKER = os.path.join(os.path.dirname(__file__), "disk_cache_worker.py")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 from jax import export, lax
 
 from harness import MODES, Case, check
-from polyjit import _dims
+from polyjit._masking import dims as _dims
 from polyjit import _jax as jc
 
 LONG = "POLYJIT_FUZZ_EXAMPLES" in os.environ

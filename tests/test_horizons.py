@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import polyjit as pj
-from polyjit import _jit_plans
+from polyjit._jit import plans as _jit_plans
 from test_jit import assert_same
 
 

@@ -71,7 +71,7 @@ def test_the_real_jax_and_polyjit_are_not_user_code():
 
 
 def test_warnings_point_at_the_users_line():
-  from polyjit import _errors
+  from polyjit._masking import errors as _errors
   with pytest.warns(pj.FallbackWarning) as record:
     _errors.warn_user("hello", pj.FallbackWarning); line = sys._getframe().f_lineno
   assert (record[0].filename, record[0].lineno) == (__file__, line)

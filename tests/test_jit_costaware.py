@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import polyjit as pj
-from polyjit._policy import Rental
+from polyjit._buckets.cost_aware import Rental
 from test_jit import assert_same
 
 
@@ -226,7 +226,7 @@ def test_the_model_keeps_a_cheap_program_in_few_buckets_and_gives_a_costly_one_t
 
 
 def test_cost_model_counts_contractions_loops_and_branches():
-  from polyjit._cost_model import CostModel, work
+  from polyjit._buckets.cost_model import CostModel, work
 
   def fun(x, w):
     def step(c, xt):

@@ -145,7 +145,7 @@ def test_jnp_irfft_cannot_be_traced_with_a_dynamic_length():
 @pytest.mark.parametrize("fft_type", ["RFFT", "IRFFT"])
 def test_real_fft_transposes_match_jax_at_fixed_sizes(fft_type, n):
   """The RFFT/IRFFT transposes polyjit supplies at symbolic sizes equal JAX's."""
-  from polyjit._rules import fft
+  from polyjit._masking.rules import fft
   rng = np.random.default_rng(3)
   fft_type = lax.FftType[fft_type]
   if fft_type == lax.FftType.RFFT:

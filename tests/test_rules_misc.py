@@ -29,7 +29,7 @@ from jax.experimental import io_callback
 
 import polyjit as pj
 from harness import Case, bools, check, const, ints, make, normal, positive, table_test
-from polyjit._rules.random import COUNTER_BASED
+from polyjit._masking.rules.random import COUNTER_BASED
 
 FORWARD = ("eager", "jit", "vmap")
 # Rows for other families' rules skip the eager run: op-by-op dispatch of

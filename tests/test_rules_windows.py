@@ -245,7 +245,7 @@ CONV_VJPS = {
 @pytest.mark.parametrize("name", list(CONV_VJPS))
 def test_conv_transposes_match_jax_at_fixed_sizes(name):
   """polyjit's conv transposes (used at symbolic sizes) equal JAX's own."""
-  from polyjit._rules import windows
+  from polyjit._masking.rules import windows
   lhs_shape, rhs_shape, kw = CONV_VJPS[name]
   rng = np.random.default_rng(0)
   x, w = (rng.standard_normal(s).astype(np.float32) for s in (lhs_shape, rhs_shape))

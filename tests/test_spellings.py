@@ -28,7 +28,8 @@ from jax import export, lax
 import polyjit as pj
 from harness import Case, bools, const, ints, make, normal, table_test
 from polyjit import _jax as jc
-from polyjit import _data_dependent, _spellings
+from polyjit._masking import data_dependent as _data_dependent
+from polyjit._spellings import replacements as _spellings
 
 # Most rows skip the eager run: op-by-op dispatch compiles every op at every
 # size, and jit runs the same masking rules (each row passes eagerly too; the

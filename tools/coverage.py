@@ -46,8 +46,9 @@ import numpy as np
 
 import polyjit as pj
 from polyjit import _jax as jc
-from polyjit._core import eqn_is_symbolic, masking_rules
-from polyjit._refusals import NOT_APPLICABLE, REASONS, SUPPORTED, TRACE_REFUSALS, UNSUPPORTED
+from polyjit._masking.core import eqn_is_symbolic, masking_rules
+from polyjit._masking.refusals import (NOT_APPLICABLE, REASONS, SUPPORTED, TRACE_REFUSALS,
+                                       UNSUPPORTED)
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "coverage.md"

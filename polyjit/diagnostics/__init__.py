@@ -6,7 +6,7 @@ Compile counts are measured with `jax.monitoring`, never assumed
 running anything: `shapecheck`.
 """
 
-from .._compiles import CompileEvent, CompileLog, count_compiles
+from .._caching.compiles import CompileEvent, CompileLog, count_compiles
 from ._explain import JitStats, explain, stats
 from ._guard import assert_max_compiles
 from ._shapecheck import shapecheck

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable
 
-from .. import _buckets as B
+from .._buckets import fixed as B
 
 _CANDIDATES = (
     ("powers of two", "pj.buckets.PowersOfTwo()", B.PowersOfTwo()),

@@ -13,9 +13,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection
 
-from .._jit import JitFunction
-from .._jit_stats import Cause
-from .._policy import CostAware
+from .._jit.function import JitFunction
+from .._jit.stats import Cause
+from .._buckets.cost_aware import CostAware
 from ._advice import advise
 
 

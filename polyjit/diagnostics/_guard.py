@@ -19,9 +19,9 @@ from typing import Any, Callable, ContextManager, Literal
 import jax
 import numpy as np
 
-from .._compiles import count_compiles
-from .._errors import CompileLimitError
-from .._jit import JitFunction
+from .._caching.compiles import count_compiles
+from .._masking.errors import CompileLimitError
+from .._jit.function import JitFunction
 from ._watch import WatchReport, watch
 
 

@@ -15,10 +15,10 @@ import jax
 import jax.numpy as jnp
 
 from .. import _jax as jc
-from .. import _spec
-from .._annotations import check_annotated
-from .._errors import ShapeError
-from .._mask import check_out_shape, trace_flat
+from .._masking import spec as _spec
+from .._jit.annotations import check_annotated
+from .._masking.errors import ShapeError
+from .._masking.mask import check_out_shape, trace_flat
 
 F = TypeVar("F", bound=Callable[..., Any])
 

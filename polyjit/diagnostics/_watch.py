@@ -18,9 +18,9 @@ import os
 from typing import Any, Iterable, Iterator
 
 from .. import _jax as jc
-from .._jit import DEFAULT_BUCKETS
-from .._policy import headroom_programs
-from .._compiles import CompileEvent, count_compiles
+from .._jit.function import DEFAULT_BUCKETS
+from .._buckets.cost_aware import headroom_programs
+from .._caching.compiles import CompileEvent, count_compiles
 from ._advice import advise
 
 

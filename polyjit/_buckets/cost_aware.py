@@ -1,0 +1,407 @@
+"""The cost-aware bucket policy: compile a tighter bucket only once it has paid for itself.
+
+A fixed policy (powers of two, a geometric ratio) compiles one program per
+bucket the sizes touch. That is right when run time dominates; when the work
+takes microseconds and a compile takes 80 ms, every extra program is pure
+loss. `CostAware`, `pj.jit`'s default, decides online, per `pj.jit`
+structure, from cost estimates:
+
+* A call that fits no compiled bucket compiles one (now, it has to), sized
+  with *headroom*: the grid bucket of `headroom` times the largest size seen
+  (rounded up to a power of two first, so that nearby sizes agree), so that
+  the next larger sizes do not each compile again.
+* A call whose tight bucket (the `grid` bucket of its sizes) is not compiled,
+  but that fits a compiled larger one, runs in the smallest such bucket, and
+  the run time it wastes there is charged to the account of every smaller
+  grid bucket that would have held it (up to `MAX_ACCOUNTS` of them): the
+  larger bucket's estimated run time minus the smaller one's.
+* Once an account's waste reaches the estimated compile cost, its bucket is
+  compiled. That is the ski-rental rule: rent (pay the waste) until the rent
+  paid equals the price (a compile), then buy; with exact costs never more
+  than twice the cost of the best choice made knowing the future, per bucket.
+* Headroom is skipped when the estimates say it would waste a compile's
+  worth of run time within `ROOMY_CALLS` calls: costly programs compile
+  their tight bucket when nothing holds a call.
+
+Where the estimates come from (`estimates=`):
+
+* "model" (the default): `_cost_model.py`, from the function's jaxpr and the
+  padded sizes (work and memory traffic per bucket, equations per compile).
+  Nothing is timed, nothing blocks, and the bucket compiled when an account
+  is paid is compiled right there, in the call that paid it. So every
+  decision depends only on the sequence of calls: the same script runs each
+  call in the same bucket every time, and its results repeat bit for bit.
+  (Masking is exact in every bucket, but a float reduction over another
+  padded size may round differently in the last bit; a timing-dependent
+  choice would make results differ between runs.)
+* "measured": compile times as measured and run times sampled by blocking on
+  a few calls of each program (the first `SAMPLES` new shapes that run in it,
+  then every `SAMPLE_EVERY`-th, never a repeated shape); a tight bucket's run
+  time is interpolated linearly in the bucket's volume between measured
+  programs. Paid accounts compile in a background thread; calls keep running
+  in the larger bucket until it is ready. Adapts to the machine, but which
+  program serves a call then depends on timings.
+
+Across processes (`_disk_cache.py`): the buckets a traced program compiled
+are remembered on disk, keyed by that program; a later run starts in the
+tightest remembered bucket that holds a call (instead of the headroom
+bucket), and a remembered bucket's price is a load (`LOAD_FRACTION` of a
+compile). The choices are then deterministic given the history and the
+cache's contents; with the cache off (`POLYJIT_NO_CACHE=1`), given the history.
+
+Exactness does not depend on the bucket: masking gives the unpadded result
+whichever program runs.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import math
+import threading
+from typing import Any, Callable
+
+from .fixed import BucketPolicy, PowersOfTwo, as_policy
+from .._caching import disk as _disk_cache
+from .cost_model import CostModel
+
+SAMPLES = 3          # run-time samples of each program from its first new shapes
+SAMPLE_EVERY = 64    # then one sample every this many new shapes
+MAX_ACCOUNTS = 8     # smaller buckets a borrowing call pays into
+ROOMY_CALLS = 32     # headroom must not waste a compile's run time in fewer calls
+LOAD_FRACTION = 0.1  # a program on disk: loading it costs this part of a compile
+
+#: A bucket's key (hashable; built by the caller).
+BucketKey = tuple[Any, ...]
+#: [(account, seconds per call)] a call wastes against smaller buckets.
+Charges = list[tuple["Account", float]]
+
+
+@dataclasses.dataclass(frozen=True)
+class CostAware(BucketPolicy):
+  """Buckets from `grid`, compiled only when they pay for themselves.
+
+  `bucket(size)` is the tight bucket (`grid`'s); `pj.jit` runs a size there
+  only once that program exists, else in the smallest compiled bucket that
+  holds it (see the module docstring). `headroom` scales the largest size
+  seen when a call fits no compiled bucket. `estimates` is "model"
+  (deterministic: from the jaxpr, the default) or "measured" (timings).
+  """
+  grid: BucketPolicy = PowersOfTwo(steps=4)
+  headroom: float = 2.0
+  estimates: str = "model"
+
+  def __post_init__(self) -> None:
+    if not self.headroom >= 1:
+      raise ValueError(f"headroom must be >= 1, got {self.headroom}")
+    if self.estimates not in ("model", "measured"):
+      raise ValueError(f"estimates must be 'model' or 'measured', got {self.estimates!r}")
+    object.__setattr__(self, "grid", as_policy(self.grid))  # a list, an int k, ...
+    if isinstance(self.grid, CostAware):
+      raise TypeError("the grid of CostAware must be a fixed policy")
+
+  @property
+  def minimum(self) -> int:  # type: ignore[override]
+    return self.grid.minimum
+
+  @property
+  def maximum(self) -> int | None:  # type: ignore[override]
+    return self.grid.maximum
+
+  @property
+  def overflow(self) -> str:  # type: ignore[override]
+    return self.grid.overflow
+
+  def bucket(self, size: int) -> int:
+    return self.grid.bucket(size)
+
+  def _bucket(self, size: int) -> int:
+    return self.grid.bucket(size)
+
+  def roomy(self, size: int, largest_seen: int) -> int:
+    """The bucket to compile for `size` when no compiled bucket holds it: the
+    grid's bucket of `headroom` times the largest size seen, first rounded up
+    to a power of two so that nearby sizes get the same bucket in whatever
+    order they come (concurrent calls then share one compile)."""
+    want = max(size, math.ceil(self.headroom * max(size, largest_seen)))
+    want = 1 << (want - 1).bit_length()
+    if self.grid.maximum is not None:
+      want = max(size, min(want, self.grid.maximum))
+    return self.grid.bucket(want)
+
+
+def headroom_programs(policy: CostAware, calls: list[dict[str, int]],
+                      seen: dict[str, int] | None = None) -> list[dict[str, int]]:
+  """The buckets `policy` compiles for `calls` (sizes per dimension, in call
+  order) when no tighter bucket pays for itself (a cheap function): a call
+  that no compiled bucket holds compiles the headroom bucket (`Rental.roomy`
+  without estimates). `seen`: sizes seen before (automatic mode's first call)."""
+  largest = dict(seen or {})
+  programs: list[dict[str, int]] = []
+  for sizes in calls:
+    if not any(all(env[v] >= n for v, n in sizes.items()) for env in programs):
+      programs.append({v: policy.roomy(n, largest.get(v, n)) for v, n in sizes.items()})
+    for v, n in sizes.items():
+      largest[v] = max(largest.get(v, 0), n)
+  return programs
+
+
+def volume(env: dict[str, int]) -> int:
+  return math.prod(env.values()) if env else 1
+
+
+class Account:
+  """The run time that calls have wasted for want of one bucket's program."""
+  __slots__ = ("rental", "env", "waste", "future", "start")
+
+  def __init__(self, rental: Rental, env: dict[str, int], start: Callable[..., Any]) -> None:
+    self.rental = rental
+    self.env = env
+    self.waste = 0.0
+    self.future: concurrent.futures.Future[Any] | None = None
+    self.start = start          # start(waste, compile_estimate) -> Future
+
+  def add(self, seconds: float) -> None:
+    """A call ran elsewhere and wasted `seconds`; compile once it adds up."""
+    self.waste += seconds
+    rental = self.rental
+    if self.future is None and self.waste >= rental.price(self.env) and not rental.busy:
+      with rental.lock:
+        if self.future is None and not rental.busy:
+          rental.busy = True  # one at a time: the next is chosen knowing this one
+          future = self.start(self.waste, rental.price(self.env))
+          future.add_done_callback(rental.finished)
+          self.future = future
+
+
+class Borrow:
+  """A plan's stay in a larger bucket than its own (`Plan.provisional`).
+
+  Each call pays what it wastes into the accounts of the smaller buckets
+  that would have held it; the plan is given up (`done()`) whenever the
+  structure gets a new program, so the next call looks for a tighter one.
+  """
+  __slots__ = ("rental", "generation", "running", "candidates", "charges", "key")
+
+  def __init__(self, rental: Rental, running: BucketKey, candidates: list[Account],
+               key: Any) -> None:
+    self.rental = rental
+    self.generation = rental.generation
+    self.running = running
+    self.candidates = candidates
+    self.charges: Charges | None = None  # [(account, seconds per call)], once times are known
+    self.key = key              # (variant, tight bucket, running bucket): shared charges
+
+  def done(self) -> bool:
+    return self.generation != self.rental.generation
+
+  def pay(self) -> None:
+    charges = self.charges
+    if charges is None:
+      charges = self.charges = self.rental.charges(self.running, self.candidates, self.key)
+      if charges is None:
+        return
+    for account, seconds in charges:
+      account.add(seconds)
+
+
+class Rental:
+  """The ski-rental state of one `pj.jit` structure under `CostAware`."""
+
+  def __init__(self, policies: dict[str, CostAware]):
+    self.policies = policies
+    # "model": deterministic estimates (`model`, set from the first traced
+    # variant by `use_model`), accounts compile in the paying call.
+    self.measured = any(p.estimates == "measured" for p in policies.values())
+    self.model: CostModel | None = None
+    self.lock = threading.Lock()
+    self.generation = 0                               # bumped by each new program
+    self.busy = False                                 # a background compile running
+    self.largest: dict[str, int] = {}
+    self.envs: dict[BucketKey, dict[str, int]] = {}   # bucket key -> env, compiled ones
+    self._by_volume: list[tuple[BucketKey, dict[str, int]]] = []  # envs, smallest first
+    self.times: dict[BucketKey, list[float]] = {}     # bucket key -> run-time samples
+    self.new_shapes: dict[BucketKey, int] = {}        # bucket key -> new shapes run there
+    self.accounts: dict[BucketKey, Account] = {}      # bucket key -> its account
+    self.compile_seconds: list[float] = []
+    self.compile_estimate = math.inf
+    self.borrow_accounts: dict[Any, Any] = {}         # Borrow.key -> its accounts
+    self.charge_cache: dict[Any, Charges] = {}        # Borrow.key -> charges
+    self.borrows: dict[Any, Borrow] = {}              # Borrow.key -> the current one
+    # The on-disk bucket memory (`_disk_cache.py`): the traced program's key and
+    # the buckets an earlier run of it compiled (their programs load from disk).
+    self.memory_key: str | None = None
+    self.remembered: list[dict[str, int]] = []
+
+  # --- sizes and buckets --------------------------------------------------------
+
+  def observe(self, logical: dict[str, int]) -> None:
+    for v, n in logical.items():
+      if n > self.largest.get(v, 0):
+        self.largest[v] = n
+
+  def tight(self, logical: dict[str, int]) -> dict[str, int]:
+    return {v: self.policies[v].bucket(n) for v, n in logical.items()}
+
+  def roomy(self, logical: dict[str, int]) -> dict[str, int]:
+    """The bucket to compile when none holds `logical`: with headroom, unless
+    the measurements say the headroom would waste a compile's worth of run
+    time within `ROOMY_CALLS` calls (a costly program gets its tight bucket)."""
+    tight = self.tight(logical)
+    known: list[dict[str, int]] = [env for env in self.remembered if env.keys() == logical.keys()
+             and env not in self.envs.values() and all(env[v] >= n for v, n in logical.items())]
+    if known:  # an earlier run converged to these: start in the tightest (a load)
+      return min(known, key=volume).copy()
+    roomy = {v: self.policies[v].roomy(n, self.largest.get(v, n)) for v, n in logical.items()}
+    have, want = self.estimate(roomy), self.estimate(tight)
+    if have is not None and want is not None and \
+        (have - want) * ROOMY_CALLS > self.compile_estimate:
+      return tight
+    return roomy
+
+  def candidates(self, logical: dict[str, int]) -> list[BucketKey]:
+    """Bucket keys of compiled programs that hold `logical`, smallest first."""
+    return [key for key, env in self._by_volume
+            if all(env.get(v, 0) >= n for v, n in logical.items())]
+
+  def smallest(self, logical: dict[str, int]) -> list[BucketKey]:
+    """`candidates(logical)[:1]`, without looking further (every call with a new size)."""
+    for key, env in self._by_volume:
+      if all(env.get(v, 0) >= n for v, n in logical.items()):
+        return [key]
+    return []
+
+  def smaller(self, logical: dict[str, int], running: dict[str, int]) -> list[dict[str, int]]:
+    """The buckets below `running` that would hold `logical`: every grid
+    bucket between them for one dimension (at most `MAX_ACCOUNTS`, spread
+    out), the tight bucket alone for several."""
+    tight = self.tight(logical)
+    if len(logical) != 1:
+      return [tight] if tight != running else []
+    (v, n), = logical.items()
+    sizes = [b for b in self.policies[v].grid.sizes(n, running[v] - 1) if b < running[v]]
+    if len(sizes) > MAX_ACCOUNTS:
+      step = len(sizes) / MAX_ACCOUNTS
+      sizes = sorted({sizes[int(i * step)] for i in range(MAX_ACCOUNTS)} | {sizes[-1]})
+    return [{v: b} for b in sizes]
+
+  # --- estimates ------------------------------------------------------------------
+
+  def use_model(self, jaxpr: Any, platform: str) -> None:
+    """Estimates from `jaxpr` (the traced function) unless they are measured."""
+    if not self.measured and self.model is None:
+      self.model = CostModel(jaxpr, platform)
+      self.compile_estimate = self.model.compile_seconds()
+
+  def remember(self, key: str) -> None:
+    """Starts from the buckets an earlier run of the traced program `key` compiled."""
+    if self.memory_key is None:
+      self.memory_key = key
+      self.remembered = _disk_cache.load_buckets(key)
+
+  def price(self, env: dict[str, int]) -> float:
+    """What buying `env` costs: a compile, or a load for a remembered bucket."""
+    if env in self.remembered:
+      return self.compile_estimate * LOAD_FRACTION
+    return self.compile_estimate
+
+  def compiled(self, bucket: BucketKey, env: dict[str, int], wall_seconds: float) -> None:
+    self.charge_cache = {}
+    self.envs[bucket] = dict(env)
+    self._by_volume = [(k, e) for _, k, e in sorted(
+        (volume(e), k, e) for k, e in list(self.envs.items()))]
+    if self.memory_key is not None:
+      _disk_cache.remember_bucket(self.memory_key, env)
+    self.compile_seconds.append(wall_seconds)
+    if self.measured:
+      self.compile_estimate = sum(self.compile_seconds) / len(self.compile_seconds)
+
+  def bump(self) -> None:
+    """A new program is ready: borrowing plans look again."""
+    self.generation += 1
+
+  def finished(self, _future: concurrent.futures.Future[Any]) -> None:
+    self.busy = False
+    self.bump()
+
+  def wants_sample(self, bucket: BucketKey) -> bool:
+    """Whether the first run of a new shape in `bucket` should be timed."""
+    if not self.measured:
+      return False
+    seen = self.new_shapes.get(bucket, 0)
+    self.new_shapes[bucket] = seen + 1
+    return seen < SAMPLES or seen % SAMPLE_EVERY == 0
+
+  def record_time(self, bucket: BucketKey, seconds: float) -> None:
+    self.charge_cache = {}
+    self.times.setdefault(bucket, []).append(seconds)
+
+  def run_time(self, bucket: BucketKey) -> float | None:
+    if self.model is not None:
+      return self.model.run_seconds(dict(bucket))
+    samples = self.times.get(bucket)
+    return min(samples) if samples else None
+
+  def estimate(self, env: dict[str, int]) -> float | None:
+    """Estimated seconds per call in a bucket `env`: the model's, or
+    interpolated between the measured buckets."""
+    if self.model is not None:
+      return self.model.run_seconds(env)
+    if not self.measured:
+      return None  # no model yet (nothing traced): no estimate
+    points: list[tuple[int, float]] = sorted(
+        (volume(self.envs[b]), min(t)) for b, t in list(self.times.items())
+        if b in self.envs and t)
+    if not points:
+      return None
+    v = volume(env)
+    below = [p for p in points if p[0] <= v]
+    above = [p for p in points if p[0] >= v]
+    if below and above:
+      (v0, t0), (v1, t1) = below[-1], above[0]
+      return t0 if v1 == v0 else t0 + (t1 - t0) * (v - v0) / (v1 - v0)
+    if len(points) == 1:
+      (v0, t0), = points
+      return t0 * v / v0
+    (v0, t0), (v1, t1) = (points[:2] if above else points[-2:])
+    slope = max(t1 - t0, 0.0) / (v1 - v0) if v1 != v0 else 0.0
+    return max(t0 + slope * (v - v0), 0.0)
+
+  def charges(self, running: BucketKey, accounts: list[Account],
+              key: Any = None) -> Charges | None:
+    """[(account, seconds)] a call in bucket `running` wastes against each
+    smaller bucket; None until `running` has a measured run time. Kept per
+    `key` until the next measurement."""
+    out: Charges | None = self.charge_cache.get(key) if key is not None else None
+    if out is not None:
+      return out
+    have = self.run_time(running)
+    if have is None:
+      return None
+    out = []
+    for account in accounts:
+      want = self.estimate(account.env)
+      if want is not None and have > want:
+        out.append((account, have - want))
+    if key is not None:
+      self.charge_cache[key] = out
+    return out
+
+  def borrow(self, running: BucketKey, accounts: list[Account], key: Any) -> Borrow:
+    """The `Borrow` of plans in bucket `running` that pay into `accounts`:
+    one per `key` (variant, tight bucket, running bucket) and generation,
+    shared by every size with that key (None: a new one)."""
+    if key is None:
+      return Borrow(self, running, accounts, None)
+    borrow = self.borrows.get(key)
+    if borrow is None or borrow.done():
+      borrow = self.borrows[key] = Borrow(self, running, accounts, key)
+    return borrow
+
+  def account(self, env: dict[str, int], start: Callable[..., Any]) -> Account:
+    key = tuple(sorted(env.items()))
+    with self.lock:
+      acc = self.accounts.get(key)
+      if acc is None:
+        acc = self.accounts[key] = Account(self, dict(env), start)
+      return acc

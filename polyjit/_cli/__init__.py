@@ -1,0 +1,1 @@
+"""`python -m polyjit demo` and `python -m polyjit bench`."""

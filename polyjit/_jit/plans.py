@@ -1,0 +1,446 @@
+"""`pj.jit`'s bookkeeping from a call's shapes to the program that runs it.
+
+A *structure* is everything a call fixes besides its sizes: static values,
+pytree, dtypes and ranks. Within it, a *plan* serves one tuple of argument
+shapes: the program, the padded shape of every argument, the logical sizes
+passed to the program at run time and each output's logical shape, so a
+repeated shape costs a dict lookup. A *template* is a bucket's plan kept for
+the sizes that bucket has not seen yet: when every dynamic axis is a bare
+dimension, the sizes are read off the shapes and only the logical sizes and
+output shapes are new (no binding, tracing or constraint solving).
+
+Programs are keyed by `ProgramKey` in the executable cache (`_cache.py`): a
+masked program by structure, specs, variant and padded shapes; `jax.jit`'s own
+program at exact shapes (the first call in automatic mode, a fallback, an
+empty dynamic axis) by structure and shapes. A program's body takes the padded
+leaves and a tuple of int32 logical sizes, one per dimension in binding order.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import math
+from typing import Any, Callable, Hashable, NamedTuple
+
+import jax
+import numpy as np
+
+from .._masking import dims as _dims
+from .. import _jax as jc
+from .auto import DimTracker
+from .._masking.mask import Masked
+from .._masking.padding import pad, pad_into, unpad
+from .._buckets.cost_aware import Borrow, Rental
+
+#: Per leaf, a shape (padded or logical).
+Shapes = tuple[tuple[int, ...], ...]
+
+PLANS_PER_STRUCTURE = 16384
+#: Plans built from scratch in this process (a bucket's first plan; a new size
+#: in a bucket with a template reuses its plan: `Plan.resized`). Tests read it.
+plans_built = 0
+EXACT = "exact"   # `ProgramKey.specs` of jax.jit's own program at exact shapes
+
+
+class ProgramKey(NamedTuple):
+  """A program's key in the executable cache."""
+  structure: Hashable     # `Structure.key`
+  specs: Any              # the structure's per-leaf specs, or EXACT
+  variant: Hashable       # the variant's key (None at exact shapes)
+  padded_shapes: Shapes   # per leaf, the shape the program takes
+  bucket: tuple[Any, ...] # `bucket_key` of the padded sizes (() at exact shapes)
+
+  @classmethod
+  def exact_shapes(cls, struct: Structure, shapes: Any) -> ProgramKey:
+    return cls(struct.key, EXACT, None, shapes, ())
+
+  @classmethod
+  def masked(cls, struct: Structure, variant: Any, padded_shapes: Any,
+             env: dict[str, int]) -> ProgramKey:
+    return cls(struct.key, struct.specs, variant.key, padded_shapes, bucket_key(env))
+
+  @property
+  def exact(self) -> bool:
+    return bool(self.specs == EXACT)
+
+
+class Plan:
+  """How a call with given shapes runs: pad, run the program, and unpad.
+
+  Everything a repeated call needs is computed here once: which leaves need
+  padding (and the region their data goes to), the logical sizes already on
+  the device, the bucket, and whether any output has a dynamic dim (if none,
+  the outputs are returned as the program made them: nothing blocks).
+  """
+  __slots__ = ("key", "program", "dtypes", "logical", "out_shapes", "waste",
+               "provisional", "fallback", "bucket", "pads", "dynamic_outputs", "live",
+               "borrow", "padded_out", "unpad_leaf")
+
+  def __init__(self, key: ProgramKey, program: Any, dtypes: Any, logical: Any,
+               out_shapes: Any, waste: float, provisional: Any = None,
+               fallback: bool = False, shapes: Any = None, padded_out: Any = None) -> None:
+    global plans_built
+    plans_built += 1
+    self.key = key
+    self.program = program
+    self.dtypes = dtypes
+    # The program's size arguments, put on the device once: a committed
+    # array costs JAX's dispatch less than a NumPy scalar does, every call.
+    self.logical: tuple[Any, ...] = tuple(jc.host_to_device(v, jc.default_sharding())
+                                          for v in logical)
+    self.out_shapes = out_shapes        # per output leaf logical shape, or None
+    self.waste = waste                  # fraction of input elements that are padding
+    # future of the tighter bucket, if borrowing (a cost-aware policy: its `Borrow`)
+    self.provisional: concurrent.futures.Future[Any] | Borrow | None = provisional
+    self.fallback = fallback            # exact shapes because masking failed
+    self.bucket = None if key.exact else key.bucket
+    shapes = key.padded_shapes if shapes is None else shapes
+    self.pads = tuple((i, p, d, tuple(slice(0, n) for n in s))
+                      for i, (s, p, d) in enumerate(zip(shapes, key.padded_shapes, dtypes))
+                      if tuple(s) != tuple(p))
+    self.padded_out = program_out_shapes(program) if padded_out is None else padded_out
+    self.dynamic_outputs = out_shapes is not None and any(
+        tuple(o) != tuple(p) for o, p in zip(out_shapes, self.padded_out))
+    self.live = True                    # False once its structure dropped it
+    self.borrow: Borrow | None = None   # a cost-aware policy's `Borrow`: pays per call
+    self.unpad_leaf = unpad             # `_sharding.unpad` on a mesh (keeps shardings)
+
+  @property
+  def padded_shapes(self) -> Shapes:
+    return self.key.padded_shapes
+
+  def resized(self, shapes: Any, logical: tuple[np.ndarray[Any, Any], ...],
+              out_shapes: Any) -> Plan:
+    """This bucket's plan for other logical shapes in the same bucket: the
+    program, padded shapes and output layout are shared; only the padding
+    regions, the size scalars and the output shapes are new. Nothing is
+    compiled, traced or put on the device here (the sizes go as host int32
+    scalars, a few microseconds per call): a never-seen size costs little."""
+    new = object.__new__(Plan)
+    padded = self.key.padded_shapes
+    new.key, new.program, new.dtypes = self.key, self.program, self.dtypes
+    new.fallback, new.bucket, new.padded_out = self.fallback, self.bucket, self.padded_out
+    new.unpad_leaf = self.unpad_leaf
+    new.logical = logical
+    new.out_shapes = out_shapes
+    pads = []
+    logical_elems = padded_elems = 0
+    for i, s in enumerate(shapes):
+      p = padded[i]
+      logical_elems += math.prod(s)
+      padded_elems += math.prod(p)
+      if s != p:
+        pads.append((i, p, self.dtypes[i], tuple([slice(0, n) for n in s])))
+    new.pads = tuple(pads)
+    new.waste = 1.0 - logical_elems / padded_elems if padded_elems else 0.0
+    new.dynamic_outputs = out_shapes is not None and any(
+        tuple(o) != tuple(p) for o, p in zip(out_shapes, self.padded_out, strict=True))
+    new.live = True
+    new.borrow = None
+    new.provisional = None
+    return new
+
+  @property
+  def superseded(self) -> bool:
+    """Borrowing a larger bucket's program, and the tight one is now compiled."""
+    return self.provisional is not None and self.provisional.done()
+
+  @property
+  def current(self) -> bool:
+    """Still the plan for its shapes (the hot path checks this every call)."""
+    return self.live and (self.provisional is None or not self.provisional.done())
+
+  def run(self, leaves: Any) -> Any:
+    """The padded outputs: pads the leaves on the host and runs the program.
+    Leaves may be `pj.Padded`, device or host arrays, or scalars."""
+    ins = [pad(x, s, d) for x, s, d in zip(leaves, self.padded_shapes, self.dtypes)]
+    return self.program(*ins, self.logical)
+
+  def run_plain(self, leaves: Any) -> Any:
+    """`run` for leaves that are arrays or scalars (never `pj.Padded`): only
+    the leaves this plan pads are touched."""
+    if self.pads:
+      leaves = list(leaves)
+      for i, padded, dtype, region in self.pads:
+        leaves[i] = pad_into(leaves[i], padded, dtype, region)
+    return self.program(*leaves, self.logical)
+
+  def unpad_outputs(self, outs: Any) -> Any:
+    """The outputs at their logical shapes (host slices only where needed)."""
+    if not self.dynamic_outputs:
+      return outs
+    return self.map_outputs(outs, self.unpad_leaf)
+
+  def map_outputs(self, outs: Any, convert: Callable[[Any, Any], Any]) -> Any:
+    """Applies `convert(output, logical shape)` to outputs that have dynamic dims."""
+    if self.out_shapes is None:
+      return outs
+    leaves, tree = jax.tree.flatten(outs)
+    # jaxlib's PyTreeDef is not visible to mypy (a stub gap): its methods are unknown.
+    return tree.unflatten(  # type: ignore[attr-defined]
+        [convert(o, s) for o, s in zip(leaves, self.out_shapes)])
+
+
+def program_out_shapes(program: Any) -> list[tuple[int, ...]]:
+  """The padded shape of each output leaf of a compiled program."""
+  return [tuple(o.shape) for o in jax.tree.leaves(program.out_info)]
+
+
+class Template:
+  """A bucket's plan, kept so that a new size in that bucket needs no binding,
+  tracing or constraint solving: only its logical sizes change."""
+  __slots__ = ("plan", "binding", "variant", "out_dims", "places", "fixed")
+
+  def __init__(self, plan: Plan, binding: Any, variant: Any, out_dims: Any,
+               places: dict[str, list[tuple[int, int]]], fixed: Any) -> None:
+    self.plan = plan
+    self.binding = binding
+    self.variant = variant              # the sizes it serves must select it
+    self.out_dims = out_dims            # per output leaf, its symbolic shape
+    self.places = places                # dim -> [(leaf, axis)] where it is the axis size
+    self.fixed = fixed                  # [((leaf, axis), size)] of the fixed axes
+
+  @classmethod
+  def of(cls, plan: Plan, binding: Any, variant: Any, out_dims: Any) -> Template | None:
+    """The template of `plan`, or None when an axis is an expression (`2*n`,
+    `n + 1`) whose sizes only binding can solve."""
+    places: dict[str, list[tuple[int, int]]] = {}
+    fixed: list[tuple[tuple[int, int], int]] = []
+    for i, leaf in enumerate(binding.leaves):
+      for axis, d in enumerate(leaf.symbolic_shape):
+        if not jc.is_symbolic_dim(d):
+          fixed.append(((i, axis), int(d)))
+          continue
+        form = _dims.linear_form(d)
+        if form is None or form[1] != 0 or len(form[0]) != 1 or set(form[0].values()) != {1}:
+          return None
+        places.setdefault(next(iter(form[0])), []).append((i, axis))
+    if set(places) != set(binding.dim_names):
+      return None
+    return cls(plan, binding, variant, out_dims, places, tuple(fixed))
+
+  def sizes(self, shapes: Any) -> dict[str, int] | None:
+    """Each dimension's size read off `shapes`; None when two places disagree
+    or a size is 0 (empty: jax.jit's exact program serves it)."""
+    logical: dict[str, int] = {}
+    for dim, places in self.places.items():
+      for leaf, axis in places:
+        if logical.setdefault(dim, shapes[leaf][axis]) != shapes[leaf][axis]:
+          return None
+      if logical[dim] == 0:
+        return None
+    return logical
+
+  def fits(self, shapes: Any) -> bool:
+    return all(shapes[i][a] == n for (i, a), n in self.fixed)
+
+  def plan_at(self, shapes: Any, logical: dict[str, int]) -> Plan:
+    """The plan of this template's program for `shapes` with sizes `logical`."""
+    return self.plan.resized(shapes, logical_values(self.binding, logical),
+                             out_shapes(self.out_dims, logical))
+
+
+class Structure:
+  """Everything known about one call structure (static values, tree, dtypes)."""
+
+  def __init__(self, key: Any, treedef: Any, avals: Any, leaf_names: Any) -> None:
+    self.key = key
+    self.treedef = treedef
+    self.avals = avals                  # per leaf: (dtype, weak_type)
+    self.leaf_names = leaf_names
+    self.tracker: DimTracker | None = None
+    self.specs: tuple[Any, ...] | None = None  # per-leaf specs in use (None: exact)
+    self.masked: Masked | None = None   # `fun` masked with the specs in use
+    self.last_shapes: Any = None        # shapes of the latest new plan
+    self.exact_only = False
+    self.data_dependent = False         # jax.jit cannot trace it (x[x > 0])
+    self.fallback_reason: str | None = None   # why exact_only, for messages
+    self.plans: collections.OrderedDict[Any, Plan] = collections.OrderedDict()
+    self.templates: dict[Any, Template] = {}  # bucket key -> Template
+    self.rental: Rental | None = None   # under a cost-aware policy
+    self.shardings: tuple[Any, ...] | None = None  # per leaf on a mesh; None: one device (set by pj.jit)
+    self.shard_multiples: dict[str, int] = {}  # dim -> its buckets' multiple (on a mesh)
+
+  @property
+  def static_key(self) -> Any:
+    return self.key[0]
+
+  @property
+  def dtypes(self) -> tuple[Any, ...]:
+    return tuple(a[0] for a in self.avals)
+
+  def abstract_args(self, shapes: Any) -> list[Any]:
+    """The (args, kwargs) pair of abstract arguments at `shapes`."""
+    return list(self.treedef.unflatten(abstract_leaves(shapes, self.avals)))
+
+  def spec_tree(self) -> list[Any]:
+    # Only called once specs are set (never None here).
+    return list(self.treedef.unflatten(list(self.specs)))  # type: ignore[arg-type]
+
+  # --- plans ---------------------------------------------------------------------
+
+  def plan(self, shapes: Any) -> Plan | None:
+    """The plan for `shapes`, unless there is none or it is superseded."""
+    plan = self.plans.get(shapes)
+    if plan is None or plan.superseded:
+      return None
+    self.plans.move_to_end(shapes)
+    return plan
+
+  def remember(self, shapes: Any, plan: Plan) -> None:
+    if not plan.superseded:
+      self.plans[shapes] = plan
+      if len(self.plans) > PLANS_PER_STRUCTURE:
+        self.plans.popitem(last=False)[1].live = False
+
+  def forget(self, key: ProgramKey) -> None:
+    """Drops the plans and templates that run the program `key`."""
+    for shapes in [s for s, p in self.plans.items() if p.key == key]:
+      self.plans.pop(shapes).live = False
+    for bucket in [b for b, t in self.templates.items() if t.plan.key == key]:
+      del self.templates[bucket]
+
+  def template_sizes(self, shapes: Any) -> dict[str, int] | None:
+    """Each dimension's size read off `shapes` by a template; None without one."""
+    first = next(iter(self.templates.values()), None)
+    return None if first is None else first.sizes(shapes)
+
+  def template(self, shapes: Any, bucket: tuple[Any, ...]) -> Template | None:
+    """The template of `bucket` when its fixed axes agree with `shapes`."""
+    template = self.templates.get(bucket)
+    return template if template is not None and template.fits(shapes) else None
+
+  # --- what the calls teach ----------------------------------------------------------
+
+  def observe(self, shapes: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """Notes a new plan at `shapes`: (the axes that changed since the last new
+    plan, the dimensions that became dynamic). In automatic mode the tracker
+    learns from the shapes, and new specs reset the structure."""
+    changed = self._changed_axes(shapes)
+    self.last_shapes = shapes
+    tracker = self.tracker
+    if tracker is None or self.exact_only:
+      return changed, ()
+    if tracker.observe(shapes) or (self.specs is None and tracker.any_dynamic):
+      self.reset(tuple(tracker.specs()) if tracker.any_dynamic else None)
+      return changed, tuple(sorted({tracker.symbol(d) for d in tracker.dynamic}))
+    return changed, ()
+
+  def _changed_axes(self, shapes: Any) -> tuple[tuple[str, int, int, int], ...]:
+    """(argument, axis, old size, new size) against the last new plan."""
+    previous = self.last_shapes
+    if previous is None:
+      return ()
+    return tuple((name, axis, old, new)
+                 for name, p, s in zip(self.leaf_names, previous, shapes)
+                 for axis, (old, new) in enumerate(zip(p, s)) if old != new)
+
+  def reset(self, specs: tuple[Any, ...] | None) -> None:
+    """New specs: what was traced, planned or templated for the old ones goes."""
+    self.specs = specs
+    self.masked = None
+    self.rental = None
+    for plan in self.plans.values():
+      plan.live = False
+    self.plans.clear()
+    self.templates.clear()
+
+  def fall_back(self, reason: str) -> None:
+    """From now on every shape compiles exactly, because of `reason`."""
+    self.exact_only = True
+    self.fallback_reason = reason
+    self.reset(self.specs)
+
+
+# --- programs ------------------------------------------------------------------
+
+def masked_body(treedef: Any, masked: Masked, variant: Any,
+                padded_env: dict[str, int]) -> Callable[..., Any]:
+  """The program of `variant` at the padded sizes `padded_env`."""
+  padded_env = dict(padded_env)
+  names = sorted(padded_env)  # the order of `logical_values`
+
+  def body(*leaves_and_logical: Any) -> Any:
+    *leaves, logical = leaves_and_logical
+    return masked.call_variant(variant, treedef.unflatten(leaves), padded_env,
+                               dict(zip(names, logical)))
+  return body
+
+
+def exact_body(treedef: Any, fun: Callable[..., Any]) -> Callable[..., Any]:
+  """The program of `fun` itself (taking the dynamic arguments), as jax.jit runs it."""
+
+  def body(*leaves_and_logical: Any) -> Any:
+    *leaves, _ = leaves_and_logical
+    dyn_args, dyn_kwargs = treedef.unflatten(leaves)
+    return fun(*dyn_args, **dyn_kwargs)
+  return body
+
+
+def lower_and_compile(body: Callable[..., Any], name: str, padded_shapes: Any, avals: Any,
+                      n_dims: int, donate: tuple[int, ...]) -> Any:
+  """`jax.jit(body)` compiled for the leaves at `padded_shapes` and `n_dims`
+  logical sizes; `name` names it for JAX (and the persistent cache's key)."""
+  body.__name__ = name
+  # jax.ShapeDtypeStruct's __init__ is unannotated in JAX (a stub gap).
+  logical_avals = tuple(jax.ShapeDtypeStruct((), jc.dim_value_dtype())  # type: ignore[no-untyped-call, unused-ignore]
+                        for _ in range(n_dims))
+  return jax.jit(body, donate_argnums=donate).lower(
+      *abstract_leaves(padded_shapes, avals), logical_avals).compile()
+
+
+def borrow(done: Any, key: ProgramKey, shapes: Any) -> Any:
+  """(key, program) among `done` (compiled programs) of the same structure,
+  specs and variant as `key` whose padded shapes hold `shapes`: the smallest."""
+  best: Any = None
+  for other, program in done:
+    if other[:3] != key[:3]:  # structure, specs, variant
+      continue
+    padded = other.padded_shapes
+    if all(all(a >= b for a, b in zip(p, s)) for p, s in zip(padded, shapes)):
+      size = sum(int(np.prod(p)) for p in padded)
+      if best is None or size < best[0]:
+        best = (size, other, program)
+  return None if best is None else best[1:]
+
+
+# --- sizes ---------------------------------------------------------------------
+
+def abstract_leaves(shapes: Any, avals: Any) -> list[jax.ShapeDtypeStruct]:
+  """Abstract arguments: `avals` ((dtype, weak_type) per leaf) at `shapes`."""
+  # jax.ShapeDtypeStruct's __init__ is unannotated in JAX (a stub gap).
+  return [jax.ShapeDtypeStruct(s, a[0], weak_type=a[1])  # type: ignore[no-untyped-call, unused-ignore]
+          for s, a in zip(shapes, avals)]
+
+
+def bucket_key(bucket: dict[str, int]) -> tuple[tuple[str, int], ...]:
+  """A bucket ({dimension: padded size}) as a hashable, ordered key."""
+  return tuple(sorted(bucket.items()))
+
+
+def zero_sized(specs: Any, shapes: Any) -> bool:
+  """Whether an argument with dynamic axes has an empty axis in this call."""
+  return any(spec is not None and 0 in shape for spec, shape in zip(specs, shapes))
+
+
+def padded_shapes(binding: Any, env: dict[str, int]) -> Shapes:
+  return tuple(tuple(_dims.evaluate_dim(d, env) for d in leaf.symbolic_shape)
+               for leaf in binding.leaves)
+
+
+def logical_values(binding: Any, logical: dict[str, int]) -> tuple[np.ndarray[Any, Any], ...]:
+  """The program's size arguments: one int scalar per dim, in binding order."""
+  dtype = jc.dim_value_dtype()
+  return tuple(np.asarray(logical[v], dtype) for v in binding.dim_names)
+
+
+def out_shapes(out_dims: Any, logical: dict[str, int]) -> tuple[tuple[int, ...], ...]:
+  """Each output's logical shape: its symbolic shape at these sizes."""
+  return tuple(tuple(_dims.evaluate_dim(d, logical) for d in dims) for dims in out_dims)
+
+
+def waste(shapes: Any, padded_shapes: Any) -> float:
+  logical = sum(math.prod(s) for s in shapes)
+  padded = sum(math.prod(p) for p in padded_shapes)
+  return 1.0 - logical / padded if padded else 0.0

@@ -1,0 +1,306 @@
+"""The masked evaluation as one primitive equation, differentiable both ways.
+
+A masked function is bound as one `polyjit_masked_call` equation (`_jax/calls.py`)
+whose `node` says what the function is and what its derivatives are. Three
+kinds of node:
+
+  Call(traced)   the masked evaluation of `traced` on (inputs, logical sizes).
+  Lin(traced)    its tangent map: the masked evaluation of `jax.jvp(fun)`
+                 traced symbolically (`Traced.jvp`), on (inputs, residuals,
+                 input tangents, logical sizes); linear in the tangents.
+  Batched(node)  `jax.vmap` of another node's evaluation (pj.vmap, jax.jacfwd).
+
+Derivatives, by the same rule as the gradient in `_mask.py` (never let JAX
+differentiate or transpose the ops the interpreter emitted, whose local
+derivatives in the padding are garbage; always mask a symbolically traced
+derivative instead):
+
+  JVP of Call(traced)      primal: Call(traced) (or Call(split forward), which
+                           returns the VJP's residuals too); tangent: Lin(traced).
+  transpose of Lin(traced) the masked VJP: Call(split backward) on the residuals,
+                           or Call(traced.vjp()) on the inputs; padding of the
+                           gradients set to zero. This is the gradient reverse
+                           mode has always used: `jax.grad` is JVP then transpose.
+  JVP of Lin(traced)       the JVP of Call(traced.jvp()): the tangent map is a
+                           masked function like any other (so jacfwd(jacrev) and
+                           higher orders recurse). The residuals are functions of
+                           the inputs that Lin's evaluation does not read, so
+                           their tangents do not enter.
+  transpose of Call        only for `jax.linear_transpose` of a linear function:
+                           its VJP at zero.
+  Batched(node)            each rule is `jax.vmap` of `node`'s rule.
+
+Forward mode is safe for the same reason the backward pass is: the tangent
+computation is a traced jaxpr (JVP rules are forward ops) that the masking
+rules evaluate, filling padding before anything mixes positions.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import _jax as jc
+from .core import MaskEnv, eval_jaxpr_masked
+from .data_dependent import extra_outputs
+
+if TYPE_CHECKING:
+  from .mask import Traced
+
+
+def _inexact(aval: Any) -> bool:
+  return bool(jnp.issubdtype(aval.dtype, jnp.inexact))
+
+
+def _avals(args: Sequence[Any]) -> tuple[Any, ...]:
+  return tuple(jc.typeof(a) for a in args)
+
+
+def _zeros_like(x: Any) -> Any:
+  aval = jc.typeof(x)
+  return jnp.zeros(aval.shape, aval.dtype)
+
+
+class Node:
+  """A function of a fixed list of arrays; see the module docstring."""
+
+  def __init__(self, in_avals: tuple[Any, ...]) -> None:
+    self.in_avals = in_avals
+    self._jaxpr: jc.ClosedJaxpr | None = None
+    self._batched: dict[Any, Node] = {}
+
+  @property
+  def jaxpr(self) -> jc.ClosedJaxpr:
+    if self._jaxpr is None:
+      self._jaxpr = jc.make_closed_jaxpr(lambda *a: self.impl(*a), list(self.in_avals))
+    return self._jaxpr
+
+  def out_avals(self) -> list[Any] | None:
+    return None
+
+  def impl(self, *args: Any) -> list[Any]:
+    raise NotImplementedError
+
+  def jvp(self, primals: list[Any], tangents: list[Any | None]
+          ) -> tuple[list[Any], list[Any | None]]:
+    raise NotImplementedError
+
+  def transpose(self, cts: list[Any], args: list[Any | None]) -> list[Any | None]:
+    raise NotImplementedError
+
+  def batch(self, dims: tuple[int | None, ...], avals: tuple[Any, ...], axis_size: int,
+            axis_name: Any) -> "Node":
+    key = (dims, avals, axis_size, axis_name)
+    node = self._batched.get(key)
+    if node is None:
+      node = self._batched[key] = Batched(self, dims, avals, axis_size, axis_name)
+    return node
+
+
+def _masked_eval(traced: "Traced", padded: dict[str, int], inputs: Sequence[Any],
+                 logical: Sequence[Any]) -> list[Any]:
+  env = MaskEnv(traced.dim_names, padded, logical, traced.cache)
+  outs: list[Any] = eval_jaxpr_masked(traced.jaxpr, (), list(inputs), env)
+  return outs + extra_outputs(env, traced)
+
+
+def _node(kind: type, traced: "Traced", padded: dict[str, int], args: Sequence[Any],
+          *extra: Any) -> Any:
+  """The node of `kind` for `traced` at these padded sizes and argument avals
+  (one per key, so that JAX's caches see the same param)."""
+  avals = _avals(args)
+  key = (kind, tuple(sorted(padded.items())), avals, extra)
+  node = traced.nodes.get(key)
+  if node is None:
+    node = traced.nodes[key] = kind(traced, padded, avals, *extra)
+  return node
+
+
+def call(traced: "Traced", padded: dict[str, int], inputs: Sequence[Any],
+         logical: Sequence[Any]) -> list[Any]:
+  """The masked evaluation of `traced` (consts included in `inputs`)."""
+  args = [*inputs, *logical]
+  return jc.bind_call(_node(Call, traced, padded, args), args)
+
+
+def call_traced(traced: "Traced", padded: dict[str, int], args: Sequence[Any],
+                logical: Sequence[Any]) -> list[Any]:
+  """`call` with `traced`'s consts put first."""
+  return call(traced, padded, [*traced.consts, *args], logical)
+
+
+class Call(Node):
+  def __init__(self, traced: "Traced", padded: dict[str, int], in_avals: tuple[Any, ...]
+               ) -> None:
+    super().__init__(in_avals)
+    self.traced = traced
+    self.padded = padded
+    self.n_in = len(traced.in_avals)
+
+  def impl(self, *args: Any) -> list[Any]:
+    return _masked_eval(self.traced, self.padded, args[:self.n_in], args[self.n_in:])
+
+  def jvp(self, primals: list[Any], tangents: list[Any | None]
+          ) -> tuple[list[Any], list[Any | None]]:
+    traced, padded = self.traced, self.padded
+    inputs, logical = primals[:self.n_in], primals[self.n_in:]
+    diff_in, diff_out = traced.diff_in, traced.diff_out
+    if all(tangents[i] is None for i in diff_in) or not diff_out:
+      outs = jc.bind_call(self, primals)
+      return outs, [None] * len(outs)
+    split = traced.split_vjp()
+    if split is not None:   # the residuals the gradient will need, computed now
+      both = call_traced(split.fwd, padded, inputs, logical)
+      n = len(traced.out_avals)
+      outs, res = both[:n], both[n:]
+    else:
+      outs, res = jc.bind_call(self, primals), []
+    ts = [_zeros_like(inputs[i]) if tangents[i] is None else tangents[i] for i in diff_in]
+    args = [*inputs, *res, *ts, *logical]
+    # (the tangents' avals are the outputs': reverse mode never traces the
+    # tangent map, which a custom_vjp inside `fun` could not give)
+    t_avals = tuple(jc.shaped(jc.typeof(outs[j]).shape, jc.typeof(outs[j]).dtype)
+                    for j in diff_out)
+    touts = jc.bind_call(_node(Lin, traced, padded, args, len(res), t_avals), args)
+    out_tangents: list[Any | None] = [None] * len(outs)
+    for j, t in zip(diff_out, touts, strict=True):
+      out_tangents[j] = t
+    return outs, out_tangents
+
+  def transpose(self, cts: list[Any], args: list[Any | None]) -> list[Any | None]:
+    # Only a linear function is transposed whole (`jax.linear_transpose`):
+    # its transpose is its VJP at any point, here zero.
+    traced = self.traced
+    inputs = [_zeros_like_aval(a) if x is None else x
+              for x, a in zip(args[:self.n_in], self.in_avals[:self.n_in], strict=True)]
+    logical = args[self.n_in:]
+    if any(x is None for x in logical):
+      raise TypeError("the logical sizes of a masked function are not linear inputs")
+    diff_out = traced.diff_out
+    grads = _masked_vjp(traced, self.padded, inputs, [cts[j] for j in diff_out], logical, [])
+    out: list[Any | None] = [None] * len(args)
+    for i, g in grads.items():
+      if args[i] is None:
+        out[i] = g
+    return out
+
+
+def _zeros_like_aval(aval: Any) -> Any:
+  return jnp.zeros(aval.shape, aval.dtype)
+
+
+def _masked_vjp(traced: "Traced", padded: dict[str, int], inputs: Sequence[Any],
+                cts: Sequence[Any], logical: Sequence[Any], res: Sequence[Any]
+                ) -> dict[int, Any]:
+  """The gradients of `traced`'s differentiable inputs (by index) for the
+  cotangents of its differentiable outputs: the masked evaluation of its VJP
+  (from the residuals `res` when the forward pass was split), padding zero."""
+  if res:
+    split = traced.split_vjp()
+    assert split is not None
+    diff_in = split.diff_in
+    outs = call_traced(split.bwd, padded, [*res, *cts], logical)
+  else:
+    vjp = traced.vjp()
+    diff_in = vjp.diff_in
+    outs = call_traced(vjp.traced, padded, [*inputs, *cts], logical)
+  env = MaskEnv(traced.dim_names, padded, logical)
+  # (a VJP that creates data-dependent sizes returns them after the gradients)
+  return {i: env.fill_padding(g, traced.in_avals[i], np.zeros((), g.dtype)[()])
+          for i, g in zip(diff_in, outs[:len(diff_in)], strict=True)}
+
+
+class Lin(Node):
+  def __init__(self, traced: "Traced", padded: dict[str, int], in_avals: tuple[Any, ...],
+               n_res: int, t_avals: tuple[Any, ...] | None = None) -> None:
+    super().__init__(in_avals)
+    self.t_avals = t_avals
+    self.traced = traced
+    self.padded = padded
+    self.n_in = len(traced.in_avals)
+    self.n_res = n_res
+    self.diff_in = traced.diff_in
+    self.n_out = len(traced.diff_out)
+
+  def out_avals(self) -> list[Any] | None:
+    return None if self.t_avals is None else list(self.t_avals)
+
+  def _split(self, args: Sequence[Any]) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
+    a, b, c = self.n_in, self.n_in + self.n_res, self.n_in + self.n_res + len(self.diff_in)
+    return list(args[:a]), list(args[a:b]), list(args[b:c]), list(args[c:])
+
+  def impl(self, *args: Any) -> list[Any]:
+    inputs, _, ts, logical = self._split(args)
+    tangent_map = self.traced.jvp()
+    outs = _masked_eval(tangent_map, self.padded, [*tangent_map.consts, *inputs, *ts],
+                        logical)
+    # (a function with data-dependent sizes: the tangents are shaped by the
+    # sizes the primal evaluation creates and returns, the same ones)
+    return outs[:self.n_out]
+
+  def jvp(self, primals: list[Any], tangents: list[Any | None]
+          ) -> tuple[list[Any], list[Any | None]]:
+    inputs, _, ts, logical = self._split(primals)
+    d_inputs, _, d_ts, d_logical = self._split(tangents)
+    tangent_map = self.traced.jvp()
+    consts = list(tangent_map.consts)
+    args = [*consts, *inputs, *ts, *logical]
+    node: Call = _node(Call, tangent_map, self.padded, args)
+    outs, touts = node.jvp(args, [*[None] * len(consts), *d_inputs, *d_ts, *d_logical])
+    return outs[:self.n_out], touts[:self.n_out]
+
+  def transpose(self, cts: list[Any], args: list[Any | None]) -> list[Any | None]:
+    inputs, res, ts, logical = self._split(args)
+    if any(x is None for x in [*inputs, *res, *logical]):
+      raise NotImplementedError(
+          "polyjit's masked tangent map is linear in the tangents only")
+    grads = _masked_vjp(self.traced, self.padded, inputs, cts, logical, res)
+    # (a tangent that is known, a zero JAX instantiated, needs no cotangent)
+    return [*[None] * (self.n_in + self.n_res),
+            *[grads[i] if t is None else None for i, t in zip(self.diff_in, ts, strict=True)],
+            *[None] * len(logical)]
+
+
+class Batched(Node):
+  def __init__(self, inner: Node, dims: tuple[int | None, ...], in_avals: tuple[Any, ...],
+               axis_size: int, axis_name: Any) -> None:
+    super().__init__(in_avals)
+    self.inner = inner
+    self.dims = dims
+    self.axis_size = axis_size
+    self.axis_name = axis_name
+
+  def _vmap(self, fun: Any, in_axes: Any) -> Any:
+    return jax.vmap(fun, in_axes=in_axes, axis_size=self.axis_size, axis_name=self.axis_name)
+
+  def impl(self, *args: Any) -> list[Any]:
+    outs: list[Any] = self._vmap(self.inner.impl, self.dims)(*args)
+    return outs
+
+  def jvp(self, primals: list[Any], tangents: list[Any | None]
+          ) -> tuple[list[Any], list[Any | None]]:
+    def rule(p: list[Any], t: list[Any | None]) -> tuple[list[Any], list[Any | None]]:
+      outs, touts = self.inner.jvp(p, t)
+      return outs, [_zeros_like(o) if d is None and _inexact(jc.typeof(o)) else d
+                    for o, d in zip(outs, touts, strict=True)]
+
+    dims = list(self.dims)
+    outs, touts = self._vmap(rule, (dims, dims))(primals, tangents)
+    return list(outs), list(touts)
+
+  def transpose(self, cts: list[Any], args: list[Any | None]) -> list[Any | None]:
+    linear = [i for i, a in enumerate(args) if a is None]
+
+    def rule(known: list[Any | None], cts: list[Any]) -> list[Any]:
+      out = self.inner.transpose(cts, known)
+      return [out[i] for i in linear]
+
+    known_dims = [d if a is not None else None for a, d in zip(args, self.dims, strict=True)]
+    grads = self._vmap(rule, (known_dims, 0))(args, cts)
+    result: list[Any | None] = [None] * len(args)
+    for i, g in zip(linear, grads, strict=True):
+      d = self.dims[i]
+      result[i] = g.sum(0) if d is None else jnp.moveaxis(g, 0, d)
+    return result

@@ -1,0 +1,209 @@
+"""polyjit's own algebra on symbolic dimension expressions.
+
+A dimension expression (`2*n + 1`, `n - floordiv(n, 2)`, `max(n, m)`) comes
+from `jax.export`; polyjit needs more of it than JAX offers: its value at
+concrete sizes in Python ints (no int32 overflow), its linear form (to solve
+padded sizes from argument shapes), whether it is monotone (whether a value's
+data fits in its padded buffer, see `_core.MaskEnv`), and an upper bound over
+a box of sizes (for sizes that are not monotone). This module computes them.
+
+It reads the structure of an expression (a sum of terms `coeff * product of
+factor**exp`, each factor a variable or an operation on expressions) only
+through the accessors of `polyjit/_jax/` (`dim_terms`, `factor_parts`,
+`symbolic_vars`, `evaluate_symbolic`, `dim_variable`), so that it knows no
+private name of JAX's.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, TypeAlias
+
+import numpy as np
+
+from .. import _jax as jc
+
+#: A dimension: an int or a JAX symbolic dimension expression (`jc.DimExpr`,
+#: whose arithmetic JAX does not type).
+Dim: TypeAlias = Any
+
+#: An interval of integers, (lowest, highest).
+Interval: TypeAlias = tuple[int, int]
+
+
+def dim_vars(d: Dim) -> set[str]:
+  """The dimension variables an expression mentions (empty for an int)."""
+  return jc.symbolic_vars(d) if jc.is_symbolic_dim(d) else set()
+
+
+def evaluate_dim(d: Dim, env: dict[str, Any]) -> Any:
+  """Evaluates a dimension expression on `env` (ints or traced int scalars).
+
+  With ints in `env` the result is a Python int; with traced values it is a
+  traced scalar of `jc.dim_value_dtype()`.
+  """
+  if not jc.is_symbolic_dim(d):
+    return int(d)
+  if all(isinstance(v, int) for v in env.values()):
+    return _evaluate_int(d, env)  # Python ints: no int32 overflow, no tracing
+  res = jc.evaluate_symbolic(d, env)
+  if isinstance(res, (int, np.integer)):
+    return int(res)
+  return res
+
+
+def _evaluate_int(d: Dim, env: dict[str, int]) -> int:
+  if not jc.is_symbolic_dim(d):
+    return int(d)
+  total = 0
+  for factors, k in jc.dim_terms(d):
+    value = k
+    for factor, exp in factors:
+      value *= _factor_int(factor, env) ** exp
+    total += value
+  return total
+
+
+def _factor_int(f: Any, env: dict[str, int]) -> int:
+  var, operation, operands = jc.factor_parts(f)
+  if var is not None:
+    return env[var]
+  a, b = (_evaluate_int(o, env) for o in operands)
+  assert operation is not None  # a factor is a variable or an operation
+  return {"floordiv": lambda: a // b, "mod": lambda: a % b,
+          "max": lambda: max(a, b), "min": lambda: min(a, b)}[operation]()
+
+
+def linear_form(d: Dim) -> tuple[dict[str, int], int] | None:
+  """`d` as `{var: coeff}, const` when it is linear in its variables, else None.
+
+  Used to solve padded sizes from argument shapes: `2*n + 1` -> ({'n': 2}, 1).
+  """
+  if not jc.is_symbolic_dim(d):
+    return {}, int(d)
+  coeffs: dict[str, int] = {}
+  const = 0
+  for factors, k in jc.dim_terms(d):
+    if not factors:
+      const += k
+      continue
+    var = _term_var(factors)
+    if var is None:
+      return None
+    coeffs[var] = coeffs.get(var, 0) + k
+  return coeffs, const
+
+
+def _term_var(factors: Any) -> str | None:
+  """The variable a term is (`n`, not `n**2`, `n*m` or `mod(n, 2)`), or None."""
+  if len(factors) != 1:
+    return None
+  (factor, exp), = factors
+  return jc.factor_parts(factor)[0] if exp == 1 else None
+
+
+@functools.lru_cache(maxsize=4096)
+def is_monotone_dim(d: Dim) -> bool:
+  """Whether `d` never decreases when any of its variables increases.
+
+  Masking evaluates symbolic sizes twice: on the padded sizes (for array shapes)
+  and on the logical sizes (for masks). The data of a value fits in its padded
+  buffer only if padded(d) >= logical(d), which holds for every logical
+  assignment below the padded one exactly when `d` is monotone. `n - 1`,
+  `2*n + m`, `n - floordiv(n, 2)` and `max(n, m)` are; `n - m` and `mod(n, 2)`
+  are not. A quick syntactic check comes first; then, per variable v, JAX's
+  decision procedure is asked whether d(v + 1) - d(v) >= 0.
+  """
+  if not jc.is_symbolic_dim(d):
+    return True
+  if _syntactically_monotone(d):
+    return True
+  names = jc.symbolic_vars(d)
+  for var in sorted(names):
+    env = {v: jc.dim_variable(v, d) for v in names}
+    env[var] = env[var] + 1
+    try:
+      if not (jc.evaluate_symbolic(d, env) - d >= 0):
+        return False
+    except jc.InconclusiveDimensionOperation:
+      return False
+  return True
+
+
+def _syntactically_monotone(d: Dim) -> bool:
+  for factors, k in jc.dim_terms(d):
+    if not factors:
+      continue
+    if k < 0:
+      return False
+    for factor, _exp in factors:
+      if not _factor_is_monotone(factor):
+        return False
+  return True
+
+
+def _factor_is_monotone(f: Any) -> bool:
+  var, op, operands = jc.factor_parts(f)
+  if var is not None:
+    return True
+  if op == "floordiv":
+    num, den = operands
+    return (is_monotone_dim(num) and not jc.is_symbolic_dim(den) and int(den) > 0)
+  if op in ("max", "min"):
+    return all(is_monotone_dim(o) for o in operands)
+  return False  # mod, and anything newer we do not know about
+
+
+def dim_upper_bound(d: Dim, var_bounds: dict[str, int]) -> int | None:
+  """An upper bound of `d` over every assignment with 1 <= v <= var_bounds[v].
+
+  For sizes that are not monotone (`n - mod(-2, n)`, from `jnp.roll`), where
+  evaluating at the largest values gives no bound. Interval arithmetic over
+  the expression; None when an operation is unknown or could divide by <= 0.
+  """
+  interval = _dim_interval(d, var_bounds)
+  return None if interval is None else interval[1]
+
+
+def _dim_interval(d: Dim, bounds: dict[str, int]) -> Interval | None:
+  if not jc.is_symbolic_dim(d):
+    return int(d), int(d)
+  lo = hi = 0
+  for factors, k in jc.dim_terms(d):
+    t = (1, 1)
+    for factor, exp in factors:
+      f = _factor_interval(factor, bounds)
+      if f is None:
+        return None
+      for _ in range(exp):
+        t = _interval_mul(t, f)
+    lo, hi = lo + min(k * t[0], k * t[1]), hi + max(k * t[0], k * t[1])
+  return lo, hi
+
+
+def _interval_mul(a: Interval, b: Interval) -> Interval:
+  corners = [x * y for x in a for y in b]
+  return min(corners), max(corners)
+
+
+def _factor_interval(f: Any, bounds: dict[str, int]) -> Interval | None:
+  var, operation, operands = jc.factor_parts(f)
+  if var is not None:
+    return (1, bounds[var]) if var in bounds else None
+  found = [_dim_interval(o, bounds) for o in operands]
+  ops = [o for o in found if o is not None]
+  if len(ops) != len(found):
+    return None
+  if operation in ("max", "min"):
+    pick = max if operation == "max" else min
+    return pick(o[0] for o in ops), pick(o[1] for o in ops)
+  if operation not in ("floordiv", "mod") or ops[1][1] < 1:
+    return None
+  # Only assignments where the divisor is >= 1 matter: at any other the size
+  # is undefined and the unpadded program itself fails (JAX refuses a zero or
+  # negative divisor in a shape), so there is nothing to match.
+  (a_lo, a_hi), (b_lo, b_hi) = ops[0], (max(ops[1][0], 1), ops[1][1])
+  if operation == "floordiv":  # monotone in each operand: extremes at corners
+    corners = [x // y for x in (a_lo, a_hi) for y in (b_lo, b_hi)]
+    return min(corners), max(corners)
+  return 0, (b_hi - 1 if a_lo < 0 else min(b_hi - 1, a_hi))  # mod, divisor >= 1

@@ -1,0 +1,113 @@
+"""Exception types and the long messages that explain them.
+
+Every error polyjit raises says what happened, where (the argument, axis or
+primitive, and the user's source line), and what to do about it.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from .. import _jax as jc
+
+
+class PolyjitError(Exception):
+  """Base class of polyjit's errors."""
+
+
+class ShapeError(PolyjitError, ValueError):
+  """Shapes or sizes that do not fit the declared polymorphic specs."""
+
+
+class MaskingError(PolyjitError, NotImplementedError):
+  """A computation polyjit cannot run exactly on padded arrays.
+
+  Attributes:
+    primitive: the name of the JAX primitive that could not be masked.
+    source: the user's source line that emitted it.
+  """
+
+  def __init__(self, message: str, *, primitive: str | None = None,
+               source: str | None = None) -> None:
+    super().__init__(message)
+    self.primitive = primitive
+    self.source = source
+
+
+def no_rule_message(prim_name: str, source: str, padded: list[str]) -> str:
+  padded_txt = "; ".join(padded) if padded else "(sizes in its parameters)"
+  return (
+      f"polyjit cannot mask the primitive '{prim_name}' {source}: it has no "
+      f"masking rule, and its operands have padded axes: {padded_txt}.\n"
+      "Running it on padded data could let padding change the result, so "
+      "polyjit refuses instead of guessing.\n"
+      "What to do: declare the affected axes with a fixed size (\"_\" in the spec, "
+      "or None for the whole argument) if they do not really vary; or compute this "
+      "step outside the masked function; or use pj.jit, whose automatic mode "
+      "falls back to exact shapes. The documentation's page \"What pj.mask supports\" lists "
+      "what is supported.")
+
+
+def trace_error(error: BaseException, fun_name: str) -> PolyjitError:
+  """JAX's error from tracing `fun` with symbolic sizes, as a polyjit error
+  that names the user's line (and the JAX function that failed, if one did)
+  and says what to do."""
+  where, inside = jc.user_line_of(error), jc.library_function_of(error)
+  at = (f" in `{inside}`" if inside else "") + (f" (called at {where})" if where else "")
+  text = f"{type(error).__name__}: {error}".strip()
+  head = f"polyjit cannot trace {fun_name} with dynamic sizes{at}: {text}\n"
+  fixed = "declare the axis fixed (\"_\" in the spec, or None for the whole argument)"
+  cmp = jc.inconclusive_comparison(error)
+  if cmp is not None:
+    a, op, b = cmp
+    bound = {">=": f"{a} >= {b}", ">": f"{a} >= {b} + 1",
+             "<=": f"{b} >= {a}", "<": f"{b} >= {a} + 1"}[op]
+    return ShapeError(
+        head + "JAX needs to know how these sizes compare, and nothing says.\n"
+        f"What to do: if '{bound}' always holds, declare it: constraints=['{bound}'] "
+        f"(pj.mask, pj.jit); or {fixed}. pj.jit, and pj.mask called with concrete "
+        "sizes, add such a bound themselves when the sizes of the call satisfy it.")
+  concrete_needed = jc.needs_concrete_size(error)
+  if concrete_needed and inside is None:
+    return ShapeError(
+        head + "a dynamic size was used where Python needs a plain int.\nWhat to do: "
+        "write x.shape[0] instead of len(x); loop with lax.fori_loop or lax.scan "
+        "instead of a Python loop over range(x.shape[0]); pass sizes to jnp "
+        f"functions as x.shape[i], not int(...); or {fixed}.")
+  if concrete_needed:
+    return MaskingError(
+        head + f"`{inside}` needs this size as a plain int, which a dynamic size is not.\n"
+        f"What to do: {fixed}; or compute this step outside the masked function "
+        "(see the documentation's \"Common pitfalls\" page).")
+  return MaskingError(
+      head + f"What to do: {fixed}; add constraints=[...] if JAX needs a bound on a "
+      "size; or compute this step outside the masked function (see the documentation's \"Common "
+      "pitfalls\" page).")
+
+
+class SizeValueError(ShapeError, MaskingError, TypeError):
+  """A symbolic size was asked for its Python value (`int(n)`, `range(n)`):
+  one trace serves many sizes, so it has none. A `ShapeError` (what polyjit
+  raised for it before), and a `TypeError`, as JAX's own refusal of
+  `operator.index` on a symbolic dimension is."""
+
+
+class CompileLimitError(PolyjitError, RuntimeError):
+  """A function compiled more often than `pj.assert_max_compiles` allows."""
+
+
+class PolyjitWarning(UserWarning):
+  """Base class of polyjit's warnings (filter them with `warnings.filterwarnings`)."""
+
+
+class FallbackWarning(PolyjitWarning):
+  """`pj.jit` compiles every distinct shape exactly because it cannot mask."""
+
+
+class CacheWarning(PolyjitWarning):
+  """polyjit's on-disk cache cannot be used (a read-only or full disk): it is off."""
+
+
+def warn_user(message: str, category: type[Warning]) -> None:
+  """`warnings.warn`, attributed to the user's line that called into polyjit."""
+  warnings.warn(message, category, stacklevel=jc.stacklevel_outside_polyjit())

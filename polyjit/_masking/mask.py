@@ -1,0 +1,717 @@
+"""`pj.mask`: run a function written for unpadded arrays on padded arrays.
+
+    masked = pj.mask(fun, in_shapes, out_shape=None, constraints=())
+    padded_outs = masked(args, logical_env)
+
+`fun` is traced once per argument structure with symbolic shapes (cached on
+the masked function, so a new padded size does not retrace `fun`), then the
+jaxpr is evaluated on the padded arguments by the masking interpreter
+(`_core.py`). Logical sizes are runtime values: under `jax.jit` one program
+serves every logical size up to the padded one, and `jax.vmap` over the
+logical sizes gives ragged batching.
+
+Derivatives
+-----------
+Differentiating the masked evaluation directly is unsafe: JAX's transpose
+rules sum over padding without masks (the transpose of a broadcast into a
+dynamic axis is a sum over it), and the local derivatives in the padding are
+garbage, so 0 * NaN = NaN reaches valid entries. Instead the masked
+evaluation is one `polyjit_masked_call` equation (`_mask_calls.py`) whose
+derivatives are themselves masked evaluations of derivatives traced
+symbolically: its JVP is the masked evaluation of `jax.jvp(fun)` (forward
+mode: `jax.jvp`, `jax.jacfwd`, `jax.linearize`), and the transpose of that
+tangent map is *the masked evaluation of fun's VJP*: `jax.vjp(fun)` traced
+symbolically once, whose transposes are explicit primitives (`reduce_sum`,
+`dot_general`, reverse `cumsum`, `scatter-add`) that the same rules mask
+before anything mixes positions. Each derivative is again such an equation,
+so higher derivatives in any order (`jax.hessian` = jacfwd(jacrev)) are safe.
+Gradients with respect to padded inputs have zeros in their padding.
+
+The VJP is traced in two parts where JAX splits it (`SplitVJP`): the forward
+part returns `fun`'s outputs and the residuals (the pullback's array leaves),
+the backward part maps residuals and cotangents to gradients. The JVP's
+primal output is the masked evaluation of the first, and the transpose of its
+tangent map the second, so a gradient runs the forward computation once, as
+`jax.grad` of the unmasked function does. Residuals are padded values like
+any other: their padding is unspecified and the backward rules mask it. A
+function with data-dependent sizes, or whose split fails, replays the forward
+pass in the backward one.
+
+Values `fun` closes over become inputs of the equation (closure conversion),
+so derivatives reach them as well.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import threading
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import dims as _dims
+from .. import _jax as jc
+from . import rules as _rules  # noqa: F401  (registers the masking rules)
+from . import (data_dependent as _data_dependent, calls as _mask_calls, size_range as _size_range,
+               spec as _spec, autodiff as _symbolic_ad, variants as _variants, verify as _verify)
+from .rules import fft as _fft_rules, windows as _window_rules
+from .refusals import jax_refusal
+from .errors import FallbackWarning, MaskingError, PolyjitError, ShapeError, trace_error, warn_user
+from .spec import ArgSpecs, LogicalEnv, SpecTree
+
+
+# Every change polyjit makes to JAX's tables and classes, once, here.
+jc.install_patches(_symbolic_ad.install, _window_rules.install_transpose,
+                   _fft_rules.install_transpose)
+
+
+@dataclasses.dataclass(eq=False)
+class Traced:
+  """A function traced once with symbolic shapes.
+
+  `jaxpr` takes the consts first, then the flat arguments: `inputs`.
+  """
+  jaxpr: jc.Jaxpr
+  consts: list[Any]
+  in_avals: list[Any]       # of `inputs` (consts first); symbolic shapes
+  out_avals: list[Any]
+  out_tree: Any
+  dim_names: tuple[str, ...]
+  cache: dict[Any, Any] = dataclasses.field(default_factory=dict)
+  _vjp: "VJP | None" = None
+  _jvp: "Traced | None" = None
+  # The call nodes of its masked evaluation and derivatives (`_mask_calls.py`).
+  nodes: dict[Any, Any] = dataclasses.field(default_factory=dict)
+  _split: "SplitVJP | None" = None
+  _split_traced: bool = False
+  # Whether its masked evaluation checks for empty selections (known once it
+  # was evaluated; `_data_dependent.extra_outputs`).
+  has_checks: bool | None = None
+  # JAX's shape rules answered for non-empty selections, checked when the
+  # program runs: (expr, expr >= 0, text) (`_variants._Oracle.assume`).
+  assumptions: tuple[tuple[Any, bool, str], ...] = ()
+
+  @property
+  def cacheable(self) -> bool:
+    return not any(isinstance(c, jc.Tracer) for c in self.consts)
+
+  @functools.cached_property
+  def diff_in(self) -> list[int]:
+    """The inputs that take derivatives (inexact dtypes)."""
+    return [i for i, a in enumerate(self.in_avals) if _inexact(a)]
+
+  @functools.cached_property
+  def diff_out(self) -> list[int]:
+    """The outputs that carry derivatives (inexact dtypes)."""
+    return [j for j, a in enumerate(self.out_avals) if _inexact(a)]
+
+  @functools.cached_property
+  def size_names(self) -> tuple[str, ...]:
+    """The data-dependent sizes `fun` creates (`_data_dependent.py`)."""
+    return _data_dependent.size_names(self.jaxpr)
+
+  def vjp(self) -> "VJP":
+    if self._vjp is None:
+      self._vjp = _trace_vjp(self)
+    return self._vjp
+
+  def jvp(self) -> "Traced":
+    """The tangent map: (inputs, tangents of the inexact inputs) -> tangents
+    of the inexact outputs, traced symbolically."""
+    if self._jvp is None:
+      self._jvp = _trace_jvp(self)
+    return self._jvp
+
+  def split_vjp(self) -> "SplitVJP | None":
+    if not self._split_traced:
+      self._split = None if self.size_names else _trace_split_vjp(self)
+      self._split_traced = True
+    return self._split
+
+
+@dataclasses.dataclass(eq=False)
+class VJP:
+  """`fun`'s VJP traced symbolically: (inputs, cts) -> grads of `diff_in`."""
+  traced: Traced
+  diff_in: list[int]        # which inputs are differentiable
+  diff_out: list[int]       # which outputs carry cotangents
+
+
+@dataclasses.dataclass(eq=False)
+class SplitVJP:
+  """`fun`'s VJP in two traces: `fwd` (inputs -> outputs, then residuals)
+  and `bwd` (residuals, cts -> grads of `diff_in`), so a gradient computes
+  the forward pass once."""
+  fwd: Traced
+  bwd: Traced
+  diff_in: list[int]
+  diff_out: list[int]
+
+
+def _is_array(x: Any) -> bool:
+  return isinstance(x, (jc.Tracer, jax.Array, np.ndarray))
+
+
+def _trace_split_vjp(traced: Traced) -> SplitVJP | None:
+  """`fun`'s VJP split where JAX splits it: `jax.vjp` traced symbolically
+  returns the outputs and the pullback, a pytree whose array leaves are the
+  residuals; the backward trace rebuilds the pullback from them. None when
+  that fails or the backward pass has effects that must not run (then the
+  gradient replays the forward pass, `_trace_vjp`, which explains itself)."""
+  diff_in, diff_out = traced.diff_in, traced.diff_out
+  primal_fun = jc.jaxpr_as_fun(traced.jaxpr)
+  box: list[Any] = []
+
+  def fwd_fun(*inputs: Any) -> list[Any]:
+    primal = _differentiable_part(primal_fun, inputs, diff_in, diff_out, with_outputs=True)
+    _, pullback, outs = jax.vjp(primal, *[inputs[i] for i in diff_in], has_aux=True)
+    leaves, tree = jax.tree.flatten(pullback)
+    dynamic = [k for k, leaf in enumerate(leaves) if _is_array(leaf)]
+    box.append((tree, [None if k in dynamic else leaf for k, leaf in enumerate(leaves)],
+                dynamic))
+    return [*outs, *[leaves[k] for k in dynamic]]
+
+  try:
+    fwd = trace_flat(fwd_fun, traced.in_avals, traced.dim_names)
+    tree, leaves, dynamic = box[0]
+    res_avals = fwd.out_avals[len(traced.out_avals):]
+    n_res = len(res_avals)
+
+    def bwd_fun(*flat: Any) -> list[Any]:
+      full = list(leaves)
+      for k, r in zip(dynamic, flat[:n_res]):
+        full[k] = r
+      pullback = jax.tree.unflatten(tree, full)
+      return list(pullback(list(flat[n_res:])))
+
+    ct_avals = [jc.shaped(traced.out_avals[j].shape, traced.out_avals[j].dtype)
+                for j in diff_out]
+    bwd = trace_flat(bwd_fun, [*res_avals, *ct_avals], traced.dim_names)
+  except Exception:
+    return None  # the VJP that replays the forward pass explains the failure
+  if jc.replay_unsafe_effects(bwd.jaxpr) or fwd.size_names or bwd.size_names:
+    return None
+  return SplitVJP(fwd, bwd, diff_in, diff_out)
+
+
+def _inexact(aval: Any) -> bool:
+  return jnp.issubdtype(aval.dtype, jnp.inexact)
+
+
+def trace_flat(flat_fun: Callable[..., list[Any]], avals: Sequence[Any],
+               dim_names: Sequence[str], out_tree: Any = None) -> Traced:
+  """Traces `flat_fun(*leaves) -> list` at symbolic `avals`."""
+  with jc.trace_spellings(), _data_dependent.tracing(avals):
+    closed = jc.make_closed_jaxpr(flat_fun, list(avals))
+  consts = list(closed.consts)
+  const_avals = [jc.typeof(c) for c in consts]
+  return Traced(
+      jaxpr=jc.convert_constvars_jaxpr(closed.jaxpr),
+      consts=consts,
+      in_avals=[*const_avals, *avals],
+      out_avals=[v.aval for v in closed.jaxpr.outvars],
+      out_tree=out_tree,
+      dim_names=tuple(dim_names))
+
+
+def _differentiable_part(fun: Callable[..., Any], inputs: Sequence[Any], diff_in: Sequence[int],
+                         diff_out: Sequence[int], with_outputs: bool = False
+                         ) -> Callable[..., Any]:
+  """`fun` as a function of its differentiable inputs only (the others fixed
+  at `inputs`), returning its differentiable outputs: what jvp/vjp take
+  (`with_outputs`: and all its outputs, as `has_aux`)."""
+  def primal(*diff_values: Any) -> Any:
+    full = list(inputs)
+    for i, v in zip(diff_in, diff_values, strict=True):
+      full[i] = v
+    outs = fun(*full)
+    diff = [outs[j] for j in diff_out]
+    return (diff, outs) if with_outputs else diff
+  return primal
+
+
+def _trace_jvp(traced: Traced) -> Traced:
+  n_in = len(traced.in_avals)
+  diff_in, diff_out = traced.diff_in, traced.diff_out
+  primal_fun = jc.jaxpr_as_fun(traced.jaxpr)
+
+  def jvp_fun(*flat: Any) -> list[Any]:
+    inputs, ts = list(flat[:n_in]), list(flat[n_in:])
+    primal = _differentiable_part(primal_fun, inputs, diff_in, diff_out)
+    _, touts = jax.jvp(primal, tuple(inputs[i] for i in diff_in), tuple(ts))
+    return list(touts)
+
+  t_avals = [jc.shaped(traced.in_avals[i].shape, traced.in_avals[i].dtype) for i in diff_in]
+  try:
+    tangent_map = trace_flat(jvp_fun, [*traced.in_avals, *t_avals], traced.dim_names)
+  except MaskingError:
+    raise
+  except Exception as e:
+    raise MaskingError(
+        "polyjit could not derive the forward-mode derivative (JVP) of the masked "
+        f"function with symbolic shapes: {type(e).__name__}: {e}\nWhat to do: use "
+        "reverse mode (jax.jacrev(f), and jax.jacrev(jax.jacrev(f)) for a Hessian), "
+        "or differentiate inside the masked function (pj.mask(jax.hessian(f), ...)).") from e
+  if _uses_primitive(tangent_map.jaxpr, "custom_lin"):
+    raise MaskingError(
+        "forward-mode differentiation (jax.jvp, jax.jacfwd, jax.hessian) of a masked "
+        "function that calls a jax.custom_vjp function: JAX itself cannot differentiate "
+        "a custom_vjp function in forward mode (jax.jvp of it fails without polyjit "
+        "too).\nWhat to do: use reverse mode (jax.jacrev, jax.jacrev(jax.jacrev(f)) "
+        "for a Hessian), or give that function a jax.custom_jvp rule instead.")
+  return tangent_map
+
+
+def _uses_primitive(jaxpr: jc.Jaxpr, name: str) -> bool:
+  return any(eqn.primitive.name == name
+             or any(_uses_primitive(sub, name) for sub in jc.subjaxprs_in_params(eqn.params))
+             for eqn in jaxpr.eqns)
+
+
+def _trace_vjp(traced: Traced) -> VJP:
+  n_in = len(traced.in_avals)
+  diff_in, diff_out = traced.diff_in, traced.diff_out
+  primal_fun = jc.jaxpr_as_fun(traced.jaxpr)
+
+  def vjp_fun(*flat: Any) -> list[Any]:
+    inputs, cts = list(flat[:n_in]), list(flat[n_in:])
+    primal = _differentiable_part(primal_fun, inputs, diff_in, diff_out)
+
+    _, pullback = jax.vjp(primal, *[inputs[i] for i in diff_in])
+    return list(pullback(cts))
+
+  ct_avals = [jc.shaped(traced.out_avals[j].shape, traced.out_avals[j].dtype)
+              for j in diff_out]
+  try:
+    vjp_traced = trace_flat(vjp_fun, [*traced.in_avals, *ct_avals], traced.dim_names)
+  except MaskingError:
+    raise
+  except Exception as e:
+    if jc.is_while_loop_vjp_refusal(e):
+      raise MaskingError(
+          "the masked function has a loop whose trip count depends on a dynamic "
+          "size (a lax.fori_loop or lax.while_loop up to x.shape[0]); with "
+          "symbolic sizes JAX turns it into a while_loop, which JAX cannot "
+          "differentiate in reverse mode.\nWhat to do: loop with lax.scan over "
+          "the array (lax.scan(step, init, x)), which masks and differentiates; "
+          "or compute the gradient inside the masked function with jax.jvp.",
+          primitive="while") from e
+    raise MaskingError(
+        "polyjit could not derive the gradient of the masked function with "
+        f"symbolic shapes: {type(e).__name__}: {e}\nWhat to do: compute the "
+        "gradient inside the masked function (pj.mask(jax.grad(f), ...)), or "
+        "differentiate at fixed shapes.") from e
+  replayed = jc.replay_unsafe_effects(vjp_traced.jaxpr)
+  if replayed:
+    raise MaskingError(
+        "the gradient of a masked function replays its forward pass, and this "
+        f"one has effects that must not run twice ({', '.join(map(str, replayed))}, "
+        "e.g. an io_callback).\nWhat to do: compute the gradient inside the masked "
+        "function (pj.mask(jax.grad(f), ...)), where the forward pass runs once; "
+        "or move the callback out of the function you differentiate.")
+  return VJP(vjp_traced, diff_in, diff_out)
+
+
+def apply(traced: Traced, padded: dict[str, int], args: Sequence[Any],
+          logical: Sequence[Any]) -> list[Any]:
+  """Runs `traced` masked on padded `args` (without its consts).
+
+  One `polyjit_masked_call` equation (`_mask_calls.py`): its gradient is the
+  masked evaluation of the traced VJP, its JVP that of the traced JVP.
+  """
+  return _mask_calls.call_traced(traced, padded, args, tuple(logical))
+
+
+GROWING_VARIANTS = 8   # variants of one argument structure before a warning
+
+
+class Masked:
+  """The result of `pj.mask`: call it as `masked(args, logical_env)`.
+
+  For each argument structure it keeps the variants of `fun` (`_variants.py`):
+  one trace per side of the size comparisons `fun` makes. Concrete sizes run
+  the variant they select; traced sizes run all the variants their padded
+  sizes allow, selected in the program.
+  """
+
+  def __init__(self, fun: Callable[..., Any], in_shapes: ArgSpecs,
+               out_shape: SpecTree = None, *, constraints: Sequence[str] = ()) -> None:
+    if not callable(fun):
+      raise TypeError(f"pj.mask expects a callable, got {type(fun).__name__}")
+    self.fun = fun
+    self.in_shapes = in_shapes
+    self.out_shape = out_shape
+    self.constraints = tuple([constraints] if isinstance(constraints, str) else constraints)
+    self.scope = _spec.make_scope(self.constraints)
+    self._variants: dict[Any, list[_variants.Variant]] = {}
+    self._explored: dict[Any, list[_variants.Variant]] = {}
+    self._bindings: dict[Any, _spec.Binding] = {}
+    self._lock = threading.RLock()
+    functools.update_wrapper(self, fun, updated=())
+
+  def __repr__(self) -> str:
+    return f"pj.mask({getattr(self.fun, '__name__', self.fun)!r}, {self.in_shapes!r})"
+
+  @property
+  def _name(self) -> str:
+    return getattr(self.fun, "__name__", None) or repr(self.fun)
+
+  def bind(self, args: Sequence[Any]) -> _spec.Binding:
+    """Binds the specs to padded `args`: padded sizes and symbolic shapes.
+
+    Cached per argument structure and shapes: the specs are parsed once.
+    """
+    leaves, tree = jax.tree.flatten(tuple(args))
+    key = (tree, tuple(np.shape(x) for x in leaves))
+    binding = self._bindings.get(key)
+    if binding is None:
+      binding = self._bindings[key] = _spec.bind(self.in_shapes, args, self.scope)
+    return binding
+
+  # --- variants -------------------------------------------------------------
+
+  def _structure(self, args: Sequence[Any], binding: _spec.Binding) -> tuple[Any, ...]:
+    """The key of everything a trace depends on: tree, symbolic shapes, dtypes."""
+    leaves, in_tree = jax.tree.flatten(tuple(args))
+    return (in_tree, tuple((tuple(map(str, leaf.symbolic_shape)), jc.typeof(x).dtype,
+                            jc.typeof(x).weak_type)
+                           for leaf, x in zip(binding.leaves, leaves)))
+
+  def _tracer(self, args: Sequence[Any], binding: _spec.Binding) -> _variants.TraceFn:
+    """(constraints, oracle) -> Traced: `fun` traced in the scope of those
+    constraints, its size comparisons answered by `oracle`."""
+    leaves, in_tree = jax.tree.flatten(tuple(args))
+
+    def trace(constraints: tuple[str, ...], oracle: Callable[..., bool]) -> Traced:
+      scope = _spec.fresh_scope(constraints)   # no JAX cache crosses traces
+      bound = _spec.bind(self.in_shapes, args, scope, check=False)
+      avals = [jc.shaped(leaf.symbolic_shape, jc.typeof(x).dtype, jc.typeof(x).weak_type)
+               for leaf, x in zip(bound.leaves, leaves)]
+      with jc.size_decisions(oracle):
+        traced = self._trace(in_tree, avals, bound.dim_names)
+      traced.assumptions = tuple(getattr(oracle, "assumed", ()))
+      if self.out_shape is not None:
+        check_out_shape(self.out_shape, traced, scope)
+      return traced
+    return trace
+
+  def variant_for(self, args: Sequence[Any], sizes: dict[str, int],
+                  binding: _spec.Binding | None = None) -> _variants.Variant:
+    """The variant that concrete logical `sizes` select (traced once).
+
+    Raises the error `fun` gives on that side of its comparisons.
+    """
+    binding = binding or self.bind(args)
+    key = self._structure(args, binding)
+    variant = self._known_variant(key, sizes)
+    if variant is None:
+      with self._lock:  # one thread traces a side; the others then find it
+        variant = self._known_variant(key, sizes)
+        if variant is None:
+          known = self._variants.setdefault(key, [])
+          variant = _variants.for_sizes(self._tracer(args, binding), self.constraints,
+                                        sizes, known)
+          if variant.traced is None or variant.traced.cacheable:
+            self._variants[key] = [*known, variant]
+            self._warn_if_growing(len(known) + 1, variant)
+    if variant.error is not None:
+      raise self._trace_error(variant.error, variant)
+    return variant
+
+  def _warn_if_growing(self, count: int, variant: _variants.Variant) -> None:
+    """Variants that grow with the sizes (`n in range(1, 1000)`, a hash, one
+    `==` per size) each get a program: said once, where the user sees it."""
+    if count != GROWING_VARIANTS:
+      return
+    warn_user(
+        f"{self._name} asks its sizes questions that give nearly every size its own "
+        f"trace and program ({count} so far; the last for {variant.describe()}): "
+        "comparisons with many values (`n in range(...)`, `n in {...}`, one `==` per "
+        "size), which is what jax.jit would compile.\nWhat to do: compare with "
+        "inequalities (`1 <= n < 1000` instead of `n in range(1, 1000)`), compute "
+        "with the size as a value (jnp.where(x.shape[0] == k, ...)), or declare "
+        "that axis fixed.", FallbackWarning)
+
+  def _known_variant(self, key: tuple[Any, ...], sizes: dict[str, int]
+                     ) -> _variants.Variant | None:
+    return next((v for v in self._variants.get(key, ()) if v.holds(sizes)), None)
+
+  def variants(self, args: Sequence[Any],
+               binding: _spec.Binding | None = None) -> list[_variants.Variant]:
+    """Every variant that some logical sizes up to the padded ones select."""
+    binding = binding or self.bind(args)
+    structure = self._structure(args, binding)
+    universal = [v for v in self._variants.get(structure, ()) if self._is_universal(v)]
+    if universal:  # `fun` compares no sizes: one trace serves every padded size
+      return universal
+    key = (structure, binding.padded_key())
+    found = self._explored.get(key)
+    if found is None:
+      found = _variants.explore(self._tracer(args, binding), self.constraints,
+                                _variants.Domain(binding.padded))
+      for v in found:
+        if v.error is not None:
+          raise self._trace_error(v.error, v, traced_sizes=True)
+      _variants.check_same_outputs(found)
+      if all(v.traced.cacheable for v in found):
+        self._explored[key] = found
+        if len(found) == 1 and self._is_universal(found[0]):
+          with self._lock:
+            self._variants[structure] = [*self._variants.get(structure, []), found[0]]
+    return found
+
+  def _is_universal(self, variant: _variants.Variant) -> bool:
+    return (variant.error is None and not variant.decisions
+            and variant.constraints == self.constraints)
+
+  def trace(self, args: Sequence[Any], binding: _spec.Binding | None = None) -> Traced:
+    """A symbolic trace of `fun` for `args`' structure and dtypes: the first
+    variant (every variant has the same output shapes)."""
+    traced: Traced = self.variants(args, binding)[0].traced
+    return traced
+
+  def _trace(self, in_tree: Any, avals: list[Any], dim_names: Sequence[str]) -> Traced:
+    out_tree_box: list[Any] = []
+
+    def flat_fun(*leaves: Any) -> list[Any]:
+      args = jax.tree.unflatten(in_tree, leaves)
+      out = self.fun(*args)
+      out_leaves, out_tree = jax.tree.flatten(out)
+      out_tree_box.append(out_tree)
+      return out_leaves
+
+    traced = trace_flat(flat_fun, avals, dim_names)
+    traced.out_tree = out_tree_box[0]
+    return traced
+
+  def _trace_error(self, error: BaseException, variant: _variants.Variant | None = None,
+                   traced_sizes: bool = False) -> PolyjitError:
+    """`error` from tracing `fun`, as a polyjit error that explains itself."""
+    out: PolyjitError
+    if isinstance(error, jc.JaxBoundaryError):  # this JAX lacks an internal: that alone
+      raise error
+    if isinstance(error, (MaskingError, ShapeError)):
+      # A copy: the variant keeps its error and raises it on every call, and
+      # each raise gets notes of its own.
+      out = copy.copy(error)
+    elif isinstance(error, NotImplementedError):  # JAX's own refusals at symbolic sizes
+      out = jax_refusal(error)
+    else:
+      out = trace_error(error, self._name)
+    out = _data_dependent.readable_sizes(out)
+    if variant is not None and traced_sizes and (variant.decisions or variant.other_side):
+      excluding = variant.other_side or _variants.excluding_constraint(variant)
+      declare = f"constraints=['{excluding}']" if excluding else "constraints=[...]"
+      out.add_note(f"(it fails for the sizes where {variant.describe()}. With traced sizes "
+                   "(jax.jit of a masked function, pj.vmap) every size up to the padded "
+                   f"one must work; if sizes never go there, declare it: {declare}.)")
+    out.__cause__ = error
+    return out
+
+  # --- calls ------------------------------------------------------------------
+
+  def logical_shapes(self, args: Sequence[Any], logical_env: LogicalEnv) -> Any:
+    """The outputs' logical shapes (a pytree of int tuples) for concrete sizes."""
+    binding = self.bind(args)
+    _spec.logical_values(logical_env, binding)  # validates the sizes
+    sizes = {k: int(v) for k, v in logical_env.items()}
+    traced = self.variant_for(args, sizes, binding).traced
+    if traced.size_names:
+      raise ShapeError(
+          f"{self._name} has data-dependent sizes ({', '.join(traced.size_names)}): "
+          "its output shapes are known only after it ran, and come with its outputs: "
+          "`outs, shapes = masked(args, logical_env)`.")
+    shapes = [tuple(_dims.evaluate_dim(d, sizes) for d in a.shape) for a in traced.out_avals]
+    return jax.tree.unflatten(traced.out_tree, shapes)
+
+  def unpad(self, padded_outs: Any, args: Sequence[Any], logical_env: LogicalEnv) -> Any:
+    """Slices padded outputs to their logical shapes (as NumPy arrays)."""
+    shapes = self.logical_shapes(args, logical_env)
+    leaves, tree = jax.tree.flatten(padded_outs)
+    # (ignore: jaxlib ships no type stub for PyTreeDef, mypy sees none of its methods)
+    shape_leaves = tree.flatten_up_to(shapes)  # type: ignore[attr-defined]
+    return jax.tree.unflatten(tree, [
+        np.asarray(x)[tuple(slice(0, s) for s in shape)]
+        for x, shape in zip(leaves, shape_leaves)])
+
+  def call_variant(self, variant: _variants.Variant, args: Sequence[Any],
+                   padded: dict[str, int], logical_env: dict[str, Any]) -> Any:
+    """Runs one variant (chosen by the caller from concrete sizes) on padded
+    `args` with the logical sizes of `logical_env`."""
+    outs = _apply_variant(variant, padded, jax.tree.leaves(tuple(args)), logical_env)
+    traced = variant.traced
+    if traced.size_names:  # pj.jit reads the created sizes back itself
+      outs, sizes, failed = _data_dependent.split_outputs(traced, outs)
+      return jax.tree.unflatten(traced.out_tree, outs), (sizes, failed)
+    return jax.tree.unflatten(traced.out_tree, outs)
+
+  def __call__(self, args: Sequence[Any], logical_env: LogicalEnv) -> Any:
+    """The padded outputs. A function that creates data-dependent sizes
+    (`x[x > 0]`, `jnp.nonzero`, `jnp.unique`) returns `(padded_outputs,
+    shapes)` instead: `shapes` has one tuple per output leaf, its logical
+    shape (ints for fixed axes, int32 scalars for dynamic ones)."""
+    outs, sizes = self.call_with_sizes(args, logical_env)
+    if sizes is None:
+      return outs
+    traced = self.trace_for_output(args, logical_env)
+    shapes = _data_dependent.logical_shapes(traced, sizes)
+    return outs, jax.tree.unflatten(traced.out_tree, shapes)
+
+  def trace_for_output(self, args: Sequence[Any], logical_env: Mapping[str, Any]) -> Traced:
+    """The trace whose output shapes `call_with_sizes`' sizes evaluate."""
+    binding = self.bind(args)
+    if all(_spec.is_concrete(logical_env[k]) for k in binding.dim_names):
+      sizes = {k: int(logical_env[k]) for k in binding.dim_names}
+      traced: Traced = self.variant_for(args, sizes, binding).traced
+      return traced
+    return self.trace(args, binding)
+
+  def call_with_sizes(self, args: Sequence[Any], logical_env: Mapping[str, Any]
+                      ) -> tuple[Any, Any]:
+    """(padded outputs, sizes): `sizes` is None for a function that creates no
+    data-dependent sizes, else `logical_env` plus each created size (an int32
+    scalar), from which the outputs' logical shapes evaluate."""
+    try:
+      binding = self.bind(args)
+      logical = _spec.logical_values(logical_env, binding)
+      leaves = jax.tree.leaves(tuple(args))
+      if all(_spec.is_concrete(logical_env[k]) for k in binding.dim_names):
+        sizes = {k: int(logical_env[k]) for k in binding.dim_names}
+        variant = self.variant_for(args, sizes, binding)
+        _spec.check_constraints(binding.padded, variant.scope, what="padded")
+        traced = variant.traced
+        outs = _apply_variant(variant, binding.padded, leaves,
+                              dict(zip(binding.dim_names, logical)))
+      else:
+        found = self.variants(args, binding)
+        traced = found[0].traced
+        outs = _apply_selected(found, binding, leaves, logical)
+        n_out = len(traced.out_avals)   # (created sizes and check codes follow)
+        outs = [*_size_range.guard(outs[:n_out], dict(zip(binding.dim_names, logical)),
+                                   binding.padded, f"pj.mask({self._name})"), *outs[n_out:]]
+    except (MaskingError, ShapeError) as e:
+      e.add_note(f"(while masking {self._name}, called at {jc.current_user_line()})")
+      raise
+    if not traced.size_names:
+      result = jax.tree.unflatten(traced.out_tree, outs)
+      if _verify.enabled():
+        self._verify(args, binding, logical_env, result)
+      return result, None
+    outs, sizes, failed = _data_dependent.split_outputs(traced, outs)
+    _data_dependent.raise_if_failed(failed)
+    outs = _data_dependent.poison_if_failed(outs, failed)
+    return jax.tree.unflatten(traced.out_tree, outs), {**logical_env, **sizes}
+
+
+  def _verify(self, args: Sequence[Any], binding: _spec.Binding,
+              logical_env: Mapping[str, Any], result: Any) -> None:
+    """The checking mode: `fun` on the arguments sliced to their logical
+    shapes agrees with the valid region of `result` (concrete sizes only)."""
+    if not all(_spec.is_concrete(logical_env[k]) for k in binding.dim_names):
+      return
+    if any(isinstance(x, jc.Tracer) for x in jax.tree.leaves((tuple(args), result))):
+      return
+    sizes = {k: int(logical_env[k]) for k in binding.dim_names}
+    leaves, tree = jax.tree.flatten(tuple(args))
+    sliced = [np.asarray(x)[tuple(slice(0, _dims.evaluate_dim(d, sizes))
+                                  for d in leaf.symbolic_shape)]
+              for x, leaf in zip(leaves, binding.leaves, strict=True)]
+    want = self.fun(*jax.tree.unflatten(tree, sliced))
+    got = self.unpad(result, args, sizes)
+    _verify.compare(repr(self), f"sizes {sizes}", got, want)
+
+
+def _apply_selected(variants: Sequence[_variants.Variant], binding: _spec.Binding,
+                    leaves: Sequence[Any], logical: Sequence[Any]) -> list[Any]:
+  """Runs the variant the (traced) sizes select: `lax.switch` over them.
+
+  Under `vmap` the switch evaluates every variant and selects; a variant on
+  the wrong side of its comparisons may compute NaN there, so each one sees
+  its inputs through `where(selected, x, stop_gradient(x))`: its gradient
+  reaches the inputs only where it was selected (a select, which drops NaN,
+  not a product, which keeps it).
+  """
+  padded = binding.padded
+  env = dict(zip(binding.dim_names, logical))
+  if len(variants) == 1:
+    return _apply_variant(variants[0], padded, leaves, env)
+  for v in variants:
+    _spec.check_constraints(padded, v.scope, what="padded")
+  selected = [v.holds_traced(env) for v in variants]
+  index = jnp.argmax(jnp.stack(selected)).astype(np.int32)
+
+  def branch(i: int) -> Callable[[list[Any], dict[str, Any]], list[Any]]:
+    def run(leaves: list[Any], env: dict[str, Any]) -> list[Any]:
+      guarded = [jnp.where(selected[i], x, jax.lax.stop_gradient(x))
+                 if jnp.issubdtype(jnp.result_type(x), jnp.inexact) else x for x in leaves]
+      return _apply_variant(variants[i], padded, guarded, env)
+    return run
+
+  outs: list[Any] = jax.lax.switch(index, [branch(i) for i in range(len(variants))],
+                                   list(leaves), env)
+  return outs
+
+
+def _apply_variant(variant: _variants.Variant, padded: dict[str, int], leaves: Sequence[Any],
+                   env: dict[str, Any]) -> list[Any]:
+  """`apply` with the sizes a variant's trace names (an equality constraint
+  such as 'm == n' leaves only `n`)."""
+  traced = variant.traced
+  return apply(traced, padded, leaves, [env[k] for k in traced.dim_names])
+
+
+def check_out_shape(out_shape: SpecTree, traced: Traced, scope: jc.SymbolicScope) -> None:
+  """Raises ShapeError when the traced output shapes differ from `out_shape`."""
+  example = jax.tree.unflatten(traced.out_tree, traced.out_avals)
+  try:
+    specs = jax.tree.broadcast(out_shape, example, is_leaf=_spec.is_spec_leaf)
+  except Exception as e:
+    raise ShapeError(f"out_shape {out_shape!r} does not match the output structure "
+                     f"{traced.out_tree}: {e}") from None
+  spec_leaves = jax.tree.leaves(specs, is_leaf=_spec.is_spec_leaf)
+  for i, (spec, aval) in enumerate(zip(spec_leaves, traced.out_avals)):
+    if spec is None:
+      continue
+    like = tuple(None if jc.is_symbolic_dim(d) else d for d in aval.shape)
+    declared = _spec.parse_shape(spec, like, scope, f"out_shape output {i}")
+    if len(declared) != len(aval.shape) or any(
+        a != b for a, b in zip(declared, aval.shape)):
+      raise ShapeError(
+          f"output {i} has shape {_fmt(aval.shape)} but out_shape declares "
+          f"{_fmt(declared)} (spec {spec!r}).")
+
+
+def _fmt(shape: Sequence[Any]) -> str:
+  return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def mask(fun: Callable[..., Any], in_shapes: ArgSpecs, out_shape: SpecTree = None, *,
+         constraints: Sequence[str] = ()) -> Masked:
+  """Masks `fun`: run it on padded arrays, get the exact unpadded result.
+
+  Args:
+    fun: a function of positional array arguments (pytrees allowed), written
+      for unpadded arrays.
+    in_shapes: one spec per positional argument (a pytree prefix of it), in
+      `jax.export`'s polymorphic-shape syntax: "n", "(n, _)", "(m+1, 2*n)";
+      "_" is a fixed dim taken from the argument; None: no dynamic dims.
+    out_shape: optional spec pytree for the outputs, checked at trace time.
+    constraints: constraint strings such as "n >= 3", for code that compares
+      sizes (e.g. `lax.top_k(x, 3)`).
+
+  Returns:
+    `masked(args, logical_env)`: `args` a list or tuple of padded arrays,
+    `logical_env` a dict from each dimension name to its logical size (a
+    Python int or an int scalar, possibly traced). Returns `fun`'s output
+    pytree, padded: along each dynamic axis only the leading logical region
+    is defined. A `fun` with data-dependent sizes (`x[x > 0]`, `jnp.nonzero`,
+    `jnp.unique`) returns `(padded_outputs, shapes)`: `shapes` holds each
+    output's logical shape (int32 scalars for dynamic axes), computed by the
+    program; see `_data_dependent.py`.
+  """
+  return Masked(fun, in_shapes, out_shape, constraints=constraints)
+

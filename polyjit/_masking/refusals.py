@@ -1,0 +1,85 @@
+"""Why polyjit refuses: the reasons a primitive has no rule, and JAX's own
+refusals to trace at a symbolic size, turned into errors that say what to do.
+
+The coverage table (docs/coverage.md, rendered by tools/coverage.py) lists
+these tables; the runtime reads them here (`_core` for primitives without a
+rule, `_mask` when tracing fails).
+"""
+
+from __future__ import annotations
+
+from .. import _jax as jc
+from .errors import MaskingError
+
+SUPPORTED = "supported"
+UNSUPPORTED = "unsupported"
+NOT_APPLICABLE = "n/a"
+
+_COLLECTIVE = (NOT_APPLICABLE, "a collective over a named device axis (`shard_map`, "
+               "`pmap`): it moves data between devices, which `pj.mask` does not do.")
+_TOKEN = (NOT_APPLICABLE, "orders effects with tokens; it carries no array data.")
+_REF = (UNSUPPORTED, "reads or writes a mutable array ref (`jax.new_ref`, "
+        "`run_state`); an index into a padded ref would need the clamping "
+        "`dynamic_slice` gets, and no rule does that yet.")
+
+#: Why a primitive has no rule, when there is more to say than "not yet":
+#: name -> (NOT_APPLICABLE or UNSUPPORTED, reason).
+REASONS: dict[str, tuple[str, str]] = {
+    **dict.fromkeys(("all_gather", "all_to_all", "axis_index", "pmax", "pmin",
+                     "ppermute", "psum", "ragged_all_to_all"), _COLLECTIVE),
+    **dict.fromkeys(("after_all", "create_token"), _TOKEN),
+    **dict.fromkeys(("get", "swap"), _REF),
+    "custom_lin": (NOT_APPLICABLE, "internal to JAX's linearization; it never "
+                   "appears in a program `pj.mask` traces."),
+    "rng_bit_generator": (UNSUPPORTED, "XLA's RngBitGenerator lays its values out "
+                          "over the shape as the backend chooses, so a padded draw "
+                          "need not contain the unpadded one. Use `jax.random` with "
+                          "a threefry or philox key, which masks exactly."),
+    "rng_uniform": (UNSUPPORTED, "XLA's stateful RngUniform: its values depend on "
+                    "the backend and on the shape. Use `jax.random`."),
+}
+
+#: JAX's own refusals to trace at a symbolic size, by the name
+#: `jc.trace_refusal` gives them (it reads JAX's message) -> (the function,
+#: why JAX refuses, what to do).
+TRACE_REFUSALS: dict[str, tuple[str, str, str]] = {
+    "associative_scan": (
+        "lax.associative_scan",
+        "it builds its tree of combinations from a static length.",
+        "scan sequentially with lax.scan, which masks and differentiates; or use "
+        "the cumulative primitive when fn is one (lax.cumsum, lax.cumprod, "
+        "lax.cummax, lax.cummin, lax.cumlogsumexp); or declare the axis fixed "
+        "(\"_\" in the spec)."),
+    "permutation": (
+        "jax.random.permutation",
+        "it shuffles with a number of sorting rounds that depends on the size.",
+        "shuffle by sorting on random keys, "
+        "x[jnp.argsort(jax.random.uniform(key, x.shape))]; or declare the axis "
+        "fixed (\"_\" in the spec)."),
+    "eager_size": (
+        "code under jax.ensure_compile_time_eval()",
+        "it evaluates eagerly, and a dynamic size has no concrete value (NumPyro "
+        "validates distribution parameters this way when validation is on).",
+        "turn that validation off (validate_args=False on the distribution, or "
+        "numpyro.enable_validation(False)); or move the eager step outside the "
+        "masked function; or declare the axis fixed (\"_\" in the spec)."),
+}
+
+
+def why_unsupported(name: str) -> str | None:
+  """The reason `name` has no rule, if `REASONS` gives one."""
+  entry = REASONS.get(name)
+  return entry[1] if entry else None
+
+
+def jax_refusal(e: NotImplementedError) -> MaskingError:
+  """A `MaskingError` for JAX refusing to trace a function at a symbolic size."""
+  refusal = jc.trace_refusal(e)
+  if refusal in TRACE_REFUSALS:
+    function, why, todo = TRACE_REFUSALS[refusal]
+    return MaskingError(f"JAX cannot trace {function} at a dynamic size: {why}\n"
+                        f"What to do: {todo}")
+  return MaskingError(
+      f"JAX cannot trace the masked function with symbolic sizes: {e}\n"
+      "What to do: declare the axis involved fixed (\"_\" in the spec, or None "
+      "for the whole argument), or compute this step outside the masked function.")

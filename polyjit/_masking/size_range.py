@@ -1,0 +1,85 @@
+"""Traced logical sizes outside `[1, padded]`: never a plausible number.
+
+A traced size comes from the user's own program (`jax.jit(pj.mask(f))`, a
+`pj.Ragged` built inside `jax.jit`, `jax.vmap` over sizes), where nothing can
+raise at run time. A size below 1 or above its padded size has no unpadded
+computation to match, so such a call's outputs are *poisoned* instead of
+computed on garbage: NaN in floating and complex dtypes, the dtype's minimum
+in signed integers, its maximum in unsigned ones, False in bools (the values
+the pj.mask and Ragged guides document). Under the checking mode
+(`POLYJIT_VERIFY=1` or `pj.verify(True)`, `_verify.py`) the call raises
+`pj.SizeRangeError` instead, from a host callback.
+
+Concrete sizes never get here: `_spec.logical_values` refuses them with the
+size and the bound.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import verify as _verify
+from .errors import ShapeError
+from .padding import is_key_dtype
+
+
+class SizeRangeError(ShapeError):
+  """A traced logical size was outside `[1, padded size]` (checking mode)."""
+
+
+def poison_value(dtype: Any) -> Any:
+  """What an output of a call with out-of-range sizes holds."""
+  if is_key_dtype(dtype):
+    return None   # typed keys: nothing to poison
+  dtype = np.dtype(dtype)
+  if jnp.issubdtype(dtype, jnp.inexact):
+    return np.array(np.nan, dtype)
+  if dtype == np.bool_:
+    return np.array(False)
+  if jnp.issubdtype(dtype, jnp.integer):
+    info = np.iinfo(dtype)
+    return np.array(info.min if info.min < 0 else info.max, dtype)
+  return None   # (typed keys, float0: nothing to poison)
+
+
+def in_range(env: Mapping[str, Any], padded: Mapping[str, int]) -> Any:
+  """Whether every size of `env` lies in [1, padded] (a traced bool)."""
+  ok = jnp.bool_(True)
+  for name, value in env.items():
+    ok = ok & (value >= 1) & (value <= padded[name])
+  return ok
+
+
+def guard(outs: Sequence[Any], env: Mapping[str, Any], padded: Mapping[str, int],
+          what: str) -> list[Any]:
+  """`outs`, poisoned where a size of `env` is out of range (or, checking,
+  an error raised by the call)."""
+  if not env:
+    return list(outs)
+  ok = in_range(env, padded)
+  if _verify.enabled():
+    names = sorted(env)
+    jax.debug.callback(_raise_if_out_of_range, ok, [env[k] for k in names],
+                       names=tuple(names), padded=tuple(padded[k] for k in names), what=what)
+  guarded = []
+  for o in outs:
+    bad = poison_value(o.dtype) if hasattr(o, "dtype") else None
+    guarded.append(o if bad is None else jnp.where(ok, o, bad))
+  return guarded
+
+
+def _raise_if_out_of_range(ok: Any, values: Sequence[Any], *, names: tuple[str, ...],
+                           padded: tuple[int, ...], what: str) -> None:
+  if bool(np.all(ok)):
+    return
+  given = {n: np.asarray(v).tolist() for n, v in zip(names, values, strict=True)}
+  bounds = {n: int(np.asarray(p)) for n, p in zip(names, padded, strict=True)}
+  raise SizeRangeError(
+      f"{what}: a traced logical size is outside [1, padded size]: sizes {given}, padded "
+      f"sizes {bounds}. Each logical size must be at least 1 and at most its padded "
+      "size (a pj.Ragged length at most the data's padded length).\nWhat to do: pad "
+      "the arguments to at least the largest size, or fix the sizes passed.")

@@ -1,0 +1,1 @@
+"""Ragged batching: `pj.Ragged`, `pj.vmap` and length groups."""

@@ -1,0 +1,1 @@
+"""Sharded arguments: padding that keeps each array on its mesh."""
