@@ -25,7 +25,8 @@ from harness import Case
 from jax import lax
 
 import polyjit as pj
-from polyjit._masking.core import masking_rules, register, registered_names
+from polyjit._masking.core import masking_rules, register, registered_names, rule_layers
+from polyjit._masking.data_dependent import checked_nonempty_reduction
 from polyjit._masking.refusals import NOT_APPLICABLE, REASONS, SUPPORTED, UNSUPPORTED
 from tools import coverage
 
@@ -111,3 +112,42 @@ def test_the_rule_table_refuses_a_name_that_matches_no_primitive():
   assert "rng_uniform" not in registered_names()  # nothing registered before raising
   assert register("no_such_primitive", optional=True)(rule) is rule
   assert rule not in masking_rules.values()
+
+
+def test_the_rule_table_has_one_way_in():
+  """`register` is the only path into the table: a direct write raises, so its
+  checks (no typo, no second rule) hold for every entry."""
+  prim = next(iter(masking_rules))
+  with pytest.raises(TypeError):
+    masking_rules[prim] = lambda ctx, x: [x]  # type: ignore[index]
+  assert masking_rules[prim] is not None
+
+
+def test_a_wrapper_goes_through_register_and_is_listed():
+  argmax, = (p for p in masking_rules if p.name == "argmax")
+  layers = rule_layers(argmax)
+  assert layers[0].startswith("polyjit._masking.rules.")  # the family's rule first
+  assert layers[1:] == ["polyjit._masking.data_dependent.checked_nonempty_reduction"]
+  wrapper = lambda rule: rule
+  with pytest.raises(RuntimeError, match="has none yet"):
+    register("rng_uniform", wraps=True)(wrapper)  # no rule to wrap
+  with pytest.raises(RuntimeError, match="twice"):
+    register("argmax", wraps=True)(checked_nonempty_reduction)
+  assert rule_layers(argmax) == layers
+
+
+def test_no_module_writes_the_rule_table_directly():
+  """Source check beside the read-only table: no `masking_rules[...] =` or
+  `_rules[...] =` outside `register` itself."""
+  import ast
+  root = Path(pj.__file__).parent
+  offenders = []
+  for path in root.rglob("*.py"):
+    for node in ast.walk(ast.parse(path.read_text())):
+      targets = getattr(node, "targets", None) or [getattr(node, "target", None)]
+      for t in targets:
+        if (isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name)
+            and t.value.id in ("masking_rules", "_rules")):
+          offenders.append(f"{path.relative_to(root)}:{node.lineno}")
+  # Two writes, both inside `register`: a rule, and a rule wrapped.
+  assert [o.split(":")[0] for o in offenders] == ["_masking/core.py"] * 2, offenders

@@ -5,7 +5,6 @@ import contextlib
 import dis
 import numbers
 import os
-import sys
 import threading
 import types
 from typing import Any, Callable, Iterator
@@ -17,7 +16,7 @@ from jax._src.export import shape_poly as _shape_poly
 
 from .core import InconclusiveDimensionOperation
 from .dims import DimExpr, is_symbolic_dim, symbolic_vars
-from .frames import is_user_path
+from .frames import is_user_path, stack_outward
 
 # --- size comparisons in user code -----------------------------------------------
 #
@@ -96,17 +95,15 @@ def _generated_hash(code: types.CodeType) -> bool:
 def _user_frame() -> str | None:
   """'file:line' of the code that asked a comparison, or None when it was JAX
   or polyjit itself, or a cache comparing its keys."""
-  frame: types.FrameType | None = sys._getframe(2)
   through_generated_eq = False
-  while frame is not None:  # `!=` calls `==`, `>` calls `_geq_decision`
+  for frame in stack_outward(2):  # `!=` calls `==`, `>` calls `_geq_decision`
     if _generated_eq(frame.f_code):
       through_generated_eq = True
     elif _generated_hash(frame.f_code):
       pass
     elif os.path.abspath(frame.f_code.co_filename) not in (_SHAPE_POLY_FILE, _THIS_FILE):
       break
-    frame = frame.f_back
-  if frame is None:
+  else:
     return None
   if through_generated_eq and frame.f_code.co_code[frame.f_lasti] not in _COMPARISONS:
     return None
@@ -271,9 +268,9 @@ def size_decisions(oracle: Callable[[SizeDecision], bool]) -> Iterator[None]:
 
 
 def scope_constraints(scope: Any) -> list[tuple[str, str, Any]]:
-  """The explicit constraints of a scope as (text, 'eq'|'geq', e1 - e2)."""
+  """The explicit constraints of a scope as (text, 'eq'|'ge', e1 - e2)."""
   out = []
   for c in scope._explicit_constraints:
-    kind = "eq" if c.cmp == _shape_poly.Comparator.EQ else "geq"
+    kind = "eq" if c.cmp == _shape_poly.Comparator.EQ else "ge"
     out.append((c.debug_str, kind, c.diff))
   return out

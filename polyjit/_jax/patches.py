@@ -122,15 +122,15 @@ INSTALLED: list[tuple[str, str]] = []
 
 def install_patches(*rule_installers: Callable[[], None]) -> None:
   """Installs every change polyjit makes to JAX's tables and classes, once
-  (later calls do nothing). Called when polyjit is imported, from `_mask.py`.
+  (later calls do nothing). Called when polyjit is imported, from `_masking/mask.py`.
 
   * polyjit's frames are left out of JAX's source lines
     (`source_info_util.register_exclusion`);
   * the size-decision hooks: `DimExpr.__eq__` and `shape_poly._geq_decision`
     ask the oracle of `size_decisions()` about user code's comparisons (and
     behave as JAX's own outside such a block);
-  * `rule_installers`, polyjit's differentiation rules (`_symbolic_ad.install`
-    and the transposes in `_rules/windows.py`, `_rules/fft.py`), each calling
+  * `rule_installers`, polyjit's differentiation rules (`_masking/autodiff.py`'s
+    `install`, which lists every JVP and transpose polyjit replaces), each calling
     `wrap_jvp_rule`, `wrap_transpose_rules` or `wrap_custom_jvp_rule`; they are
     passed in so that this module imports nothing of polyjit's.
 

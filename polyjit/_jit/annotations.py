@@ -42,7 +42,8 @@ import numpy as np
 from .. import _jax as jc
 from .._masking import spec as _spec
 from .._masking.errors import ShapeError
-from .._masking.mask import check_out_shape, trace_flat
+from .._masking.mask import check_out_shape
+from .._masking.trace import trace_flat
 
 try:
   import jaxtyping

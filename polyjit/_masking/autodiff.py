@@ -1,7 +1,7 @@
 """Derivative rules that work at symbolic sizes, where JAX's do not.
 
 Gradients of masked functions come from tracing `jax.vjp(fun)` with symbolic
-shapes (see `_mask.py`). A few of JAX's JVP rules need constant sizes:
+shapes (see `trace.py`). A few of JAX's JVP rules need constant sizes:
 `cumprod`, `cummax`, `cummin` and `cumlogsumexp` differentiate a parallel
 `associative_scan`, which needs a static axis length, and `reduce_prod`
 reshapes its operand with static sizes. For exactly those cases (the scanned or
@@ -26,7 +26,12 @@ reduced axis is symbolic, where JAX's rule raises) these rules take over:
   wrong at size 1. Here both matrices get a unit corner, [[A, 0], [0, 1]],
   whose determinant and adjugate trace are those of A at every size >= 1.
 
-Everywhere else JAX's own rules run unchanged.
+* transposes of `conv_general_dilated` (symbolic spatial sizes) and of
+  `fft` (RFFT/IRFFT along a symbolic axis): written beside their masking rules
+  (`rules/windows.py`, `rules/fft.py`), installed here with the rest.
+
+Every derivative rule polyjit puts in JAX's tables is installed by `install`
+below: one list. Everywhere else JAX's own rules run unchanged.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ from jax import lax
 
 from .. import _jax as jc
 from .rules._util import identity_value
+from .rules.fft import fft_transpose_rule
+from .rules.windows import conv_transpose_rule
 
 _COMBINE: dict[str, Callable[[Any, Any], Any]] = {
     "cumsum": lax.add, "cumprod": lax.mul, "cummax": lax.max, "cummin": lax.min,
@@ -142,10 +149,14 @@ def _det_jvp(original: Callable[..., Any], primals: Any, tangents: Any) -> Any:
 
 
 def install() -> None:
-  """Wraps JAX's JVP rules for the primitives above (given to
+  """Wraps JAX's JVP and transpose rules for the primitives above (given to
   `_jax.install_patches` at import; idempotent)."""
   for name in _IDENTITY:
     jc.wrap_jvp_rule(name, functools.partial(_cumulative_jvp, name))
   jc.wrap_jvp_rule("reduce_prod", _reduce_prod_jvp)
   jc.wrap_jvp_rule("triangular_solve", _triangular_solve_jvp)
   jc.wrap_custom_jvp_rule("jnp.linalg.det", _det_jvp)
+  # Transposes: their code lives beside the masking rules of the same family
+  # (they share its helpers); this list is the one place that installs them.
+  jc.wrap_transpose_rules("conv_general_dilated", conv_transpose_rule)
+  jc.wrap_transpose_rules("fft", fft_transpose_rule)

@@ -36,7 +36,7 @@ rules evaluate, filling padding before anything mixes positions.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -45,9 +45,7 @@ import numpy as np
 from .. import _jax as jc
 from .core import MaskEnv, eval_jaxpr_masked
 from .data_dependent import extra_outputs
-
-if TYPE_CHECKING:
-  from .mask import Traced
+from .trace import Traced
 
 
 def _inexact(aval: Any) -> bool:

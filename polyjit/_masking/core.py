@@ -36,8 +36,9 @@ from __future__ import annotations
 
 import difflib
 import math
+import types
 import weakref
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import jax
 import numpy as np
@@ -51,43 +52,77 @@ from .refusals import why_unsupported
 Rule = Callable[..., list[Any]]
 #: Masks of up to this many entries slice a constant (see `MaskEnv._axis_mask`).
 _SMALL_MASK = 512
-_R = TypeVar("_R", bound=Rule)  # a rule, its signature kept by `register`
 
-#: The masking rules: primitive -> rule(ctx, *padded_args, **params) -> list.
-masking_rules: dict[jc.Primitive, Rule] = {}
+#: The masking rules, read-only: primitive -> rule(ctx, *padded_args, **params)
+#: -> list. `register` is the only way in (a direct write raises TypeError), so
+#: its checks hold for every entry and `rule_layers` can say what runs.
+_rules: dict[jc.Primitive, Rule] = {}
+masking_rules: Mapping[jc.Primitive, Rule] = types.MappingProxyType(_rules)
+#: Per primitive, the qualified names of what runs, innermost first: the rule,
+#: then each wrapper registered with `register(..., wraps=True)`.
+_layers: dict[jc.Primitive, list[str]] = {}
+
+_F = TypeVar("_F", bound=Callable[..., Any])  # a rule or wrapper, its type kept
 
 
-def register(*names: str, optional: bool = False) -> Callable[[_R], _R]:
-  """Registers a rule for the primitives with these names.
+def register(*names: "str | jc.Primitive", optional: bool = False,
+             wraps: bool = False) -> Callable[[_F], _F]:
+  """Registers a rule for the primitives with these names (or primitives).
 
   A name that matches no JAX primitive is a typo and raises, unless
   `optional`: a primitive that only some JAX versions have is skipped where
   it is missing. A primitive gets one rule: registering a second is a
   programming error (import order would otherwise decide silently which one
   runs).
+
+  With `wraps=True` the decorated function is a *wrapper*, `rule -> rule`,
+  put around the rule already registered for each primitive (a check that runs
+  after it, say). Wrapping a primitive that has no rule yet raises: the
+  wrapper's module must import the rules it wraps. `rule_layers` lists what
+  runs for a primitive, so this one path is also where to look.
   """
-  def wrap(rule: _R) -> _R:
-    prims = [(name, jc.primitive(name)) for name in names]
-    for name, prim in prims:
+  def wrap(fn: _F) -> _F:
+    prims = [(name if isinstance(name, jc.Primitive) else jc.primitive(name), name)
+             for name in names]
+    for prim, name in prims:
       if prim is None and not optional and name not in jc.PRIMITIVES_NEWER_THAN_THIS_JAX:
-        raise ValueError(_unknown_primitive_message(name, rule))
-    for name, prim in prims:
+        raise ValueError(_unknown_primitive_message(str(name), fn))
+    for prim, _ in prims:
       if prim is None:
         continue
-      other = masking_rules.get(prim)
-      if other is not None and other is not rule:
-        raise RuntimeError(f"two masking rules for '{name}': {other.__module__}."
-                           f"{other.__qualname__} and {rule.__module__}.{rule.__qualname__}")
-      masking_rules[prim] = rule
-    return rule
+      other = _rules.get(prim)
+      if wraps:
+        if other is None:
+          raise RuntimeError(f"{_qualname(fn)} wraps the masking rule for '{prim.name}', "
+                             "which has none yet (import the rules it wraps first)")
+        if _qualname(fn) in _layers[prim]:
+          raise RuntimeError(f"{_qualname(fn)} wraps the rule for '{prim.name}' twice")
+        _rules[prim] = fn(other)
+        _layers[prim].append(_qualname(fn))
+      else:
+        if other is not None and other is not fn:
+          raise RuntimeError(f"two masking rules for '{prim.name}': {_layers[prim][0]} "
+                             f"and {_qualname(fn)}")
+        _rules[prim] = fn
+        _layers[prim] = [_qualname(fn)]
+    return fn
   return wrap
 
 
-def _unknown_primitive_message(name: str, rule: Rule) -> str:
+def _qualname(fn: Any) -> str:
+  return f"{fn.__module__}.{fn.__qualname__}"
+
+
+def rule_layers(prim: jc.Primitive) -> list[str]:
+  """What runs for a primitive, innermost first: its rule, then its wrappers."""
+  return list(_layers.get(prim, ()))
+
+
+def _unknown_primitive_message(name: str, rule: Any) -> str:
   known = sorted({p.name for p in jc.all_primitives()})
   close = difflib.get_close_matches(name, known, n=3)
   hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
-  return (f"the masking rule {rule.__module__}.{rule.__qualname__} is registered for "
+  return (f"the masking rule {_qualname(rule)} is registered for "
           f"'{name}', and no JAX {jax.__version__} primitive has that name{hint}. A "
           "primitive that only some JAX versions have takes register(..., optional=True).")
 

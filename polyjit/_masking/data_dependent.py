@@ -69,7 +69,7 @@ from jax import lax
 from . import dims as _dims
 from .. import _jax as jc
 from . import rules as _rules  # noqa: F401  (the rules wrapped below must exist first)
-from .core import MaskEnv, Rule, RuleContext, masking_rules
+from .core import MaskEnv, Rule, RuleContext, register
 from .errors import MaskingError, ShapeError
 from .size_range import poison_value
 
@@ -252,6 +252,7 @@ def _running_count(valid: Any, dtype: Any) -> Any:
   return jnp.cumsum(ones, dtype=dtype)
 
 
+@register(compact_p)
 def _compact_rule(ctx: RuleContext, mask: Any, *, size: Any) -> list[Any]:
   env = ctx.env
   if env.nested:
@@ -280,8 +281,6 @@ def _compact_rule(ctx: RuleContext, mask: Any, *, size: Any) -> list[Any]:
     env.bind_size(name, padded + 1, count + 1)
   return [positions]
 
-
-masking_rules[compact_p] = _compact_rule
 
 
 # --- what NumPy refuses on an empty selection ------------------------------------
@@ -327,7 +326,13 @@ def _record(ctx: RuleContext, defined: Any, code: int, what: str) -> None:
   ctx.env.checks.append((defined, code))
 
 
-def _checked_reduction(rule: Rule, what: str) -> Rule:
+@register("argmax", "argmin", wraps=True)
+def checked_nonempty_reduction(rule: Rule) -> Rule:
+  """`argmax`/`argmin` over an empty selection: NumPy raises, polyjit too.
+
+  (`jnp.max`/`jnp.min` without `initial=` are checked through JAX's own
+  `size >= 1` test, `_Oracle.assume`; with `initial=` an empty max is defined.)
+  """
   @functools.wraps(rule)  # the rule's own family in docs/coverage.md
   def checked(ctx: RuleContext, operand: Any, *rest: Any, axes: Sequence[int],
               **params: Any) -> list[Any]:
@@ -340,14 +345,16 @@ def _checked_reduction(rule: Rule, what: str) -> Rule:
     for d in sized:
       has = ctx.logical(d) > 0
       nonempty = has if nonempty is None else jnp.logical_and(nonempty, has)
-    _record(ctx, nonempty, EMPTY_REDUCTION, f"a {what}")
+    _record(ctx, nonempty, EMPTY_REDUCTION, f"a {ctx.primitive.name}")
     # Under traced sizes nothing can raise: NaN rather than a number.
     return [jnp.where(nonempty, o, jnp.nan) if jnp.issubdtype(o.dtype, jnp.inexact) else o
             for o in outs]
   return checked
 
 
-def _checked_indexing(rule: Rule) -> Rule:
+@register("slice", "dynamic_slice", "gather", wraps=True)
+def checked_nonempty_indexing(rule: Rule) -> Rule:
+  """Indexing into an empty selection: NumPy raises, polyjit too."""
   @functools.wraps(rule)
   def checked(ctx: RuleContext, *args: Any, **params: Any) -> list[Any]:
     outs = rule(ctx, *args, **params)
@@ -370,15 +377,6 @@ def _checked_indexing(rule: Rule) -> Rule:
     return outs
   return checked
 
-
-# (`jnp.max`/`jnp.min` without `initial=` are checked through JAX's own
-# `size >= 1` test, `_Oracle.assume`; with `initial=` an empty max is defined.)
-for _name, _what in (("argmax", "argmax"), ("argmin", "argmin")):
-  _prim = jc.required_primitive(_name)
-  masking_rules[_prim] = _checked_reduction(masking_rules[_prim], _what)
-for _name in ("slice", "dynamic_slice", "gather"):
-  _prim = jc.required_primitive(_name)
-  masking_rules[_prim] = _checked_indexing(masking_rules[_prim])
 
 
 # --- traced functions: which sizes they create, what they return ------------------

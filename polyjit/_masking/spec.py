@@ -316,7 +316,7 @@ def violated_constraint(sizes: dict[str, int], scope: jc.SymbolicScope) -> str |
   """The first of the scope's constraints that concrete sizes violate."""
   for text, kind, diff in jc.scope_constraints(scope):
     value = _dims.evaluate_dim(diff, sizes)
-    if (kind == "eq" and value != 0) or (kind == "geq" and value < 0):
+    if (kind == "eq" and value != 0) or (kind == "ge" and value < 0):
       return text
   return None
 

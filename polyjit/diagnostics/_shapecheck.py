@@ -18,7 +18,8 @@ from .. import _jax as jc
 from .._masking import spec as _spec
 from .._jit.annotations import check_annotated
 from .._masking.errors import ShapeError
-from .._masking.mask import check_out_shape, trace_flat
+from .._masking.mask import check_out_shape
+from .._masking.trace import trace_flat
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -1,7 +1,7 @@
 """Masking rules, one module per primitive family.
 
 Importing this package imports every public module in it, and each module
-registers its rules in `polyjit._core.masking_rules` (see `_core.register`).
+registers its rules through `polyjit._masking.core.register`.
 A new family is a new file here; each module's docstring says why its family
 needs the rules it has.
 """

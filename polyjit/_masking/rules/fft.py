@@ -197,15 +197,9 @@ def _transpose(t: Any, fft_type: Any, fft_lengths: Any) -> Any:
   return jnp.conj(weights * x / size.astype(x.dtype))
 
 
-def _fft_transpose_rule(_: Any, original: Callable[..., Any]) -> Callable[..., Any]:
+def fft_transpose_rule(_: Any, original: Callable[..., Any]) -> Callable[..., Any]:
   def rule(t: Any, operand: Any, *, fft_type: Any, fft_lengths: Any) -> Any:
     if fft_type not in (FftType.RFFT, FftType.IRFFT) or not _is_dyn(fft_lengths[-1]):
       return original(t, operand, fft_type=fft_type, fft_lengths=fft_lengths)
     return (_transpose(t, fft_type, fft_lengths),)
   return rule
-
-
-def install_transpose() -> None:
-  """Wraps JAX's transpose of fft (given to `_jax.install_patches` at
-  import; idempotent)."""
-  jc.wrap_transpose_rules("fft", _fft_transpose_rule)

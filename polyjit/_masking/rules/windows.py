@@ -456,7 +456,7 @@ def _conv_transpose_rhs(ct: Any, lhs: Any, rhs_aval: Any, *, window_strides: Any
   return out.astype(rhs_aval.dtype)
 
 
-def _conv_transpose_rule(i: int, original: Callable[..., Any]) -> Callable[..., Any]:
+def conv_transpose_rule(i: int, original: Callable[..., Any]) -> Callable[..., Any]:
   """Operand i's transpose (0: lhs, 1: rhs): JAX's, or polyjit's at symbolic sizes."""
   def rule(ct: Any, lhs: Any, rhs: Any, **params: Any) -> Any:
     lhs_shape = lhs.aval.shape if i == 0 else lhs.shape
@@ -467,9 +467,3 @@ def _conv_transpose_rule(i: int, original: Callable[..., Any]) -> Callable[..., 
       return _conv_transpose_lhs(ct, lhs.aval, rhs, **params)
     return _conv_transpose_rhs(ct, lhs, rhs.aval, **params)
   return rule
-
-
-def install_transpose() -> None:
-  """Wraps JAX's transpose of conv_general_dilated (given to
-  `_jax.install_patches` at import; idempotent)."""
-  jc.wrap_transpose_rules("conv_general_dilated", _conv_transpose_rule)
