@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import polyjit as pj
-from polyjit._masking import data_dependent as _data_dependent
+from polyjit._spellings import data_dependent as _data_dependent
 from polyjit import _jax as jc
 
 

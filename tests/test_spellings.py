@@ -3,7 +3,7 @@
 `jnp.searchsorted` / `jnp.interp` on a sorted array of dynamic length,
 `jnp.linspace` with a dynamic `num`, `jnp.diff(x, n>=2)` along a dynamic axis,
 and reverse-mode differentiation of `lax.fori_loop` from a constant to a size
-(see polyjit/_spellings.py). Every row runs against the unpadded computation
+(see polyjit/_spellings/). Every row runs against the unpadded computation
 with NaN/inf/huge padding, under jit, under vmap over logical sizes and under
 grad where differentiable, and eagerly for the cheapest rows (tests/harness.py).
 Direct tests check queries below, inside and above the data, the fori_loop
@@ -28,7 +28,7 @@ from jax import export, lax
 import polyjit as pj
 from harness import Case, bools, const, ints, make, normal, table_test
 from polyjit import _jax as jc
-from polyjit._masking import data_dependent as _data_dependent
+from polyjit._spellings import data_dependent as _data_dependent
 from polyjit._spellings import replacements as _spellings
 
 # Most rows skip the eager run: op-by-op dispatch compiles every op at every

@@ -128,8 +128,8 @@ def _max_rel_diff(a_outs: Any, b_outs: Any) -> float:
   """Largest |a - b| / max(|b|) over every output leaf: float32 sums of different
   lengths round differently, so the relative difference is the honest measure."""
   diffs: list[float] = []
-  for a, b in zip(a_outs, b_outs):
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+  for a, b in zip(a_outs, b_outs, strict=True):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
       x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
       diffs.append(float(np.max(np.abs(x - y)) / max(float(np.max(np.abs(y))), 1e-30)))
   return max(diffs) if diffs else 0.0
@@ -201,7 +201,7 @@ def figure(results: dict[str, Any], plt: Any) -> Any:
   """Cumulative seconds against calls, one panel per workload: both axes from
   0 (the gap is the cost), and the speedup written on each panel."""
   fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4))
-  for ax, (name, r) in zip(np.atleast_1d(axes), results.items()):
+  for ax, (name, r) in zip(np.atleast_1d(axes), results.items(), strict=True):
     for label, key in (("jax.jit", "jax.jit"), (r["polyjit_name"], "polyjit")):
       times = r[key][0]
       n = len(r[key][1])

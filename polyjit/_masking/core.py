@@ -188,7 +188,7 @@ class MaskEnv:
     self.dim_names = tuple(dim_names)
     self.padded_env = dict(padded)
     self.logical_values = tuple(logical)
-    self.logical_env = dict(zip(self.dim_names, self.logical_values))
+    self.logical_env = dict(zip(self.dim_names, self.logical_values, strict=True))
     self.cache = {} if cache is None else cache
     self._logical_cache: dict[Any, Any] = {}
     self._mask_cache: dict[Any, Any] = {}
@@ -370,9 +370,9 @@ def eval_jaxpr_masked(jaxpr: jc.Jaxpr, consts: Sequence[Any],
   def read(v: Any) -> Any:
     return v.val if isinstance(v, jc.Literal) else vals[v]
 
-  for v, x in zip(jaxpr.constvars, consts):
+  for v, x in zip(jaxpr.constvars, consts, strict=True):
     vals[v] = x
-  for v, x in zip(jaxpr.invars, args):
+  for v, x in zip(jaxpr.invars, args, strict=True):
     vals[v] = x
   for eqn, symbolic, outvars in _steps(jaxpr):
     invals = [read(v) for v in eqn.invars]

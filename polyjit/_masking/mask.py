@@ -131,7 +131,7 @@ class Masked:
     leaves, in_tree = jax.tree.flatten(tuple(args))
     return (in_tree, tuple((tuple(map(str, leaf.symbolic_shape)), jc.typeof(x).dtype,
                             jc.typeof(x).weak_type)
-                           for leaf, x in zip(binding.leaves, leaves)))
+                           for leaf, x in zip(binding.leaves, leaves, strict=True)))
 
   def _tracer(self, args: Sequence[Any], binding: _spec.Binding) -> _variants.TraceFn:
     """(constraints, oracle) -> Traced: `fun` traced in the scope of those
@@ -142,7 +142,7 @@ class Masked:
       scope = _spec.fresh_scope(constraints)   # no JAX cache crosses traces
       bound = _spec.bind(self.in_shapes, args, scope, check=False)
       avals = [jc.shaped(leaf.symbolic_shape, jc.typeof(x).dtype, jc.typeof(x).weak_type)
-               for leaf, x in zip(bound.leaves, leaves)]
+               for leaf, x in zip(bound.leaves, leaves, strict=True)]
       with jc.size_decisions(oracle):
         traced = self._trace(in_tree, avals, bound.dim_names)
       traced.assumptions = tuple(getattr(oracle, "assumed", ()))
@@ -288,7 +288,7 @@ class Masked:
     shape_leaves = tree.flatten_up_to(shapes)  # type: ignore[attr-defined]
     return jax.tree.unflatten(tree, [
         np.asarray(x)[tuple(slice(0, s) for s in shape)]
-        for x, shape in zip(leaves, shape_leaves)])
+        for x, shape in zip(leaves, shape_leaves, strict=True)])
 
   def call_variant(self, variant: _variants.Variant, args: Sequence[Any],
                    padded: dict[str, int], logical_env: dict[str, Any]) -> Any:
@@ -337,13 +337,13 @@ class Masked:
         _spec.check_constraints(binding.padded, variant.scope, what="padded")
         traced = variant.traced
         outs = _apply_variant(variant, binding.padded, leaves,
-                              dict(zip(binding.dim_names, logical)))
+                              dict(zip(binding.dim_names, logical, strict=True)))
       else:
         found = self.variants(args, binding)
         traced = found[0].traced
         outs = _apply_selected(found, binding, leaves, logical)
         n_out = len(traced.out_avals)   # (created sizes and check codes follow)
-        outs = [*_size_range.guard(outs[:n_out], dict(zip(binding.dim_names, logical)),
+        outs = [*_size_range.guard(outs[:n_out], dict(zip(binding.dim_names, logical, strict=True)),
                                    binding.padded, f"pj.mask({self._name})"), *outs[n_out:]]
     except (MaskingError, ShapeError) as e:
       e.add_note(f"(while masking {self._name}, called at {jc.current_user_line()})")
@@ -388,7 +388,7 @@ def _apply_selected(variants: Sequence[_variants.Variant], binding: _spec.Bindin
   not a product, which keeps it).
   """
   padded = binding.padded
-  env = dict(zip(binding.dim_names, logical))
+  env = dict(zip(binding.dim_names, logical, strict=True))
   if len(variants) == 1:
     return _apply_variant(variants[0], padded, leaves, env)
   for v in variants:
@@ -425,13 +425,13 @@ def check_out_shape(out_shape: SpecTree, traced: Traced, scope: jc.SymbolicScope
     raise ShapeError(f"out_shape {out_shape!r} does not match the output structure "
                      f"{traced.out_tree}: {e}") from None
   spec_leaves = jax.tree.leaves(specs, is_leaf=_spec.is_spec_leaf)
-  for i, (spec, aval) in enumerate(zip(spec_leaves, traced.out_avals)):
+  for i, (spec, aval) in enumerate(zip(spec_leaves, traced.out_avals, strict=True)):
     if spec is None:
       continue
     like = tuple(None if jc.is_symbolic_dim(d) else d for d in aval.shape)
     declared = _spec.parse_shape(spec, like, scope, f"out_shape output {i}")
     if len(declared) != len(aval.shape) or any(
-        a != b for a, b in zip(declared, aval.shape)):
+        a != b for a, b in zip(declared, aval.shape, strict=True)):
       raise ShapeError(
           f"output {i} has shape {_fmt(aval.shape)} but out_shape declares "
           f"{_fmt(declared)} (spec {spec!r}).")

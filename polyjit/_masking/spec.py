@@ -171,7 +171,7 @@ def bind(in_shapes: ArgSpecs, args: Sequence[Any], scope: jc.SymbolicScope,
         f"in_shapes must hold one spec per positional argument: got {n_specs} "
         f"spec(s) for {len(args)} argument(s).")
   leaves: list[LeafSpec] = []
-  for i, (spec_tree, arg) in enumerate(zip(in_shapes, args)):
+  for i, (spec_tree, arg) in enumerate(zip(in_shapes, args, strict=True)):
     name = arg_names[i] if arg_names else f"argument {i}"
     try:
       specs = jax.tree.broadcast(spec_tree, arg, is_leaf=is_spec_leaf)
@@ -185,7 +185,7 @@ def bind(in_shapes: ArgSpecs, args: Sequence[Any], scope: jc.SymbolicScope,
     spec_leaves = jax.tree.structure(arg).flatten_up_to(specs)  # type: ignore[attr-defined]
     arg_leaves = jax.tree.leaves(arg)
     paths = _leaf_paths(arg)
-    for spec, leaf, path in zip(spec_leaves, arg_leaves, paths):
+    for spec, leaf, path in zip(spec_leaves, arg_leaves, paths, strict=True):
       where = name + (f" at {path}" if path else "")
       like = tuple(np.shape(leaf))
       sym = parse_shape(spec, like, scope, where)
@@ -202,7 +202,7 @@ def _solve(leaves: Sequence[LeafSpec]) -> dict[str, int]:
   """Solves every dimension variable's padded size from the padded shapes."""
   eqns = []  # (expr, size, where)
   for leaf in leaves:
-    for axis, (d, size) in enumerate(zip(leaf.symbolic_shape, leaf.padded_shape)):
+    for axis, (d, size) in enumerate(zip(leaf.symbolic_shape, leaf.padded_shape, strict=True)):
       if jc.is_symbolic_dim(d):
         eqns.append((d, size, f"{leaf.where} axis {axis}"))
   solved: dict[str, int] = {}
@@ -302,7 +302,7 @@ def logical_values(logical_env: Mapping[str, Any], binding: Binding) -> tuple[An
 
 def _check_concrete(sizes: dict[str, int], binding: Binding) -> None:
   for leaf in binding.leaves:
-    for axis, (d, size) in enumerate(zip(leaf.symbolic_shape, leaf.padded_shape)):
+    for axis, (d, size) in enumerate(zip(leaf.symbolic_shape, leaf.padded_shape, strict=True)):
       if jc.is_symbolic_dim(d):
         logical = _dims.evaluate_dim(d, sizes)
         if not 0 <= logical <= size:

@@ -140,7 +140,7 @@ def _trace_split_vjp(traced: Traced) -> SplitVJP | None:
 
     def bwd_fun(*flat: Any) -> list[Any]:
       full = list(leaves)
-      for k, r in zip(dynamic, flat[:n_res]):
+      for k, r in zip(dynamic, flat[:n_res], strict=True):
         full[k] = r
       pullback = jax.tree.unflatten(tree, full)
       return list(pullback(list(flat[n_res:])))

@@ -265,7 +265,7 @@ class Domain:
       total *= max(padded[v], 1)
     self.points: list[dict[str, int]] | None = None
     if total <= _MAX_DOMAIN_POINTS:
-      self.points = [dict(zip(names, p)) for p in
+      self.points = [dict(zip(names, p, strict=True)) for p in
                      itertools.product(*(range(1, padded[v] + 1) for v in names))]
 
   def feasible(self, decisions: Sequence[tuple[jc.SizeDecision, bool]], constraints: Sequence[str] = ()) -> bool:
@@ -431,7 +431,7 @@ def check_same_outputs(variants: Sequence[Variant]) -> None:
     b = v.traced
     same = (a.out_tree == b.out_tree and len(a.out_avals) == len(b.out_avals)
             and all(x.dtype == y.dtype and tuple(map(str, x.shape)) == tuple(map(str, y.shape))
-                    for x, y in zip(a.out_avals, b.out_avals)))
+                    for x, y in zip(a.out_avals, b.out_avals, strict=True)))
     if not same:
       def shapes(t: Any) -> str:
         return ", ".join(x.str_short() for x in t.out_avals)

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._masking import data_dependent as dd
+from . import data_dependent as selections
 from .. import _jax as jc
 
 
@@ -48,7 +49,7 @@ def nonzero(a: Any, *, size: int | None = None,
   `a.size`, filled past the count with `fill_value` (default 0).
   """
   if size is None and dd.in_trace(a):
-    return dd.nonzero_indices(a)
+    return selections.nonzero_indices(a)
   if size is None and _traced(a):
     size = int(np.size(a))
   return jnp.nonzero(a, size=size, fill_value=fill_value)
@@ -64,7 +65,7 @@ def boolean_mask(x: Any, mask: Any, axis: int = 0, *, size: int | None = None,
   the count with `fill_value`.
   """
   if size is None and dd.in_trace(x, mask):
-    return dd.boolean_select(x, mask, axis)
+    return selections.boolean_select(x, mask, axis)
   x, mask = jnp.asarray(x), jnp.asarray(mask)
   axis = operator.index(axis)
   axis = axis + x.ndim if axis < 0 else axis
@@ -92,7 +93,7 @@ def unique(x: Any, return_index: bool = False, return_inverse: bool = False,
   padded as `jnp.unique(..., size=x.size, fill_value=fill_value)` pads them.
   """
   if size is None and dd.in_trace(x):
-    return dd.unique_of(x, return_index, return_inverse, return_counts, equal_nan)
+    return selections.unique_of(x, return_index, return_inverse, return_counts, equal_nan)
   if size is None and _traced(x):
     size = int(np.size(x))
   return jnp.unique(x, return_index, return_inverse, return_counts,

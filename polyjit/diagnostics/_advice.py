@@ -32,7 +32,7 @@ class Cost:
 def cost(policy: B.BucketPolicy, sizes: Iterable[int], label: str = "", code: str = "") -> Cost:
   sizes = list(sizes)
   buckets = [policy.bucket(s) for s in sizes]
-  padding = sum(1 - s / b for s, b in zip(sizes, buckets)) / len(sizes) if sizes else 0.0
+  padding = sum(1 - s / b for s, b in zip(sizes, buckets, strict=True)) / len(sizes) if sizes else 0.0
   return Cost(label, code, len(set(buckets)), padding)
 
 

@@ -91,7 +91,7 @@ class WatchReport:
       rows.append((f.name, str(f.compiles), f"{f.compile_seconds:.2f}", varying or "-",
                    _pj_jit_column(f) if f.varying else "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     for f in self.functions.values():
       if f.new_objects > 1:
@@ -120,7 +120,7 @@ class WatchReport:
     for path, now, before in miss.changes:
       if now is None or before is None or len(now) != len(before):
         continue
-      for axis, (n, b) in enumerate(zip(now, before)):
+      for axis, (n, b) in enumerate(zip(now, before, strict=True)):
         if n != b:
           f.varying.setdefault((path, axis), set()).update((n, b))
           for sig in f.signatures:  # calls before the first change had the old size

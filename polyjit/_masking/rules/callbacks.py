@@ -52,13 +52,13 @@ class _Unpadded:
 
   def __call__(self, *flat: Any) -> Any:
     k = len(self.dim_names)
-    sizes = {name: int(v) for name, v in zip(self.dim_names, flat[:k])}
-    args = [_unpad(x, shape, sizes) for x, shape in zip(flat[k:], self.in_shapes)]
+    sizes = {name: int(v) for name, v in zip(self.dim_names, flat[:k], strict=True)}
+    args = [_unpad(x, shape, sizes) for x, shape in zip(flat[k:], self.in_shapes, strict=True)]
     outs = self.call(*args)
     if not self.out_shapes:
       return ()
     return tuple(_pad_result(i, y, shape, padded, dtype, sizes) for i, (y, shape, padded, dtype)
-                 in enumerate(zip(outs, self.out_shapes, self.out_padded, self.out_dtypes)))
+                 in enumerate(zip(outs, self.out_shapes, self.out_padded, self.out_dtypes, strict=True)))
 
 
 def _logical(shape: Any, sizes: Any) -> tuple[int, ...]:
@@ -105,7 +105,7 @@ def _sizes(ctx: RuleContext) -> list[Any]:
 def _result_callback(ctx: RuleContext, *args: Any, callback: Any, result_avals: Any,
                      **params: Any) -> list[Any]:
   host = _host(ctx, callback, result_avals)
-  padded = tuple(jc.shaped(p, a.dtype) for p, a in zip(host.out_padded, result_avals))
+  padded = tuple(jc.shaped(p, a.dtype) for p, a in zip(host.out_padded, result_avals, strict=True))
   if "vmap_method" in params:  # one example, with its own sizes, at a time
     params = dict(params, vmap_method="sequential")
   return ctx.bind(*_sizes(ctx), *args, callback=host, result_avals=padded, **params)

@@ -122,7 +122,7 @@ def _masked_scan_body(ctx: RuleContext, closed: Any, num_consts: Any, num_carry:
     if dynamic_length:
       live = step < sub_env.logical(length)
       new_carry = [lax.select(lax.broadcast(live, new.shape), new, old)
-                   for new, old in zip(new_carry, carry)]
+                   for new, old in zip(new_carry, carry, strict=True)]
     return [*new_carry, *ys]
 
   result = jc.make_closed_jaxpr(body, in_avals)

@@ -54,7 +54,7 @@ def _restore(x: Any, shape: Any) -> Any:
 def _dynamic_slice(ctx: RuleContext, operand: Any, *starts: Any, slice_sizes: Any) -> list[Any]:
   aval = ctx.in_avals[0]
   start_list = list(starts)
-  for d, (op_d, size_d) in enumerate(zip(aval.shape, slice_sizes)):
+  for d, (op_d, size_d) in enumerate(zip(aval.shape, slice_sizes, strict=True)):
     if jc.is_symbolic_dim(op_d) or jc.is_symbolic_dim(size_d):
       start_list[d] = clamp_index(start_list[d], ctx.logical(op_d - size_d))
       if needs_room(op_d, size_d):
@@ -67,7 +67,7 @@ def _dynamic_update_slice(ctx: RuleContext, operand: Any, update: Any, *starts: 
   op_aval, upd_aval = ctx.in_avals[:2]
   shape = operand.shape
   start_list = list(starts)
-  for d, (op_d, upd_d) in enumerate(zip(op_aval.shape, upd_aval.shape)):
+  for d, (op_d, upd_d) in enumerate(zip(op_aval.shape, upd_aval.shape, strict=True)):
     if jc.is_symbolic_dim(op_d) or jc.is_symbolic_dim(upd_d):
       start_list[d] = clamp_index(start_list[d], ctx.logical(op_d - upd_d))
       if needs_room(op_d, upd_d):
@@ -182,7 +182,7 @@ def _overwrites_data(op_shape: Any, window: Any) -> bool:
   """Whether a window's padding can land on valid entries of the operand:
   a dynamic window smaller than its axis (one as large as the axis starts at
   0, so its padding lands in the operand's padding)."""
-  return any(jc.is_symbolic_dim(w) and w != d for w, d in zip(window, op_shape))
+  return any(jc.is_symbolic_dim(w) and w != d for w, d in zip(window, op_shape, strict=True))
 
 
 def _element_indices(indices: Any, updates: Any, dn: Any) -> Any:

@@ -76,7 +76,7 @@ def _concatenate(ctx: RuleContext, *operands: Any, dimension: Any) -> list[Any]:
   iota = lax.broadcasted_iota(jc.dim_value_dtype(), out_shape, dimension)
   offset = 0
   out = None
-  for x, d in zip(operands, sizes):
+  for x, d in zip(operands, sizes, strict=True):
     placed = place(x, dimension, offset, out_size)
     out = placed if out is None else lax.select(iota >= offset, placed, out)
     offset = offset + (ctx.logical(d) if jc.is_symbolic_dim(d) else int(d))
@@ -140,7 +140,7 @@ def _slice(ctx: RuleContext, x: Any, *, start_indices: Any, limit_indices: Any,
   out_aval, = ctx.out_avals
   strides = strides or (1,) * len(start_indices)
   starts, limits, steps = [], [], []
-  for axis, (start, stride) in enumerate(zip(start_indices, strides)):
+  for axis, (start, stride) in enumerate(zip(start_indices, strides, strict=True)):
     size = x.shape[axis]
     if jc.is_symbolic_dim(start):
       x = place(x, axis, -ctx.logical(start), size)

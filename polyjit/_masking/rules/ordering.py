@@ -77,7 +77,7 @@ def _sort(ctx: RuleContext, *operands: Any, dimension: Any, is_stable: Any, num_
     return ctx.bind(*operands, dimension=dimension, is_stable=is_stable,
                     num_keys=num_keys, **params)
   keys = [ctx.fill_padding(x, aval, _sorts_last(aval.dtype), axes=(dimension,))
-          for x, aval in zip(operands[:num_keys], avals)]
+          for x, aval in zip(operands[:num_keys], avals[:num_keys], strict=True)]
   return ctx.bind(*keys, *operands[num_keys:], dimension=dimension, is_stable=True,
                   num_keys=num_keys, **params)
 

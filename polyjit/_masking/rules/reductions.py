@@ -62,7 +62,7 @@ def _reduce(ctx: RuleContext, *args: Any, dimensions: Any, **params: Any) -> lis
   n = len(args) // 2
   operands, inits = args[:n], args[n:]
   filled = []
-  for x, init, aval in zip(operands, inits, ctx.in_avals[:n]):
+  for x, init, aval in zip(operands, inits, ctx.in_avals[:n], strict=True):
     mask = ctx.valid_mask(aval, dimensions)
     filled.append(x if mask is None else
                   lax.select(mask, x, lax.broadcast(init, x.shape)))

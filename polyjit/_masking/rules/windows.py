@@ -152,7 +152,7 @@ def _reanchor_windows(ctx: RuleContext, operands_fills: Any, in_shape: Any, out_
     if _is_dyn(lo):
       length = (out - 1) * strides[axis] + window
       operands = [_anchor(ctx, x, axis, in_shape[axis], base_dilation[axis], lo, length, fill)
-                  for x, (_, fill) in zip(operands, operands_fills)]
+                  for x, (_, fill) in zip(operands, operands_fills, strict=True)]
       padding[axis], base_dilation[axis] = (0, 0), 1
     else:
       size = _dilated(operands[0].shape[axis], base_dilation[axis])
@@ -188,7 +188,7 @@ def _reduce_window(ctx: RuleContext, *args: Any, **params: Any) -> list[Any]:
   avals, out_avals = ctx.in_avals[:n], ctx.out_avals
   _refuse_dynamic_windows(ctx, params["window_dimensions"], "lax.reduce_window")
   filled = [(ctx.fill_padding(x, aval, init), init)
-            for x, init, aval in zip(operands, inits, avals)]
+            for x, init, aval in zip(operands, inits, avals, strict=True)]
   operands, params = _reanchor_windows(ctx, filled, avals[0].shape, out_avals[0].shape,
                                        params)
   return ctx.bind(*operands, *inits, **params)
@@ -372,7 +372,7 @@ def _lhs_transpose_padding(lhs: Any, rhs: Any, out: Any, padding: Any, strides: 
   leaves exactly the dilated input's entries.
   """
   pads = []
-  for l, r, o, (lo, _), s, a, b in zip(lhs, rhs, out, padding, strides, lhs_dil, rhs_dil):
+  for l, r, o, (lo, _), s, a, b in zip(lhs, rhs, out, padding, strides, lhs_dil, rhs_dil, strict=True):
     low = _dilated(r, b) - 1 - lo
     pads.append((low, _dilated(l, a) + _dilated(r, b) - 1 - _dilated(o, s) - low))
   return tuple(pads)
@@ -388,7 +388,7 @@ def _rhs_transpose_padding(lhs: Any, rhs: Any, out: Any, padding: Any, strides: 
   """
   return tuple((lo, _dilated(r, b) - 1 + _dilated(o, s) - _dilated(l, a) - lo)
                for l, r, o, (lo, _), s, a, b in zip(lhs, rhs, out, padding, strides,
-                                                    lhs_dil, rhs_dil))
+                                                    lhs_dil, rhs_dil, strict=True))
 
 
 def _conv_transpose_lhs(ct: Any, lhs_aval: Any, rhs: Any, *, window_strides: Any, padding: Any,

@@ -1,0 +1,195 @@
+"""Data-dependent selections while polyjit traces: `x[x > 0]`, `jnp.nonzero`, `jnp.unique`.
+
+While polyjit traces a function symbolically, boolean-mask indexing (the
+function behind `Array.__getitem__`), `jnp.nonzero`, `flatnonzero`,
+`argwhere`, one-argument `where`, `compress`, `extract` and `unique` (without
+`size=`) are replaced by the functions below (`_jax.trace_spellings`), written
+with the one primitive of `_masking/data_dependent.py`, `compact`, and public
+jnp/lax ops. Given `size=`, a concrete operand, or arguments they do not handle,
+they call JAX's own function, so nothing changes where JAX already works.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .. import _jax as jc
+from .._masking.data_dependent import compact, in_trace, provably_equal, tracing_now
+from .._masking.errors import MaskingError
+
+def boolean_select(arr: Any, mask: Any, axis: int = 0) -> jax.Array:
+  """`arr` where `mask` (covering axes axis..axis+mask.ndim) is True, those
+  axes replaced by one axis of data-dependent length."""
+  arr, mask = jnp.asarray(arr), jnp.asarray(mask)
+  axis = operator.index(axis)
+  axis = axis + arr.ndim if axis < 0 else axis
+  k = mask.ndim
+  covered = arr.shape[axis:axis + k]
+  if k == 0 or axis + k > arr.ndim or not all(
+      provably_equal(a, b) for a, b in zip(covered, mask.shape, strict=True)):
+    raise IndexError(
+        f"boolean index of shape {mask.shape} does not match the indexed array's axes "
+        f"{tuple(covered)} (array shape {arr.shape}, axis {axis}); polyjit must be "
+        "able to prove the sizes equal (the mask computed from the array itself, "
+        "e.g. x[x > 0], always is).")
+  if mask.dtype != jnp.bool_:
+    mask = mask != 0
+  if k > 1:
+    mask = mask.reshape(-1)
+    arr = arr.reshape(arr.shape[:axis] + (-1,) + arr.shape[axis + k:])
+  positions = compact(mask)
+  return jnp.take(arr, positions, axis=axis, mode="clip")
+
+
+def _bool_mask_index(idx: Any) -> Any:
+  """The boolean array of `x[idx]` when idx is a traced boolean mask (alone, or
+  the only entry of a tuple); raises for a traced mask mixed with other indices."""
+  def is_mask(i: Any) -> bool:
+    return isinstance(i, jc.Tracer) and jnp.result_type(i) == jnp.bool_ and np.ndim(i) >= 1
+  if is_mask(idx):
+    return idx
+  if isinstance(idx, tuple) and any(is_mask(i) for i in idx):
+    if len(idx) == 1:
+      return idx[0]
+    raise MaskingError(
+        "indexing with a boolean mask together with other indices (x[m, 0], "
+        "x[:, m], x[m, ...]) gives a data-dependent size that polyjit supports only "
+        "as x[m] with the mask alone.\nWhat to do: index in two steps, e.g. x[m][:, 0] "
+        "for x[m, 0]; or pj.boolean_mask(x, m, axis=1) for x[:, m].")
+  return None
+
+
+def getitem(original: Callable[..., Any], arr: Any, idx: Any, **kwargs: Any) -> Any:
+  mask = _bool_mask_index(idx) if tracing_now() else None
+  if mask is None:
+    return original(arr, idx, **kwargs)
+  return boolean_select(arr, mask, 0)
+
+
+def nonzero_indices(a: Any) -> tuple[jax.Array, ...]:
+  a = jnp.asarray(a)
+  positions = compact(jnp.ravel(a))
+  if a.ndim == 1:
+    return (positions,)
+  out = []
+  rest = positions
+  for d in reversed(a.shape[1:]):
+    size = jnp.asarray(d, positions.dtype)
+    out.append(rest % size)
+    rest = rest // size
+  out.append(rest)
+  return tuple(reversed(out))
+
+
+def nonzero(original: Callable[..., Any], a: Any, *, size: Any = None,
+            fill_value: Any = None) -> Any:
+  if size is not None or not in_trace(a) or np.ndim(a) == 0:
+    return original(a, size=size, fill_value=fill_value)
+  return nonzero_indices(a)
+
+
+def flatnonzero(original: Callable[..., Any], a: Any, *, size: Any = None,
+                fill_value: Any = None) -> Any:
+  if size is not None or not in_trace(a):
+    return original(a, size=size, fill_value=fill_value)
+  return compact(jnp.ravel(a))
+
+
+def argwhere(original: Callable[..., Any], a: Any, *, size: Any = None,
+             fill_value: Any = None) -> Any:
+  if size is not None or not in_trace(a):
+    return original(a, size=size, fill_value=fill_value)
+  a = jnp.asarray(a)
+  out = jnp.stack(nonzero_indices(jnp.atleast_1d(a)), axis=1)
+  return out[:, :0] if a.ndim == 0 else out
+
+
+def where(original: Callable[..., Any], condition: Any, x: Any = None, y: Any = None, /, *,
+          size: Any = None, fill_value: Any = None) -> Any:
+  if x is None and y is None and size is None and in_trace(condition):
+    return nonzero(jnp.nonzero, condition)
+  return original(condition, x, y, size=size, fill_value=fill_value)
+
+
+def compress(original: Callable[..., Any], condition: Any, a: Any, axis: Any = None, *,
+             size: Any = None, fill_value: Any = 0, out: Any = None) -> Any:
+  if size is not None or out is not None or not in_trace(condition, a):
+    return original(condition, a, axis, size=size, fill_value=fill_value, out=out)
+  condition = jnp.asarray(condition)
+  a = jnp.asarray(a)
+  if condition.ndim != 1:
+    raise ValueError("condition must be a 1D array")
+  if axis is None:
+    a, axis = jnp.ravel(a), 0
+  axis = operator.index(axis)
+  axis = axis + a.ndim if axis < 0 else axis
+  if not provably_equal(condition.shape[0], a.shape[axis]):
+    raise MaskingError(
+        f"jnp.compress with a condition of length {condition.shape[0]} on an axis of "
+        f"length {a.shape[axis]}: polyjit supports a condition exactly as long as the "
+        "axis (NumPy ignores a shorter condition's missing entries).\nWhat to do: pad "
+        "or slice the condition to the axis' length.")
+  return boolean_select(a, condition, axis)
+
+
+def extract(original: Callable[..., Any], condition: Any, arr: Any, *, size: Any = None,
+            fill_value: Any = 0) -> Any:
+  if size is not None or not in_trace(condition, arr):
+    return original(condition, arr, size=size, fill_value=fill_value)
+  return compress(jnp.compress, jnp.ravel(condition), jnp.ravel(arr))
+
+
+def unique_of(ar: Any, return_index: bool, return_inverse: bool, return_counts: bool,
+              equal_nan: bool) -> Any:
+  ar = jnp.asarray(ar)
+  flat = jnp.ravel(ar)
+  n = flat.shape[0]
+  perm = jnp.argsort(flat, stable=True).astype(jc.dim_value_dtype())
+  s = flat[perm]
+  iota = lax.iota(jc.dim_value_dtype(), n)
+  prev = s[jnp.maximum(iota - 1, 0)]
+  same = s == prev
+  if equal_nan and jnp.issubdtype(s.dtype, jnp.inexact):
+    same = same | (jnp.isnan(s) & jnp.isnan(prev))
+  first = (iota == 0) | ~same
+  starts = compact(first)
+  out = [s[starts]]
+  if return_index:
+    out.append(perm[starts])
+  if return_inverse:
+    group = jnp.cumsum(first.astype(jc.dim_value_dtype())) - 1
+    out.append(group[jnp.argsort(perm)].reshape(ar.shape if ar.ndim else (1,)))
+  if return_counts:
+    k = jnp.asarray(starts.shape[0], starts.dtype)
+    j = lax.iota(starts.dtype, starts.shape[0])
+    following = jnp.where(j + 1 < k, starts[jnp.minimum(j + 1, k - 1)],
+                          jnp.asarray(n, starts.dtype))
+    out.append(following - starts)
+  return out[0] if len(out) == 1 else tuple(out)
+
+
+def unique(original: Callable[..., Any], ar: Any, return_index: bool = False,
+           return_inverse: bool = False, return_counts: bool = False, axis: Any = None, *,
+           equal_nan: bool = True, size: Any = None, fill_value: Any = None,
+           sorted: bool = True) -> Any:
+  if size is not None or not in_trace(ar):
+    return original(ar, return_index, return_inverse, return_counts, axis,
+                    equal_nan=equal_nan, size=size, fill_value=fill_value, sorted=sorted)
+  if axis is not None:
+    raise MaskingError(
+        "jnp.unique(..., axis=...) without size= inside a polyjit function: unique "
+        "rows or columns are not supported with data-dependent sizes.\nWhat to do: "
+        "pass size= (a bound) and fill_value=, as under jax.jit.")
+  return unique_of(ar, return_index, return_inverse, return_counts, equal_nan)
+
+
+jc.register_spellings({jnp.nonzero: nonzero, jnp.flatnonzero: flatnonzero, jnp.argwhere: argwhere,
+                       jnp.where: where, jnp.compress: compress, jnp.extract: extract,
+                       jnp.unique: unique, jc.ARRAY_GETITEM: getitem})
