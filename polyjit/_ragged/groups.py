@@ -73,9 +73,11 @@ from jax import lax
 from .._buckets import fixed as _buckets
 from .._caching import disk as _disk_cache
 from .._masking.errors import ShapeError
-from .ragged import (InAxes, OutAxes, Ragged, RaggedVmapped, _broadcast, _describe,
-                     _host_examples, _is_ragged, _leaf_axes, shared_vmap)
-from .ragged import vmap as _plain_vmap
+from .arguments import broadcast, describe, leaf_axes
+from .host import host_examples
+from .ragged import Ragged, is_ragged
+from .vmap import InAxes, OutAxes, RaggedVmapped, shared_vmap
+from .vmap import vmap as _plain_vmap
 
 
 #: Block shapes of a grouped batch: (rows, padded length) per block.
@@ -199,7 +201,7 @@ class LengthGroups:
           "Use pj.Ragged.from_list without groups= for several ragged axes.")
     if not examples:
       raise ShapeError("Ragged.from_list needs at least one example.")
-    _, _, sizes = _host_examples(examples, 1)
+    _, _, sizes = host_examples(examples, 1)
     lengths = np.asarray([s[0] for s in sizes])
     blocks = self.layout(lengths, buckets)
     order = np.concatenate([idx for idx, _ in blocks]).astype(np.int32)
@@ -296,7 +298,7 @@ def _is_leaf(x: object) -> bool:
 
 def _in_axes(in_axes: Any, args: tuple[Any, ...], n_leaves: int) -> list[Any]:
   """`in_axes` per flat argument, grouped batches and Ragged as leaves."""
-  return _leaf_axes(in_axes, args, n_leaves, _is_leaf, "a grouped batch")
+  return leaf_axes(in_axes, args, n_leaves, _is_leaf, "a grouped batch")
 
 
 def _take_rows(x: Any, rows: Any, axis: int | None) -> Any:
@@ -335,7 +337,7 @@ class GroupedVmapped(RaggedVmapped):
   def _run_groups(self, *args: Any) -> Any:
     flat, treedef = jax.tree_util.tree_flatten_with_path(args, is_leaf=_is_leaf)
     leaves = [x for _, x in flat]
-    paths = [_describe(p) for p, _ in flat]
+    paths = [describe(p) for p, _ in flat]
     axes = _in_axes(self.in_axes, args, len(leaves))
     grouped = [i for i, x in enumerate(leaves) if isinstance(x, GroupedRagged)]
     if len(grouped) > 1:
@@ -373,8 +375,8 @@ class GroupedVmapped(RaggedVmapped):
     return self._gather(outs, batch.position)
 
   def _out_axes(self, outs: Any) -> list[int]:
-    n = len(jax.tree.leaves(outs, is_leaf=_is_ragged))
-    axes = _broadcast(self.out_axes, outs, n, "out_axes")
+    n = len(jax.tree.leaves(outs, is_leaf=is_ragged))
+    axes = broadcast(self.out_axes, outs, n, "out_axes")
     if any(not isinstance(a, int) for a in axes):
       raise TypeError(f"pj.vmap over a grouped batch needs integer out_axes; got "
                       f"{self.out_axes!r}.")
@@ -404,7 +406,7 @@ class GroupedVmapped(RaggedVmapped):
 
     looped = lax.map(body, mapped)
     out_tree: Any  # (a PyTreeDef, which jaxlib ships no type stub for)
-    out_leaves, out_tree = jax.tree.flatten(looped, is_leaf=_is_ragged)
+    out_leaves, out_tree = jax.tree.flatten(looped, is_leaf=is_ragged)
     merged: list[Any] = []
     for x, axis in zip(out_leaves, self._out_axes(looped)):
       def merge(a: Any, axis: int) -> Any:   # (loops, ..., chunk at axis+1, ...) -> rows
@@ -426,7 +428,7 @@ class GroupedVmapped(RaggedVmapped):
   def _gather(self, outs: list[Any], position: Any) -> Any:
     """The blocks' outputs concatenated over their rows, then (if `position`)
     put back in the original order."""
-    flat = [jax.tree.flatten(o, is_leaf=_is_ragged) for o in outs]
+    flat = [jax.tree.flatten(o, is_leaf=is_ragged) for o in outs]
     tree: Any = flat[0][1]  # (a PyTreeDef, which jaxlib ships no type stub for)
     axes = self._out_axes(outs[0])
     reorder = (lambda a, axis: a) if position is None else (
