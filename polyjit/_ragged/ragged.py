@@ -36,7 +36,7 @@ its reductions over valid entries.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, Literal, Sequence, overload
+from typing import Any, Literal, Protocol, Sequence, TypeVar, overload
 
 import jax
 import jax.numpy as jnp
@@ -52,8 +52,23 @@ from .._masking.padding import is_key_dtype
 from .._sharding import placement as _sharding
 from .host import host_examples, host_pad
 
-if TYPE_CHECKING:  # (groups.py builds on this module)
-  from .groups import GroupedRagged, LengthGroups
+_Grouped_co = TypeVar("_Grouped_co", covariant=True)
+
+
+class LengthGrouping(Protocol[_Grouped_co]):
+  """What `Ragged.from_list(groups=...)` asks of a `pj.LengthGroups`.
+
+  `groups.py` builds grouped batches out of `Ragged` blocks, so it imports
+  this module; naming `LengthGroups` here would make the two import each
+  other. This protocol keeps the dependency one way while `from_list`'s type
+  still says that it returns what `groups.from_list` returns (a
+  `GroupedRagged`)."""
+
+  def from_list(self, examples: Sequence[Any], *, ragged_axes: int = 1,
+                buckets: _buckets.BucketSpec = None) -> _Grouped_co: ...
+
+
+_G = TypeVar("_G")
 
 
 def is_ragged(x: object) -> bool:
@@ -132,13 +147,13 @@ class Ragged:
   @classmethod
   def from_list(cls, arrays: Sequence[Any], *, ragged_axes: int = 1,
                 buckets: _buckets.BucketSpec = None, batch_buckets: Literal[None] = None,
-                sharding: Literal[None] = None, groups: "LengthGroups") -> "GroupedRagged": ...
+                sharding: Literal[None] = None, groups: LengthGrouping[_G]) -> _G: ...
 
   @classmethod
   def from_list(cls, arrays: Sequence[Any], *, ragged_axes: int = 1,
                 buckets: _buckets.BucketSpec = None, batch_buckets: _buckets.BucketSpec = None,
                 sharding: Sharding | None = None,
-                groups: "LengthGroups | None" = None) -> "Ragged | GroupedRagged":
+                groups: LengthGrouping[Any] | None = None) -> Any:
     """Pads examples of different sizes into one `Ragged` (on the host).
 
     Args:
