@@ -58,7 +58,8 @@ from .arguments import (aval_key, batch_and_count, broadcast, check_counts, desc
                         example_struct, first_for_padded, host_lengths, leaf_axes,
                         pad_ragged_axes, split_lengths)
 from .ragged import Ragged, is_concrete, is_ragged
-from .sharing import Groups, Plan, find_groups, group_padded, may_share
+from .plan import Plan
+from .sharing import Groups, find_groups, may_share
 
 #: `pj.vmap`'s `in_axes`, as in `jax.vmap`: an int, None, or a list or tuple
 #: with one pytree prefix (of ints and Nones) per positional argument.
@@ -208,13 +209,12 @@ class RaggedVmapped:
     return plan
 
   def _probe(self, treedef: Any, leaves: list[Any], axes: list[Any], groups: Groups,
-             constraints: Sequence[str] = (),
-             padded: list[tuple[int, ...]] | None = None) -> BaseException | None:
+             constraints: Sequence[str], padded: Sequence[tuple[int, ...]]
+             ) -> BaseException | None:
     """Traces `fun` with these groups, constraints and padded sizes (no
     program is built): its error, or None."""
     ks = tuple(x.ragged_axes if is_ragged(x) else None for x in leaves)
     masked, _ = self._masked_for(treedef, ks, groups, tuple(constraints))
-    padded = padded or group_padded(groups, [x for x in leaves if is_ragged(x)])
     it = iter(padded)
     example = [example_struct(x, a, next(it) if is_ragged(x) else None)
                for x, a in zip(leaves, axes)]
