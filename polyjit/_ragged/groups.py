@@ -74,8 +74,8 @@ from .._buckets import fixed as _buckets
 from .._caching import disk as _disk_cache
 from .._masking.errors import ShapeError
 from .arguments import broadcast, describe, leaf_axes
-from .host import host_examples
-from .ragged import Ragged, is_ragged
+from .host import HostExamples
+from .ragged import Ragged, from_host, is_ragged
 from .vmap import InAxes, OutAxes, RaggedVmapped, shared_vmap
 from .vmap import vmap as _plain_vmap
 
@@ -194,20 +194,16 @@ class LengthGroups:
   def from_list(self, examples: Sequence[Any], *, ragged_axes: int = 1,
                 buckets: _buckets.BucketSpec = None) -> "GroupedRagged":
     """`pj.Ragged.from_list(examples, groups=self)`: pads each block on the host."""
-    examples = list(examples)
     if ragged_axes != 1:
       raise ShapeError(
           f"length groups sort examples by one length; got ragged_axes={ragged_axes}. "
           "Use pj.Ragged.from_list without groups= for several ragged axes.")
-    if not examples:
-      raise ShapeError("Ragged.from_list needs at least one example.")
-    _, _, sizes = host_examples(examples, 1)
-    lengths = np.asarray([s[0] for s in sizes])
-    blocks = self.layout(lengths, buckets)
+    host = HostExamples(examples, 1, "Ragged.from_list needs at least one example.")
+    blocks = self.layout(host.sizes[:, 0], buckets)
     order = np.concatenate([idx for idx, _ in blocks]).astype(np.int32)
     position = np.empty_like(order)
     position[order] = np.arange(order.size, dtype=np.int32)
-    rows = [Ragged.from_list([examples[i] for i in idx], buckets=[padded])
+    rows = [from_host(host, [padded], len(idx), jax.device_put, indices=idx)
             for idx, padded in blocks]
     return GroupedRagged(tuple(rows), jax.device_put(order), jax.device_put(position),
                          self.batch_size)

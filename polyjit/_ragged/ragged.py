@@ -36,7 +36,7 @@ its reductions over valid entries.
 from __future__ import annotations
 
 import functools
-from typing import Any, Literal, Protocol, Sequence, TypeVar, overload
+from typing import Any, Callable, Literal, Protocol, Sequence, TypeVar, overload
 
 import jax
 import jax.numpy as jnp
@@ -50,7 +50,7 @@ from .._buckets import fixed as _buckets
 from .._masking.errors import ShapeError
 from .._masking.padding import is_key_dtype
 from .._sharding import placement as _sharding
-from .host import host_examples, host_pad
+from .host import HostExamples
 
 _Grouped_co = TypeVar("_Grouped_co", covariant=True)
 
@@ -191,29 +191,18 @@ class Ragged:
         raise TypeError("Ragged.from_list(groups=...) takes neither batch_buckets nor "
                         "sharding: a grouped batch has no padded rows and one device.")
       return groups.from_list(arrays, ragged_axes=ragged_axes, buckets=buckets)
-    examples = list(arrays)
-    if not examples:
-      raise ShapeError("Ragged.from_list needs at least one example.")
-    if not isinstance(ragged_axes, int) or ragged_axes < 0:
-      raise TypeError(f"ragged_axes must be an int >= 0, got {ragged_axes!r}")
-    leaves, tree, sizes = host_examples(examples, ragged_axes)
-    policy = _buckets.as_policy(buckets)
-    padded = tuple(policy(max(s[j] for s in sizes)) for j in range(ragged_axes))
-    n = len(examples)
+    host = HostExamples(arrays, ragged_axes, "Ragged.from_list needs at least one example.")
+    n = len(host)
     batch = n if batch_buckets is None else _buckets.as_policy(batch_buckets)(n)
     if sharding is not None:
       sharding = _sharding.batch_sharding(sharding)
       if batch_buckets is not None:
         batch = _sharding.round_up(batch, _sharding.batch_multiple(sharding))
       _sharding.check_batch(batch, sharding, "Ragged.from_list")
-    data = [host_pad(column, padded, batch) for column in leaves]
-    lengths = np.zeros((batch, ragged_axes), np.int32)
-    lengths[:n] = sizes
-    if ragged_axes == 1:
-      lengths = lengths[:, 0]
     count = None if batch_buckets is None else _sharding.put_replicated(np.int32(n), sharding)
-    return cls._make(jax.tree.unflatten(tree, [_sharding.put_batch(d, sharding) for d in data]),
-                     _sharding.put_batch(lengths, sharding), count, ragged_axes)
+    policy = _buckets.as_policy(buckets)
+    return from_host(host, [policy(m) for m in host.longest()], batch,
+                     functools.partial(_sharding.put_batch, sharding=sharding), count)
 
   @classmethod
   def from_process_local(cls, local_examples: Sequence[Any], sharding: Sharding, *,
@@ -230,26 +219,16 @@ class Ragged:
     Every process must hold the same number of examples, a multiple of its
     devices along that axis. One process: the same as `from_list`.
     """
-    examples = list(local_examples)
-    if not examples:
-      raise ShapeError("Ragged.from_process_local needs at least one example per process.")
-    if not isinstance(ragged_axes, int) or ragged_axes < 0:
-      raise TypeError(f"ragged_axes must be an int >= 0, got {ragged_axes!r}")
+    host = HostExamples(local_examples, ragged_axes,
+                        "Ragged.from_process_local needs at least one example per process.")
     sharding = _sharding.batch_sharding(sharding)
-    leaves, tree, sizes = host_examples(examples, ragged_axes)
-    n = len(examples)
-    local_max = [max(s[j] for s in sizes) for j in range(ragged_axes)]
-    global_max, batch = _sharding.agree_on_batch(local_max, n)
-    policy = _buckets.as_policy(buckets)
-    padded = tuple(policy(m) for m in global_max)
+    n = len(host)
+    global_max, batch = _sharding.agree_on_batch(host.longest(), n)
     _sharding.check_batch(batch, sharding, "Ragged.from_process_local")
-    data = [host_pad(column, padded, n) for column in leaves]
-    lengths = np.asarray(sizes, np.int32).reshape(n, ragged_axes)
-    if ragged_axes == 1:
-      lengths = lengths[:, 0]
-    put = functools.partial(_sharding.put_process_local, sharding=sharding, global_batch=batch)
-    return cls._make(jax.tree.unflatten(tree, [put(d) for d in data]), put(lengths), None,
-                     ragged_axes)
+    policy = _buckets.as_policy(buckets)
+    return from_host(host, [policy(m) for m in global_max], n,
+                     functools.partial(_sharding.put_process_local, sharding=sharding,
+                                       global_batch=batch))
 
   def to_list(self) -> list[Any]:
     """The examples, unpadded, as NumPy arrays (or pytrees of them)."""
@@ -348,6 +327,17 @@ class Ragged:
         parts.insert(0, f"lengths {np.asarray(self.lengths)[:len(self)].tolist()}")
       parts.insert(0, f"{len(self)} examples")
     return "Ragged(" + ", ".join(parts) + ")"
+
+
+def from_host(host: HostExamples, padded: Sequence[int], rows: int,
+              put: Callable[[np.ndarray], Any], count: Any = None,
+              indices: Sequence[int] | np.ndarray | None = None) -> Ragged:
+  """A `Ragged` of checked examples (those at `indices`, default all) padded
+  to `padded` in `rows` rows, each array placed on the device(s) by `put`:
+  the one way from examples on the host to a batch (no device program runs)."""
+  data, lengths = host.pad(padded, rows, indices)
+  return Ragged._make(host.unflatten([put(d) for d in data]), put(lengths), count,
+                      host.ragged_axes)
 
 
 def _validate(r: Ragged) -> None:
