@@ -64,7 +64,7 @@ def leaf_axes(in_axes: Any, args: tuple[Any, ...], n_leaves: int,
 
 def batch_and_count(leaves: list[Any], axes: list[Any], paths: list[str]) -> tuple[int, Any]:
   """The padded batch size and the number of examples (None: not padded)."""
-  raggeds = [(x, a, p) for x, a, p in zip(leaves, axes, paths) if is_ragged(x)]
+  raggeds = [(x, a, p) for x, a, p in zip(leaves, axes, paths, strict=True) if is_ragged(x)]
   first, _, first_path = raggeds[0]
   batch = first.batch_size
   for x, axis, path in raggeds:
@@ -77,7 +77,7 @@ def batch_and_count(leaves: list[Any], axes: list[Any], paths: list[str]) -> tup
           f"{path} holds {x.batch_size} rows but {first_path} holds {batch}: "
           "pj.Ragged arguments of one call need the same (padded) batch size.")
   count = next((x.num_examples for x, _, _ in raggeds if x.batch_padded), None)
-  for x, axis, path in zip(leaves, axes, paths):
+  for x, axis, path in zip(leaves, axes, paths, strict=True):
     if is_ragged(x) or axis is None:
       continue
     size = np.shape(x)[axis]
@@ -154,7 +154,7 @@ def pad_ragged_axes(data: Any, padded: tuple[int, ...]) -> Any:
     have = x.shape[1:1 + len(padded)]
     if tuple(have) == tuple(padded):
       return x
-    widths = [(0, 0), *[(0, p - h) for p, h in zip(padded, have)],
+    widths = [(0, 0), *[(0, p - h) for p, h in zip(padded, have, strict=True)],
               *[(0, 0)] * (x.ndim - 1 - len(padded))]
     return jnp.pad(x, widths)
   return jax.tree.map(pad, data)

@@ -155,7 +155,7 @@ class LengthGroups:
       if chosen not in self._used:
         self._used.append(chosen)
     starts = np.cumsum([0, *[r for r, _ in chosen]])
-    return [(order[a:b], p) for a, b, (_, p) in zip(starts[:-1], starts[1:], chosen)]
+    return [(order[a:b], p) for a, b, (_, p) in zip(starts[:-1], starts[1:], chosen, strict=True)]
 
   def __repr__(self) -> str:
     return (f"LengthGroups(groups={self.groups}, rows={self.rows}, "
@@ -348,7 +348,7 @@ class GroupedVmapped(RaggedVmapped):
       raise TypeError(f"pj.vmap maps a grouped batch over its examples, so its in_axes "
                       f"must be 0; {paths[which]} has in_axes {axes[which]}.")
     n = batch.batch_size
-    for x, axis, path in zip(leaves, axes, paths):
+    for x, axis, path in zip(leaves, axes, paths, strict=True):
       if isinstance(x, GroupedRagged) or axis is None:
         continue
       if isinstance(x, Ragged) and (axis != 0 or x.batch_padded):
@@ -364,7 +364,7 @@ class GroupedVmapped(RaggedVmapped):
       stop = start + block.batch_size
       rows = lax.slice_in_dim(batch.order, start, stop)
       block_leaves = [block if i == which else _take_rows(x, rows, a)
-                      for i, (x, a) in enumerate(zip(leaves, axes))]
+                      for i, (x, a) in enumerate(zip(leaves, axes, strict=True))]
       outs.append(self._run_block(treedef, block_leaves, axes, block.batch_size,
                                   batch.batch_size_per_run))
       start = stop
@@ -392,19 +392,19 @@ class GroupedVmapped(RaggedVmapped):
         return a.reshape(loops, chunk, *a.shape[1:])
       return jax.tree.map(one, x)
 
-    mapped = [stacked(x, a) if a is not None else None for x, a in zip(leaves, axes)]
+    mapped = [stacked(x, a) if a is not None else None for x, a in zip(leaves, axes, strict=True)]
 
     def body(parts: list[Any]) -> Any:
       chunk_leaves = [x if a is None else
                       jax.tree.map(lambda v, a=a: jnp.moveaxis(v, 0, a), p)
-                      for x, a, p in zip(leaves, axes, parts)]
+                      for x, a, p in zip(leaves, axes, parts, strict=True)]
       return self._run(*treedef.unflatten(chunk_leaves))
 
     looped = lax.map(body, mapped)
     out_tree: Any  # (a PyTreeDef, which jaxlib ships no type stub for)
     out_leaves, out_tree = jax.tree.flatten(looped, is_leaf=is_ragged)
     merged: list[Any] = []
-    for x, axis in zip(out_leaves, self._out_axes(looped)):
+    for x, axis in zip(out_leaves, self._out_axes(looped), strict=True):
       def merge(a: Any, axis: int) -> Any:   # (loops, ..., chunk at axis+1, ...) -> rows
         axis = axis % (a.ndim - 1)           # (a negative out_axes counts from the end)
         a = jnp.moveaxis(a, 0, axis)
@@ -418,7 +418,7 @@ class GroupedVmapped(RaggedVmapped):
     if not rest:
       return out
     tail = self._run(*treedef.unflatten(
-        [_rows_slice(x, head, rows, a) for x, a in zip(leaves, axes)]))
+        [_rows_slice(x, head, rows, a) for x, a in zip(leaves, axes, strict=True)]))
     return self._gather([out, tail], None)
 
   def _gather(self, outs: list[Any], position: Any) -> Any:
@@ -434,10 +434,10 @@ class GroupedVmapped(RaggedVmapped):
       parts = [leaves[j] for leaves, _ in flat]
       if isinstance(parts[0], Ragged):
         k = parts[0].ragged_axes
-        top = tuple(max(s) for s in zip(*[p.padded_lengths for p in parts]))
+        top = tuple(max(s) for s in zip(*[p.padded_lengths for p in parts], strict=True))
         def pad(a: Any) -> Any:
           have = a.shape[1:1 + k]
-          return jnp.pad(a, [(0, 0), *[(0, t - h) for t, h in zip(top, have)],
+          return jnp.pad(a, [(0, 0), *[(0, t - h) for t, h in zip(top, have, strict=True)],
                              *[(0, 0)] * (a.ndim - 1 - k)])
         data = jax.tree.map(lambda *xs: reorder(jnp.concatenate([pad(x) for x in xs]), 0),
                             *[p.data for p in parts])

@@ -77,7 +77,7 @@ class Plan:
     self.fun_name = fun_name
     # (sharing only ever follows an error)
     self.reason = _root_cause(error) if self.shares and error is not None else None
-    named = [f"{n} is {p} axis {j}" for ns, p in zip(self.names, self.paths)
+    named = [f"{n} is {p} axis {j}" for ns, p in zip(self.names, self.paths, strict=True)
              for j, n in enumerate(ns)]
     self.note = (f"(pj.vmap names the lengths of the pj.Ragged arguments: "
                  f"{'; '.join(named)}.)" if named else None)
@@ -139,7 +139,7 @@ class Plan:
     checked = lax.cond(differ, fail, lambda lengths: [lengths[g[0]] for g in self.shared],
                        lengths)
     out = list(lengths)
-    for g, c in zip(self.shared, checked):
+    for g, c in zip(self.shared, checked, strict=True):
       for o in g:
         out[o] = c
     return out

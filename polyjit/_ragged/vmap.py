@@ -133,7 +133,7 @@ class RaggedVmapped:
     lengths: list[Any] = []
     plains: list[Any] = []
     plain_axes: list[Any] = []
-    for x, axis in zip(leaves, axes):
+    for x, axis in zip(leaves, axes, strict=True):
       if is_ragged(x):
         data = first_for_padded(x.data, 0, keep)
         datas.append(pad_ragged_axes(data, plan.padded[len(lengths)]))
@@ -145,19 +145,21 @@ class RaggedVmapped:
     # program (a mismatch is never silent), are the group's first member's.
     lengths = plan.check_in_program(lengths)
     sizes = [split_lengths(l, r.ragged_axes)
-             for l, r in zip(lengths, [x for x in leaves if is_ragged(x)])]
+             for l, r in zip(lengths, [x for x in leaves if is_ragged(x)], strict=True)]
     kinds = [is_ragged(x) for x in leaves]
 
     def per_example(datas: list[Any], sizes: list[list[Any]], plains: list[Any]
                     ) -> tuple[Any, list[list[Any]]]:
       sources = (iter(datas), iter(plains))
       example = treedef.unflatten([next(sources[0] if r else sources[1]) for r in kinds])
-      env = {name: s for ns, ss in zip(names, sizes) for name, s in zip(ns, ss)}
+      env = {name: s for ns, ss in zip(names, sizes, strict=True)
+             for name, s in zip(ns, ss, strict=True)}
       outs, computed = masked.call_with_sizes(list(example), env)
       env = env if computed is None else computed   # with data-dependent sizes
       traced = masked.trace(list(example))
       out_paths = [describe(p) for p, _ in jax.tree_util.tree_flatten_with_path(outs)[0]]
-      return outs, [_out_lengths(a, env, p) for a, p in zip(traced.out_avals, out_paths)]
+      return outs, [_out_lengths(a, env, p)
+                    for a, p in zip(traced.out_avals, out_paths, strict=True)]
 
     mapped = jax.vmap(per_example, in_axes=(0, 0, plain_axes), out_axes=(self.out_axes, 0))
     try:
@@ -177,7 +179,7 @@ class RaggedVmapped:
     head = {o: g[0] for g in groups for o in g}
     numbers = np.cumsum([k is not None for k in ks]) - 1
     names = [[f"n{head[i]}_{j}" for j in range(k)]
-             for i, k in zip(numbers, ks) if k is not None]
+             for i, k in zip(numbers, ks, strict=True) if k is not None]
     key = (treedef, ks, groups, constraints)
     masked = self._masked.get(key)
     if masked is None:
@@ -195,7 +197,7 @@ class RaggedVmapped:
     equal (`sharing.py` says how that is found)."""
     ks = tuple(x.ragged_axes if is_ragged(x) else None for x in leaves)
     raggeds = [x for x in leaves if is_ragged(x)]
-    key = (treedef, ks, tuple(aval_key(x, a) for x, a in zip(leaves, axes)))
+    key = (treedef, ks, tuple(aval_key(x, a) for x, a in zip(leaves, axes, strict=True)))
     plan = self._plans.get(key)
     if plan is not None:
       return plan
@@ -204,7 +206,7 @@ class RaggedVmapped:
     masked, names = self._masked_for(treedef, ks, groups)
     fun_name = getattr(self.fun, "__name__", None) or repr(self.fun)
     plan = Plan(masked, names, fun_name, groups, raggeds,
-                [p for x, p in zip(leaves, paths) if is_ragged(x)], error)
+                [p for x, p in zip(leaves, paths, strict=True) if is_ragged(x)], error)
     self._plans[key] = plan
     return plan
 
@@ -217,7 +219,7 @@ class RaggedVmapped:
     masked, _ = self._masked_for(treedef, ks, groups, tuple(constraints))
     it = iter(padded)
     example = [example_struct(x, a, next(it) if is_ragged(x) else None)
-               for x, a in zip(leaves, axes)]
+               for x, a in zip(leaves, axes, strict=True)]
     box: list[BaseException] = []
 
     def probe(example: Any) -> tuple[()]:
@@ -236,7 +238,7 @@ class RaggedVmapped:
     leaves, tree = jax.tree.flatten(outs)
     axes = broadcast(self.out_axes, outs, len(leaves), "out_axes")
     result: list[Any] = []
-    for x, lengths, axis in zip(leaves, out_lengths, axes):
+    for x, lengths, axis in zip(leaves, out_lengths, axes, strict=True):
       if not lengths and keep is None:
         result.append(x)
         continue
