@@ -163,7 +163,7 @@ class RaggedVmapped:
 
     mapped = jax.vmap(per_example, in_axes=(0, 0, plain_axes), out_axes=(self.out_axes, 0))
     try:
-      # A batch on an Explicit mesh runs with its axes Auto (`_sharding.py`).
+      # A batch on an Explicit mesh runs with its axes Auto (`_sharding/placement.py`).
       outs, out_lengths = _sharding.on_auto_axes(mapped, (datas, sizes, plains))
     except (MaskingError, ShapeError) as e:
       if plan.note:
@@ -306,7 +306,7 @@ def vmap(fun: Callable[..., Any], in_axes: InAxes = 0, out_axes: OutAxes = 0) ->
   from two `Ragged.from_list` calls) share their sizes, and a call whose
   lengths differ raises a `pj.ShapeError` naming both arguments and the
   first differing example; arguments `fun` accepts with different lengths
-  (queries and keys) keep their own (module docstring).
+  (queries and keys) keep their own (`polyjit/_ragged/sharing.py`).
 
   The returned function is cached per (fun, in_axes, out_axes), and each call
   is one `jax.jit` of the masked function, so batches in the same buckets
