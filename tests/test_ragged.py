@@ -383,6 +383,42 @@ def test_ragged_arguments_the_function_accepts_unequal_keep_their_lengths():
   assert "equal lengths" not in str(e.value)
 
 
+def test_which_ragged_arguments_share_is_decided_by_tracing_not_by_messages():
+  # Queries and per-query targets must have equal lengths, keys need not. The
+  # function hides why it fails behind a message that names the wrong sizes
+  # (n0_0 and n1_0: queries and keys) and chains no cause: the decision must
+  # come from which traces succeed, whatever any error says.
+  rng = np.random.default_rng(18)
+
+  def attend(q, k, y):
+    return (jax.nn.softmax(q @ k.T, axis=-1) @ k) * y[:, None]
+
+  def hides_why(q, k, y):
+    failed = False
+    try:
+      return attend(q, k, y)
+    except Exception:
+      failed = True
+    assert failed
+    raise ValueError("n0_0 and n1_0 differ")  # (raised outside the handler: no cause)
+
+  q_lengths, k_lengths = (3, 5, 2), (7, 1, 4)
+  qs = [normal(rng, n, 3) for n in q_lengths]
+  ks = [normal(rng, n, 3) for n in k_lengths]
+  ys = [normal(rng, n) for n in q_lengths]
+  want = [attend(jnp.asarray(q), jnp.asarray(k), jnp.asarray(y)) for q, k, y in zip(qs, ks, ys)]
+  rq, rk, ry = (garbage_ragged(qs, (8,)), garbage_ragged(ks, (8,), seed=1),
+                garbage_ragged(ys, (8,), seed=2))
+  per_example = pj.vmap(hides_why)
+  assert_examples(per_example(rq, rk, ry).to_list(), want)
+  assert_examples(jax.jit(per_example)(rq, rk, ry).to_list(), want)
+  # Queries and targets share their lengths, and the check names both.
+  ry_short = garbage_ragged([normal(rng, n) for n in (3, 4, 2)], (8,), seed=3)
+  with pytest.raises(pj.ShapeError, match="example 1 has length 5 in argument 0 and "
+                                          "length 4 in argument 2"):
+    per_example(rq, rk, ry_short)
+
+
 def test_out_axes_and_no_ragged_arguments_follow_jax_vmap():
   rng = np.random.default_rng(8)
   xs = [normal(rng, n, 3) for n in (2, 3)]

@@ -73,9 +73,11 @@ from jax import lax
 from .._buckets import fixed as _buckets
 from .._caching import disk as _disk_cache
 from .._masking.errors import ShapeError
-from .ragged import (InAxes, OutAxes, Ragged, RaggedVmapped, _broadcast, _describe,
-                     _host_examples, _is_ragged, _leaf_axes, shared_vmap)
-from .ragged import vmap as _plain_vmap
+from .arguments import broadcast, describe, leaf_axes
+from .host import HostExamples
+from .ragged import Ragged, from_host, is_ragged
+from .vmap import InAxes, OutAxes, RaggedVmapped, shared_vmap
+from .vmap import vmap as _plain_vmap
 
 
 #: Block shapes of a grouped batch: (rows, padded length) per block.
@@ -153,7 +155,7 @@ class LengthGroups:
       if chosen not in self._used:
         self._used.append(chosen)
     starts = np.cumsum([0, *[r for r, _ in chosen]])
-    return [(order[a:b], p) for a, b, (_, p) in zip(starts[:-1], starts[1:], chosen)]
+    return [(order[a:b], p) for a, b, (_, p) in zip(starts[:-1], starts[1:], chosen, strict=True)]
 
   def __repr__(self) -> str:
     return (f"LengthGroups(groups={self.groups}, rows={self.rows}, "
@@ -192,20 +194,16 @@ class LengthGroups:
   def from_list(self, examples: Sequence[Any], *, ragged_axes: int = 1,
                 buckets: _buckets.BucketSpec = None) -> "GroupedRagged":
     """`pj.Ragged.from_list(examples, groups=self)`: pads each block on the host."""
-    examples = list(examples)
     if ragged_axes != 1:
       raise ShapeError(
           f"length groups sort examples by one length; got ragged_axes={ragged_axes}. "
           "Use pj.Ragged.from_list without groups= for several ragged axes.")
-    if not examples:
-      raise ShapeError("Ragged.from_list needs at least one example.")
-    _, _, sizes = _host_examples(examples, 1)
-    lengths = np.asarray([s[0] for s in sizes])
-    blocks = self.layout(lengths, buckets)
+    host = HostExamples(examples, 1, "Ragged.from_list needs at least one example.")
+    blocks = self.layout(host.sizes[:, 0], buckets)
     order = np.concatenate([idx for idx, _ in blocks]).astype(np.int32)
     position = np.empty_like(order)
     position[order] = np.arange(order.size, dtype=np.int32)
-    rows = [Ragged.from_list([examples[i] for i in idx], buckets=[padded])
+    rows = [from_host(host, [padded], len(idx), jax.device_put, indices=idx)
             for idx, padded in blocks]
     return GroupedRagged(tuple(rows), jax.device_put(order), jax.device_put(position),
                          self.batch_size)
@@ -296,7 +294,7 @@ def _is_leaf(x: object) -> bool:
 
 def _in_axes(in_axes: Any, args: tuple[Any, ...], n_leaves: int) -> list[Any]:
   """`in_axes` per flat argument, grouped batches and Ragged as leaves."""
-  return _leaf_axes(in_axes, args, n_leaves, _is_leaf, "a grouped batch")
+  return leaf_axes(in_axes, args, n_leaves, _is_leaf, "a grouped batch")
 
 
 def _take_rows(x: Any, rows: Any, axis: int | None) -> Any:
@@ -335,7 +333,7 @@ class GroupedVmapped(RaggedVmapped):
   def _run_groups(self, *args: Any) -> Any:
     flat, treedef = jax.tree_util.tree_flatten_with_path(args, is_leaf=_is_leaf)
     leaves = [x for _, x in flat]
-    paths = [_describe(p) for p, _ in flat]
+    paths = [describe(p) for p, _ in flat]
     axes = _in_axes(self.in_axes, args, len(leaves))
     grouped = [i for i, x in enumerate(leaves) if isinstance(x, GroupedRagged)]
     if len(grouped) > 1:
@@ -350,7 +348,7 @@ class GroupedVmapped(RaggedVmapped):
       raise TypeError(f"pj.vmap maps a grouped batch over its examples, so its in_axes "
                       f"must be 0; {paths[which]} has in_axes {axes[which]}.")
     n = batch.batch_size
-    for x, axis, path in zip(leaves, axes, paths):
+    for x, axis, path in zip(leaves, axes, paths, strict=True):
       if isinstance(x, GroupedRagged) or axis is None:
         continue
       if isinstance(x, Ragged) and (axis != 0 or x.batch_padded):
@@ -366,15 +364,15 @@ class GroupedVmapped(RaggedVmapped):
       stop = start + block.batch_size
       rows = lax.slice_in_dim(batch.order, start, stop)
       block_leaves = [block if i == which else _take_rows(x, rows, a)
-                      for i, (x, a) in enumerate(zip(leaves, axes))]
+                      for i, (x, a) in enumerate(zip(leaves, axes, strict=True))]
       outs.append(self._run_block(treedef, block_leaves, axes, block.batch_size,
                                   batch.batch_size_per_run))
       start = stop
     return self._gather(outs, batch.position)
 
   def _out_axes(self, outs: Any) -> list[int]:
-    n = len(jax.tree.leaves(outs, is_leaf=_is_ragged))
-    axes = _broadcast(self.out_axes, outs, n, "out_axes")
+    n = len(jax.tree.leaves(outs, is_leaf=is_ragged))
+    axes = broadcast(self.out_axes, outs, n, "out_axes")
     if any(not isinstance(a, int) for a in axes):
       raise TypeError(f"pj.vmap over a grouped batch needs integer out_axes; got "
                       f"{self.out_axes!r}.")
@@ -394,19 +392,19 @@ class GroupedVmapped(RaggedVmapped):
         return a.reshape(loops, chunk, *a.shape[1:])
       return jax.tree.map(one, x)
 
-    mapped = [stacked(x, a) if a is not None else None for x, a in zip(leaves, axes)]
+    mapped = [stacked(x, a) if a is not None else None for x, a in zip(leaves, axes, strict=True)]
 
     def body(parts: list[Any]) -> Any:
       chunk_leaves = [x if a is None else
                       jax.tree.map(lambda v, a=a: jnp.moveaxis(v, 0, a), p)
-                      for x, a, p in zip(leaves, axes, parts)]
+                      for x, a, p in zip(leaves, axes, parts, strict=True)]
       return self._run(*treedef.unflatten(chunk_leaves))
 
     looped = lax.map(body, mapped)
     out_tree: Any  # (a PyTreeDef, which jaxlib ships no type stub for)
-    out_leaves, out_tree = jax.tree.flatten(looped, is_leaf=_is_ragged)
+    out_leaves, out_tree = jax.tree.flatten(looped, is_leaf=is_ragged)
     merged: list[Any] = []
-    for x, axis in zip(out_leaves, self._out_axes(looped)):
+    for x, axis in zip(out_leaves, self._out_axes(looped), strict=True):
       def merge(a: Any, axis: int) -> Any:   # (loops, ..., chunk at axis+1, ...) -> rows
         axis = axis % (a.ndim - 1)           # (a negative out_axes counts from the end)
         a = jnp.moveaxis(a, 0, axis)
@@ -420,13 +418,13 @@ class GroupedVmapped(RaggedVmapped):
     if not rest:
       return out
     tail = self._run(*treedef.unflatten(
-        [_rows_slice(x, head, rows, a) for x, a in zip(leaves, axes)]))
+        [_rows_slice(x, head, rows, a) for x, a in zip(leaves, axes, strict=True)]))
     return self._gather([out, tail], None)
 
   def _gather(self, outs: list[Any], position: Any) -> Any:
     """The blocks' outputs concatenated over their rows, then (if `position`)
     put back in the original order."""
-    flat = [jax.tree.flatten(o, is_leaf=_is_ragged) for o in outs]
+    flat = [jax.tree.flatten(o, is_leaf=is_ragged) for o in outs]
     tree: Any = flat[0][1]  # (a PyTreeDef, which jaxlib ships no type stub for)
     axes = self._out_axes(outs[0])
     reorder = (lambda a, axis: a) if position is None else (
@@ -436,10 +434,10 @@ class GroupedVmapped(RaggedVmapped):
       parts = [leaves[j] for leaves, _ in flat]
       if isinstance(parts[0], Ragged):
         k = parts[0].ragged_axes
-        top = tuple(max(s) for s in zip(*[p.padded_lengths for p in parts]))
+        top = tuple(max(s) for s in zip(*[p.padded_lengths for p in parts], strict=True))
         def pad(a: Any) -> Any:
           have = a.shape[1:1 + k]
-          return jnp.pad(a, [(0, 0), *[(0, t - h) for t, h in zip(top, have)],
+          return jnp.pad(a, [(0, 0), *[(0, t - h) for t, h in zip(top, have, strict=True)],
                              *[(0, 0)] * (a.ndim - 1 - k)])
         data = jax.tree.map(lambda *xs: reorder(jnp.concatenate([pad(x) for x in xs]), 0),
                             *[p.data for p in parts])
