@@ -30,6 +30,7 @@ this script; on a shared machine the absolute times are noisy.
     python benchmarks/horizons.py [--calls 20000] [--jax-calls 300]
         [--distribution uniform|loguniform] [--only pj.jit,torch] [--json out.json]
         [--plot out.png]
+    python benchmarks/horizons.py --from-json out.json --plot out.png   # plot an earlier run
     python benchmarks/horizons.py --workload rnn --calls 60   # ragged RNN training steps
 """
 
@@ -239,6 +240,7 @@ def main() -> None:
   p.add_argument("--workload", default="seed", choices=["seed", "rnn"],
                  help="rnn: ragged RNN training steps (--calls is the number of steps; "
                  "contenders jax.jit, jax.jit+cache, pj.jit)")
+  p.add_argument("--from-json", help="no runs: the table (and --plot) from an earlier --json")
   p.add_argument("--worker")
   p.add_argument("--cache-dir")
   a = p.parse_args()
@@ -256,7 +258,10 @@ def main() -> None:
         + (f"{a.calls} calls, lengths {a.distribution} in [100, 10000]" if a.workload == "seed"
            else f"ragged RNN training, {a.calls} steps"))
   table = {}
-  for contender in [c for c in CONTENDERS if c in a.only.split(",")]:
+  if a.from_json:
+    with open(a.from_json) as f:
+      table = json.load(f)["table"]
+  for contender in [c for c in CONTENDERS if c in a.only.split(",") and not a.from_json]:
     why = available(contender)
     if why:
       print(f"{contender}: skipped ({why})")
@@ -298,6 +303,14 @@ def main() -> None:
         ratios[f"{theirs} / {mine}, first 300 cold"] = y / x
       ratios[f"{mine} / {theirs} steady (every size precompiled)"] = (
           steady(pj["cold"]) / steady(jx["cold"]))
+  pj, tf_ = table.get("pj.jit"), table.get("tf.function")
+  if pj and tf_:
+    for side in ("cold", "warm"):
+      for n in sorted({300, a.calls}):
+        x, y = at(pj[side], n), at(tf_[side], n)
+        if x and y:
+          ratios[f"pj.jit / tf.function, {n}, {side}"] = x / y
+    ratios["pj.jit / tf.function, steady"] = steady(pj["cold"]) / steady(tf_["cold"])
   pj, jc, jx = table.get("pj.jit"), table.get("jax.jit+cache"), table.get("jax.jit")
   for n in sorted({300, a.calls}):
     if pj and jc:
@@ -318,11 +331,12 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, r in table.items():
+    for i, (name, r) in enumerate(table.items()):  # one colour per contender
       for side, style in (("cold", "-"), ("warm", "--")):
         c = sorted((int(k), v) for k, v in r[side].get("cumulative", {}).items())
         if c:
-          ax.plot(*zip(*c, strict=True), style, marker="o", ms=3, label=f"{name} ({side})")
+          ax.plot(*zip(*c, strict=True), style, color=f"C{i % 10}", marker="o", ms=3,
+                  label=f"{name} ({side})")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("calls")

@@ -6,6 +6,9 @@ scan RNN), in one run:
   (a) trace + mask: `jax.make_jaxpr` of `pj.mask(f)` on padded arguments (a
       fresh masked function, so the symbolic trace is included), against
       `jax.make_jaxpr(f)` on arrays of the same size. Target: at most 2x.
+      The last two columns compare with `jax.make_jaxpr(f)` at a size JAX has
+      not traced before (its jnp helpers retrace, as they do in every masked
+      trace's fresh symbolic scope): what jax.jit pays per new size.
   (b) run time of the compiled `jit(mask(f))` against `jit(f)` at the same
       padded size. Target: at most 1.1x.
 
@@ -102,6 +105,18 @@ def measure(name, f, specs, args, repeats):
   trace_plain = best_of(lambda: jax.make_jaxpr(lambda *a: f(*a))(*args), repeats)
   trace_masked = best_of(
       lambda: jax.make_jaxpr(lambda a, e: pj.mask(f, specs)(a, e))(args, env), repeats)
+  # JAX at a size it has not traced before (what jax.jit pays for each new size):
+  # its jnp helpers' trace caches miss too, as a masked trace's do (a fresh
+  # symbolic scope per trace, `_spec.fresh_scope`).
+  sizes = iter(range(size + 1, size + 10 * repeats + 10))
+
+  def new_shape():
+    m = next(sizes)
+    grown = [np.resize(args[0], (m, *args[0].shape[1:])), *args[1:]]
+    t0 = time.perf_counter()
+    jax.make_jaxpr(lambda *a: f(*a))(*grown)
+    return time.perf_counter() - t0
+  trace_new_shape = min(new_shape() for _ in range(repeats))
   masked_fn = pj.mask(f, specs)
   plain = jax.jit(f)
   masked = jax.jit(lambda a, e: masked_fn(a, e))
@@ -111,6 +126,8 @@ def measure(name, f, specs, args, repeats):
       "workload": name, "padded_size": size, "logical_size": int(env["n"]),
       "trace_plain_ms": trace_plain * 1e3, "trace_masked_ms": trace_masked * 1e3,
       "trace_ratio": trace_masked / trace_plain,
+      "trace_plain_new_shape_ms": trace_new_shape * 1e3,
+      "trace_ratio_new_shape": trace_masked / trace_new_shape,
       "run_plain_us": run_plain * 1e6, "run_masked_us": run_masked * 1e6,
       "run_ratio": run_masked / run_plain,
   }
@@ -144,11 +161,12 @@ def main(argv=None):
   repeats = 3 if opts.quick else 15
   rows = [measure(*w, repeats=repeats) for w in workloads(opts.quick)]
   print(f"{'workload':<14}{'size':>6}{'trace jax ms':>14}{'trace pj ms':>13}{'ratio':>7}"
-        f"{'run jax us':>12}{'run pj us':>11}{'ratio':>7}")
+        f"{'run jax us':>12}{'run pj us':>11}{'ratio':>7}{'jax new size ms':>17}{'ratio':>7}")
   for r in rows:
     print(f"{r['workload']:<14}{r['padded_size']:>6}{r['trace_plain_ms']:>14.2f}"
           f"{r['trace_masked_ms']:>13.2f}{r['trace_ratio']:>7.2f}{r['run_plain_us']:>12.1f}"
-          f"{r['run_masked_us']:>11.1f}{r['run_ratio']:>7.2f}")
+          f"{r['run_masked_us']:>11.1f}{r['run_ratio']:>7.2f}"
+          f"{r['trace_plain_new_shape_ms']:>17.2f}{r['trace_ratio_new_shape']:>7.2f}")
   per_call = per_call_us(5 if opts.quick else 15) if opts.per_call else None
   if per_call:
     print("per call on 100 values (us): " + ", ".join(f"{k} {v:.1f}" for k, v in per_call.items()))

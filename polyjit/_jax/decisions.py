@@ -92,6 +92,21 @@ def _generated_hash(code: types.CodeType) -> bool:
   return code.co_name == "__hash__" and code.co_filename.startswith("<")
 
 
+_absolute: dict[str, str] = {}
+
+
+def _abspath(filename: str) -> str:
+  """`os.path.abspath`, remembered for absolute file names (whose result does
+  not depend on the working directory): every hash and comparison of a size
+  while polyjit traces walks a few frames, so this is on the tracing path."""
+  path = _absolute.get(filename)
+  if path is None:
+    path = os.path.abspath(filename)
+    if os.path.isabs(filename):
+      _absolute[filename] = path
+  return path
+
+
 def _user_frame() -> str | None:
   """'file:line' of the code that asked a comparison, or None when it was JAX
   or polyjit itself, or a cache comparing its keys."""
@@ -101,13 +116,13 @@ def _user_frame() -> str | None:
       through_generated_eq = True
     elif _generated_hash(frame.f_code):
       pass
-    elif os.path.abspath(frame.f_code.co_filename) not in (_SHAPE_POLY_FILE, _THIS_FILE):
+    elif _abspath(frame.f_code.co_filename) not in (_SHAPE_POLY_FILE, _THIS_FILE):
       break
   else:
     return None
   if through_generated_eq and frame.f_code.co_code[frame.f_lasti] not in _COMPARISONS:
     return None
-  path = os.path.abspath(frame.f_code.co_filename)
+  path = _abspath(frame.f_code.co_filename)
   if not is_user_path(path):  # by path components: `jax_md/` is the user's
     return None
   return f"{path}:{frame.f_lineno}"

@@ -73,8 +73,22 @@ def spellings_active() -> bool:
   return getattr(_spelling_local, "depth", 0) > 0
 
 
+_wrappers: dict[tuple[Callable[..., Any], Callable[..., Any]], Callable[..., Any]] = {}
+
+
 def _spelling_wrapper(original: Callable[..., Any],
                       replacement: Callable[..., Any]) -> Callable[..., Any]:
+  """The wrapper installed at a site: made once per (original, replacement)
+  and installed again by every later trace (it decides per call, from this
+  thread's depth, so one object serves every trace)."""
+  wrapper = _wrappers.get((original, replacement))
+  if wrapper is None:
+    wrapper = _wrappers[(original, replacement)] = _make_spelling_wrapper(original, replacement)
+  return wrapper
+
+
+def _make_spelling_wrapper(original: Callable[..., Any],
+                           replacement: Callable[..., Any]) -> Callable[..., Any]:
   @functools.wraps(original)
   def wrapper(*args: Any, **kwargs: Any) -> Any:
     if getattr(_spelling_local, "depth", 0) > 0:

@@ -21,7 +21,9 @@ from typing import Any, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
+from .. import _jax as jc
 from . import verify as _verify
 from .errors import ShapeError
 from .padding import is_key_dtype
@@ -47,11 +49,28 @@ def poison_value(dtype: Any) -> Any:
 
 
 def in_range(env: Mapping[str, Any], padded: Mapping[str, int]) -> Any:
-  """Whether every size of `env` lies in [1, padded] (a traced bool)."""
-  ok = jnp.bool_(True)
+  """Whether every size of `env` lies in [1, padded] (a traced bool).
+
+  In lax, not jnp: this runs in every masked trace with traced sizes, and each
+  jnp operator costs a jitted helper's dispatch there (the same comparisons).
+  """
+  ok: Any = None
   for name, value in env.items():
-    ok = ok & (value >= 1) & (value <= padded[name])
-  return ok
+    dtype = np.dtype(value.dtype)
+    here = lax.bitwise_and(lax.ge(value, np.asarray(1, dtype)),
+                           lax.le(value, np.asarray(padded[name], dtype)))
+    ok = here if ok is None else lax.bitwise_and(ok, here)
+  return jnp.bool_(True) if ok is None else ok
+
+
+def _poisoned(o: Any, ok: Any, bad: Any) -> Any:
+  """`jnp.where(ok, o, bad)` for a scalar `ok` and a poison `bad` of `o`'s
+  dtype, in lax: the poison is not weakly typed, so neither is the result."""
+  if jc.typeof(o).weak_type:
+    o = lax.convert_element_type(o, o.dtype)   # (weak_type=False)
+  shape = np.shape(o)
+  pred = lax.broadcast_in_dim(ok, shape, ()) if shape else ok
+  return lax.select(pred, o, lax.full_like(o, bad))
 
 
 def guard(outs: Sequence[Any], env: Mapping[str, Any], padded: Mapping[str, int],
@@ -68,7 +87,7 @@ def guard(outs: Sequence[Any], env: Mapping[str, Any], padded: Mapping[str, int]
   guarded = []
   for o in outs:
     bad = poison_value(o.dtype) if hasattr(o, "dtype") else None
-    guarded.append(o if bad is None else jnp.where(ok, o, bad))
+    guarded.append(o if bad is None else _poisoned(o, ok, bad))
   return guarded
 
 

@@ -259,22 +259,32 @@ class Domain:
   """The sizes a padded call can have: each dim in [1, padded], as points."""
 
   def __init__(self, padded: dict[str, int]):
-    names = sorted(padded)
+    self._names = sorted(padded)
+    self._padded = dict(padded)
     total = 1
-    for v in names:
+    for v in self._names:
       total *= max(padded[v], 1)
-    self.points: list[dict[str, int]] | None = None
-    if total <= _MAX_DOMAIN_POINTS:
-      self.points = [dict(zip(names, p, strict=True)) for p in
-                     itertools.product(*(range(1, padded[v] + 1) for v in names))]
+    self._enumerable = total <= _MAX_DOMAIN_POINTS
+    self._points: list[dict[str, int]] | None = None
+
+  @property
+  def points(self) -> list[dict[str, int]] | None:
+    """Every size, listed on first use (most traces ask no comparison, and a
+    padded size of 8192 takes milliseconds to list); None when too many."""
+    if self._points is None and self._enumerable:
+      names = self._names
+      self._points = [dict(zip(names, p, strict=True)) for p in
+                      itertools.product(*(range(1, self._padded[v] + 1) for v in names))]
+    return self._points
 
   def feasible(self, decisions: Sequence[tuple[jc.SizeDecision, bool]], constraints: Sequence[str] = ()) -> bool:
     """Whether some size satisfies all these answers and guards (True when
     there are too many sizes to enumerate)."""
-    if self.points is None:
+    points = self.points
+    if points is None:
       return True
     scope = _spec.make_scope(tuple(constraints)) if constraints else None
-    for p in self.points:
+    for p in points:
       if all(bool(decision_holds(d, p)) == a for d, a in decisions) and (
           scope is None or _spec.violated_constraint(p, scope) is None):
         return True
