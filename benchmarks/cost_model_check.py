@@ -1,4 +1,4 @@
-"""The cost model (`polyjit/_cost_model.py`) against measured call times.
+"""The cost model (`polyjit/_buckets/cost_model.py`) against measured call times.
 
 For each benchmark function and each padded size P, a `pj.jit` with the one
 bucket P runs never-seen sizes in (P/2, P] (so each call pays what a call in a

@@ -1,4 +1,4 @@
-"""polyjit's on-disk cache (`polyjit/_disk_cache.py`), in fresh processes with
+"""polyjit's on-disk cache (`polyjit/_caching/disk.py`), in fresh processes with
 temporary cache directories (the suite itself runs with the cache off:
 tests/conftest.py). Compiles are measured with jax.monitoring in the workers."""
 

@@ -100,7 +100,7 @@ def _take_argmax(x, axis):
 
 def _cummax_ramp(x, axis):
   # A ramp breaks ties: at exact ties JAX's cummax JVP and polyjit's (at
-  # symbolic sizes, see _symbolic_ad.py) pick different valid subgradients.
+  # symbolic sizes, see _masking/autodiff.py) pick different valid subgradients.
   ramp = lax.broadcasted_iota(x.dtype, x.shape, axis) * 1e-2
   return lax.cummax(x + ramp, axis=axis)
 

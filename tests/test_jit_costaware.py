@@ -158,7 +158,7 @@ def test_precompile_a_fitted_policy_then_compile_nothing():
     assert_same(g, jax.jit(loglik)(x, mu))
 
 
-# --- the default: cost-aware with deterministic estimates (`_cost_model.py`) --------
+# --- the default: cost-aware with deterministic estimates (`_buckets/cost_model.py`) --------
 
 def run_sequence(fun, sizes, spec, **kw):
   """(results, bucket of each call, compiles) of a fresh pj.jit over `sizes`."""

@@ -1,4 +1,4 @@
-"""polyjit on many devices and many processes (`polyjit/_sharding.py`).
+"""polyjit on many devices and many processes (`polyjit/_sharding/placement.py`).
 
 The 8-device checks run in one subprocess (`sharding_worker.py`, 8 host
 devices) so that the rest of the suite keeps one device; the multi-process

@@ -25,7 +25,7 @@ structure, from cost estimates:
 
 Where the estimates come from (`estimates=`):
 
-* "model" (the default): `_cost_model.py`, from the function's jaxpr and the
+* "model" (the default): `_buckets/cost_model.py`, from the function's jaxpr and the
   padded sizes (work and memory traffic per bucket, equations per compile).
   Nothing is timed, nothing blocks, and the bucket compiled when an account
   is paid is compiled right there, in the call that paid it. So every
@@ -42,7 +42,7 @@ Where the estimates come from (`estimates=`):
   in the larger bucket until it is ready. Adapts to the machine, but which
   program serves a call then depends on timings.
 
-Across processes (`_disk_cache.py`): the buckets a traced program compiled
+Across processes (`_caching/disk.py`): the buckets a traced program compiled
 are remembered on disk, keyed by that program; a later run starts in the
 tightest remembered bucket that holds a call (instead of the headroom
 bucket), and a remembered bucket's price is a load (`LOAD_FRACTION` of a
@@ -228,7 +228,7 @@ class Rental:
     self.borrow_accounts: dict[Any, Any] = {}         # Borrow.key -> its accounts
     self.charge_cache: dict[Any, Charges] = {}        # Borrow.key -> charges
     self.borrows: dict[Any, Borrow] = {}              # Borrow.key -> the current one
-    # The on-disk bucket memory (`_disk_cache.py`): the traced program's key and
+    # The on-disk bucket memory (`_caching/disk.py`): the traced program's key and
     # the buckets an earlier run of it compiled (their programs load from disk).
     self.memory_key: str | None = None
     self.remembered: list[dict[str, int]] = []

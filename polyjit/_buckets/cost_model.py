@@ -1,6 +1,6 @@
 """A deterministic cost model of a traced function: run time per bucket, compile time.
 
-The default bucket policy (`CostAware`, `_policy.py`) decides when a tighter
+The default bucket policy (`CostAware`, `_buckets/cost_aware.py`) decides when a tighter
 bucket pays for its compile. Measured times would make that decision, and so
 which program serves a call, depend on the machine's load: two runs of the
 same script could run a size in different buckets, whose float results can

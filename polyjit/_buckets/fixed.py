@@ -9,8 +9,8 @@ known distributions. Above the largest bucket a policy either compiles the
 exact size (`overflow="exact"`) or raises `ShapeError` (`overflow="raise"`).
 
 These policies are fixed: a size always gets the same bucket. `CostAware`
-(`_policy.py`, `pj.jit`'s default) decides from estimated compile and run
-times which of its grid's buckets to compile, and `fit` (`_fit.py`) plans
+(`_buckets/cost_aware.py`, `pj.jit`'s default) decides from estimated compile and run
+times which of its grid's buckets to compile, and `fit` (`_buckets/fit.py`) plans
 buckets from a sample of sizes.
 """
 
@@ -182,7 +182,7 @@ PerDimBucketSpec: TypeAlias = "BucketSpec | dict[str, BucketSpec]"
 
 def default() -> BucketPolicy:
   """The stateless default (powers of two from 16): `pj.Ragged.from_list`'s,
-  and `as_policy(None)`'s. `pj.jit`'s default is `CostAware()` (`_policy.py`),
+  and `as_policy(None)`'s. `pj.jit`'s default is `CostAware()` (`_buckets/cost_aware.py`),
   which this module cannot import."""
   return PowersOfTwo()
 

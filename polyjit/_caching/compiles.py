@@ -10,7 +10,7 @@ registered for the process (listeners cannot be scoped); it forwards events to
 the recorders active at that moment.
 
 It sits below both of its users: `pj.jit` measures what each program it builds
-cost (`_jit_stats.py`), and `pj.diagnostics` exports `count_compiles` and
+cost (`_jit/stats.py`), and `pj.diagnostics` exports `count_compiles` and
 builds `watch` and `assert_max_compiles` on it.
 """
 

@@ -144,7 +144,7 @@ def enable_persistent_cache(directory: str | None = None, *,
                             max_bytes: int | None = None) -> str | None:
   """Turns on polyjit's on-disk cache of compiled programs at `directory`.
 
-  It is on by default (see `_disk_cache.py`: location `$POLYJIT_CACHE_DIR`,
+  It is on by default (see `_caching/disk.py`: location `$POLYJIT_CACHE_DIR`,
   else `~/.cache/polyjit`; opt out with `POLYJIT_NO_CACHE=1` or
   `pj.disable_persistent_cache()`); call this to choose another directory or
   size bound (`max_bytes`, default 1 GiB, least recently used evicted). JAX's

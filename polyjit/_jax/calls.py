@@ -1,5 +1,5 @@
 """polyjit's call primitive: a function bound as one equation whose JVP,
-transpose and batching polyjit defines (the masked evaluation, `_mask_calls.py`).
+transpose and batching polyjit defines (the masked evaluation, `_masking/calls.py`).
 
 The equation's param `node` is an object (hashed by identity) with:
 

@@ -3,7 +3,7 @@
 JAX reads its process-global cache object `compilation_cache._cache`, built
 from `jax_compilation_cache_dir` on first use; polyjit installs its own
 (atomic writes, a size bound without the `filelock` package;
-`polyjit/_disk_cache.py`). Relied on: the module has `_cache`,
+`polyjit/_caching/disk.py`). Relied on: the module has `_cache`,
 `_cache_initialized`, `_cache_initialized_mutex`, `reset_cache`, and
 `compilation_cache_interface.CacheInterface` (JAX 0.4.30 to 0.10).
 """

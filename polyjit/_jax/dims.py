@@ -1,5 +1,5 @@
 """Symbolic dimensions (`jax.export`): the accessors polyjit's own algebra
-(`_dims.py`) works on."""
+(`_masking/dims.py`) works on."""
 from __future__ import annotations
 
 from typing import Any
@@ -25,7 +25,7 @@ def dim_value_dtype() -> np.dtype[Any]:
 
 
 # The structure of a dimension expression, for polyjit's own algebra on it
-# (`_dims.py`): a sum of terms, each `coeff * f1**e1 * f2**e2 ...`, each factor
+# (`_masking/dims.py`): a sum of terms, each `coeff * f1**e1 * f2**e2 ...`, each factor
 # a variable or an operation (floordiv, mod, max, min) on expressions.
 
 def symbolic_vars(d: Any) -> set[str]:

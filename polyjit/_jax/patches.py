@@ -32,7 +32,7 @@ def wrap_jvp_rule(name: str, rule: Callable[..., Any]) -> None:
   """Installs `rule(original, primals, tangents, **params)` as `name`'s JVP.
 
   The rule receives JAX's own JVP rule as `original` and must defer to it
-  except where it adds support (see `_symbolic_ad.py`). Idempotent.
+  except where it adds support (see `_masking/autodiff.py`). Idempotent.
   """
   prim = primitive(name)
   if prim is None or prim not in _ad.primitive_jvps or name not in WRAPPED_JVPS:
@@ -54,7 +54,7 @@ def wrap_transpose_rules(name: str, wrap: Callable[[int, Any], Any]) -> None:
   `functools.partial(driver, *rules)` (one rule for `deflinear2`, the lhs and
   rhs rules for `defbilinear`, in two tables). Each rule is replaced by
   `wrap(i, rule)`, which must defer to `rule` except where it adds support
-  (see `_rules/windows.py`, `_rules/fft.py`). Idempotent.
+  (see `_masking/rules/windows.py`, `_masking/rules/fft.py`). Idempotent.
   """
   prim = primitive(name)
   if prim is None or name not in WRAPPED_TRANSPOSES:

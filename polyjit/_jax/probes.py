@@ -39,8 +39,8 @@ from .registry import (AD, CALL, DECISIONS, DIMS, JAXPRS, REFUSALS, SIZES, SOURC
 from .swaps import ARRAY_GETITEM, site_plan
 
 
-#: Primitives whose JVP or transpose polyjit wraps (`_symbolic_ad.py`,
-#: `_rules/windows.py`, `_rules/fft.py`).
+#: Primitives whose JVP or transpose polyjit wraps (`_masking/autodiff.py`,
+#: `_masking/rules/windows.py`, `_masking/rules/fft.py`).
 WRAPPED_JVPS = ("cumprod", "cummax", "cummin", "cumlogsumexp", "reduce_prod",
                 "triangular_solve")
 WRAPPED_TRANSPOSES = ("conv_general_dilated", "fft")
@@ -119,7 +119,7 @@ def _constraints() -> None:
 
 @internal("_DimExpr._get_vars/_sorted_terms/_factors/_evaluate/_from_var/scope, "
           "factor var/operation/operands", DIMS, "read",
-          "polyjit's own algebra on dimension expressions (`_dims.py`)")
+          "polyjit's own algebra on dimension expressions (`_masking/dims.py`)")
 def _dimexpr_structure() -> None:
   a, b = _ab()
   e: Any = 2 * a * b + a // 3 + 1
@@ -161,7 +161,7 @@ def _eqn_source() -> None:
 # --- differentiation rules (patches) -----------------------------------------------
 
 @internal("ad.primitive_jvps", AD, "patch",
-          "JVPs of cumulative ops, reduce_prod, triangular_solve wrapped (`_symbolic_ad.py`)")
+          "JVPs of cumulative ops, reduce_prod, triangular_solve wrapped (`_masking/autodiff.py`)")
 def _jvps() -> None:
   for name in WRAPPED_JVPS:
     prim = primitive(name)
@@ -169,7 +169,7 @@ def _jvps() -> None:
 
 
 @internal("ad.primitive_transposes entries as functools.partial(driver, *rules)", AD, "patch",
-          "transposes of conv_general_dilated and fft wrapped (`_rules/windows.py`, `fft.py`)")
+          "transposes of conv_general_dilated and fft wrapped (`_masking/rules/windows.py`, `fft.py`)")
 def _transposes() -> None:
   for name in WRAPPED_TRANSPOSES:
     prim = primitive(name)
@@ -180,7 +180,7 @@ def _transposes() -> None:
 
 
 @internal("jax._src.numpy.linalg._det (a jax.custom_jvp)", AD, "patch",
-          "the JVP of jnp.linalg.det wrapped (`_symbolic_ad.py`)")
+          "the JVP of jnp.linalg.det wrapped (`_masking/autodiff.py`)")
 def _det() -> None:
   fn = getattr(importlib.import_module("jax._src.numpy.linalg"), "_det")
   assert isinstance(fn, jax.custom_jvp) and callable(fn.jvp)
@@ -274,7 +274,7 @@ def _swap_sites() -> None:
 
 @internal("texts of JAX's NotImplementedError for lax.associative_scan and "
           "jax.random.permutation at a symbolic size", REFUSALS, "text",
-          "the refusal is explained with what to do instead (`_refusals.py`)")
+          "the refusal is explained with what to do instead (`_masking/refusals.py`)")
 def _refusal_texts() -> None:
   n, = _export.symbolic_shape("n")
   cases: list[tuple[Any, str]] = [
@@ -307,7 +307,7 @@ def _concrete_size_texts() -> None:
 @internal("jax._src.compilation_cache: _cache, _cache_initialized(_mutex), reset_cache; "
           "compilation_cache_interface.CacheInterface", CALL, "patch",
           "polyjit's on-disk cache is installed as JAX's persistent cache object "
-          "(`compilation_cache.py`, `_disk_cache.py`)")
+          "(`compilation_cache.py`, `_caching/disk.py`)")
 def _compilation_cache() -> None:
   from jax._src import compilation_cache as cc
   from jax._src import compilation_cache_interface as cci

@@ -4,7 +4,7 @@
 `lax.fori_loop` cannot be traced (or, for fori_loop, reverse-differentiated)
 by JAX when a size they depend on is symbolic; `jnp.nonzero`, `jnp.where`,
 `jnp.unique`, boolean indexing and their kin create sizes from data.
-`_spellings.py` and `_data_dependent.py` have exact replacements, registered
+`_spellings/replacements.py` and `_masking/data_dependent.py` have exact replacements, registered
 *keyed by the JAX function object they replace* (`register_spellings({
 jnp.searchsorted: searchsorted, ...})`). `trace_spellings()` puts them in
 place for the duration of polyjit's symbolic trace (`_mask.trace_flat`) at
@@ -41,7 +41,7 @@ SWAP_SITES: tuple[tuple[str, str], ...] = (
     ("jax.numpy", "linspace"),
     ("jax.numpy", "diff"),
     ("jax.lax", "fori_loop"),
-    # Data-dependent sizes (issue 14, `_data_dependent.py`): the public names,
+    # Data-dependent sizes (issue 14, `_masking/data_dependent.py`): the public names,
     # `lax_numpy.nonzero` (through which `Array.nonzero` reaches it) and the
     # function behind `Array.__getitem__`.
     ("jax.numpy", "nonzero"),

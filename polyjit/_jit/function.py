@@ -7,7 +7,7 @@ A call goes through these steps, all on the host:
    it, the *plan* for these exact shapes; a plan knows the padded shape of
    every argument, the logical sizes, the compiled program and how to unpad
    the outputs, so a repeated shape costs a dict lookup;
-3. pad the arguments to the bucket on the host (`_padding.py`), run the
+3. pad the arguments to the bucket on the host (`_masking/padding.py`), run the
    program with the logical sizes as runtime values, slice outputs with
    dynamic dims back to their logical shapes.
 
@@ -23,13 +23,13 @@ regions and size scalars, no new plan, trace or compile (`_resized_plan`).
 
 On a plan miss, the logical size of every dimension variable is solved from the
 argument shapes, rounded up by the bucket policy, and the program for those
-padded sizes comes from the executable cache (`_cache.py`), compiled there
+padded sizes comes from the executable cache (`_caching/executables.py`), compiled there
 once: `jax.jit` of `pj.mask(fun)` lowered at the padded shapes.
 
 Explicit mode (`polymorphic_shapes=`) uses the given specs. Automatic mode
-learns them (`_auto.py`): the first call compiles the exact shapes, and axes
+learns them (`_jit/auto.py`): the first call compiles the exact shapes, and axes
 that vary become dynamic. Python branching on a size gets one variant per
-side of the comparison (`_variants.py`): the sizes of a call select the variant
+side of the comparison (`_masking/variants.py`): the sizes of a call select the variant
 on their side, traced once, and each variant has its own program per bucket.
 If `fun` still cannot be traced or masked with symbolic sizes (a primitive
 without a masking rule), the structure falls back to exact shapes, like
@@ -37,10 +37,10 @@ without a masking rule), the structure falls back to exact shapes, like
 (`fallback="warn"`, the default), an error (`fallback="error"`), or only
 `pj.explain` and the "polyjit" logger (`fallback="silent"`).
 
-Under `pj.buckets.CostAware` (`_policy.py`), the default, the bucket of a call
+Under `pj.buckets.CostAware` (`_buckets/cost_aware.py`), the default, the bucket of a call
 is the smallest compiled one that holds it; a tighter one compiles once the
 run time its absence wastes has paid for a compile (both estimated from the
-function's jaxpr, `_cost_model.py`, so the choice is the same on every run).
+function's jaxpr, `_buckets/cost_model.py`, so the choice is the same on every run).
 On a mesh the default is powers of two: a fixed policy.
 
 Called under another transformation (`jax.jit`, `jax.grad`, `jax.vmap`), a
@@ -48,9 +48,9 @@ Called under another transformation (`jax.jit`, `jax.grad`, `jax.vmap`), a
 
 This module holds `JitFunction`, the steps above and their policy (when to
 mask, fall back, borrow a bucket, warn). The parts it ties together:
-`_jit_args.py` (static arguments, leaves, leaf names, explicit specs,
-donation), `_jit_plans.py` (structures, plans, templates, program keys and
-bodies) and `_jit_stats.py` (the typed record `pj.stats` and `pj.explain` read).
+`_jit/args.py` (static arguments, leaves, leaf names, explicit specs,
+donation), `_jit/plans.py` (structures, plans, templates, program keys and
+bodies) and `_jit/stats.py` (the typed record `pj.stats` and `pj.explain` read).
 """
 
 from __future__ import annotations
@@ -468,7 +468,7 @@ class JitFunction:
     if template is not None:
       struct.templates[plan.key.bucket] = template
 
-  # --- the cost-aware policy (`_policy.py`) ----------------------------------------
+  # --- the cost-aware policy (`_buckets/cost_aware.py`) ----------------------------------------
 
   def _rental(self, struct: Structure, logical: dict[str, int],
               variant: Variant | None = None) -> Rental | None:
@@ -611,7 +611,7 @@ class JitFunction:
 
   def _variant(self, struct: Structure, shapes: Shapes) -> tuple[Masked, Binding, Variant]:
     """The masked function, its binding at these (logical) shapes, and the
-    variant of `fun` that these sizes select (`_variants.py`): one per side
+    variant of `fun` that these sizes select (`_masking/variants.py`): one per side
     of each size comparison `fun` makes, traced on first use."""
     args = struct.abstract_args(shapes)
     if struct.masked is None:
@@ -793,7 +793,7 @@ def jit(fun: Callable[..., Any] | None = None, *, polymorphic_shapes: ArgSpecs |
     in_shardings, out_shardings: as in `jax.jit`. Sharded arguments (these,
       or a `jax.Array` on several devices) are padded shard by shard, a
       sharded dynamic axis gets buckets that split evenly over its shards,
-      and outputs keep their shardings (see `_sharding.py`).
+      and outputs keep their shardings (see `_sharding/placement.py`).
   """
   kw: dict[str, Any] = dict(polymorphic_shapes=polymorphic_shapes, buckets=buckets,
             constraints=constraints, static_argnums=static_argnums,

@@ -9,7 +9,7 @@ the sizes that bucket has not seen yet: when every dynamic axis is a bare
 dimension, the sizes are read off the shapes and only the logical sizes and
 output shapes are new (no binding, tracing or constraint solving).
 
-Programs are keyed by `ProgramKey` in the executable cache (`_cache.py`): a
+Programs are keyed by `ProgramKey` in the executable cache (`_caching/executables.py`): a
 masked program by structure, specs, variant and padded shapes; `jax.jit`'s own
 program at exact shapes (the first call in automatic mode, a fallback, an
 empty dynamic axis) by structure and shapes. A program's body takes the padded

@@ -3,7 +3,7 @@
 Every program is recorded as a `CompileRecord`: its key, its `Cause` (the
 first call, an axis that changed and became dynamic, a new bucket, a fallback
 to exact shapes, an empty dynamic axis, `precompile`), and the backend compiles
-`jax.monitoring` reported for it (`_compiles.py`), so the counts are measured,
+`jax.monitoring` reported for it (`_caching/compiles.py`), so the counts are measured,
 never assumed. Every call adds to the bucket it ran in and to the padding it
 carried; every logical size of a dimension is kept with the argument axis it
 came from. `pj.stats` and `pj.explain` (`diagnostics/_explain.py`) read these

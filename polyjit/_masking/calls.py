@@ -10,7 +10,7 @@ kinds of node:
                  input tangents, logical sizes); linear in the tangents.
   Batched(node)  `jax.vmap` of another node's evaluation (pj.vmap, jax.jacfwd).
 
-Derivatives, by the same rule as the gradient in `_mask.py` (never let JAX
+Derivatives, by the same rule as the gradient in `_masking/mask.py` (never let JAX
 differentiate or transpose the ops the interpreter emitted, whose local
 derivatives in the padding are garbage; always mask a symbolically traced
 derivative instead):

@@ -15,7 +15,7 @@ env, a loop over equations), with a table of masking rules keyed by primitive:
   traced (`MaskEnv.logical`), so one compiled program serves all sizes.
 
 Because the interpreter is ordinary JAX code, `jit`, `vmap` and `grad` compose
-with it (gradients go through `_mask.py`, see there).
+with it (gradients go through `_masking/mask.py`, see there).
 
 The invariant
 -------------
@@ -194,7 +194,7 @@ class MaskEnv:
     self._mask_cache: dict[Any, Any] = {}
     self._fill_cache: dict[Any, Any] = {}
     self._padded_cache: dict[Any, int] = {}
-    # Data-dependent sizes (`_data_dependent.py`) are bound while the jaxpr
+    # Data-dependent sizes (`_masking/data_dependent.py`) are bound while the jaxpr
     # runs, only at the top level (`nested` envs evaluate loop bodies and
     # branches, which run many times or not at all); `checks` are the
     # conditions (scalar bools, with an error code) under which the result

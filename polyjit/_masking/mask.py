@@ -6,7 +6,7 @@
 `fun` is traced once per argument structure with symbolic shapes (cached on
 the masked function, so a new padded size does not retrace `fun`), then the
 jaxpr is evaluated on the padded arguments by the masking interpreter
-(`_core.py`). Logical sizes are runtime values: under `jax.jit` one program
+(`_masking/core.py`). Logical sizes are runtime values: under `jax.jit` one program
 serves every logical size up to the padded one, and `jax.vmap` over the
 logical sizes gives ragged batching.
 
@@ -16,7 +16,7 @@ Differentiating the masked evaluation directly is unsafe: JAX's transpose
 rules sum over padding without masks (the transpose of a broadcast into a
 dynamic axis is a sum over it), and the local derivatives in the padding are
 garbage, so 0 * NaN = NaN reaches valid entries. Instead the masked
-evaluation is one `polyjit_masked_call` equation (`_mask_calls.py`) whose
+evaluation is one `polyjit_masked_call` equation (`_masking/calls.py`) whose
 derivatives are themselves masked evaluations of derivatives traced
 symbolically: its JVP is the masked evaluation of `jax.jvp(fun)` (forward
 mode: `jax.jvp`, `jax.jacfwd`, `jax.linearize`), and the transpose of that
@@ -72,7 +72,7 @@ def apply(traced: Traced, padded: dict[str, int], args: Sequence[Any],
           logical: Sequence[Any]) -> list[Any]:
   """Runs `traced` masked on padded `args` (without its consts).
 
-  One `polyjit_masked_call` equation (`_mask_calls.py`): its gradient is the
+  One `polyjit_masked_call` equation (`_masking/calls.py`): its gradient is the
   masked evaluation of the traced VJP, its JVP that of the traced JVP.
   """
   return _mask_calls.call_traced(traced, padded, args, tuple(logical))
@@ -84,7 +84,7 @@ GROWING_VARIANTS = 8   # variants of one argument structure before a warning
 class Masked:
   """The result of `pj.mask`: call it as `masked(args, logical_env)`.
 
-  For each argument structure it keeps the variants of `fun` (`_variants.py`):
+  For each argument structure it keeps the variants of `fun` (`_masking/variants.py`):
   one trace per side of the size comparisons `fun` makes. Concrete sizes run
   the variant they select; traced sizes run all the variants their padded
   sizes allow, selected in the program.
@@ -463,7 +463,7 @@ def mask(fun: Callable[..., Any], in_shapes: ArgSpecs, out_shape: SpecTree = Non
     is defined. A `fun` with data-dependent sizes (`x[x > 0]`, `jnp.nonzero`,
     `jnp.unique`) returns `(padded_outputs, shapes)`: `shapes` holds each
     output's logical shape (int32 scalars for dynamic axes), computed by the
-    program; see `_data_dependent.py`.
+    program; see `_masking/data_dependent.py`.
   """
   return Masked(fun, in_shapes, out_shape, constraints=constraints)
 

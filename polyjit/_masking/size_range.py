@@ -7,7 +7,7 @@ computation to match, so such a call's outputs are *poisoned* instead of
 computed on garbage: NaN in floating and complex dtypes, the dtype's minimum
 in signed integers, its maximum in unsigned ones, False in bools (the values
 the pj.mask and Ragged guides document). Under the checking mode
-(`POLYJIT_VERIFY=1` or `pj.verify(True)`, `_verify.py`) the call raises
+(`POLYJIT_VERIFY=1` or `pj.verify(True)`, `_masking/verify.py`) the call raises
 `pj.SizeRangeError` instead, from a host callback.
 
 Concrete sizes never get here: `_spec.logical_values` refuses them with the

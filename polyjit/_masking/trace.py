@@ -41,7 +41,7 @@ class Traced:
   cache: dict[Any, Any] = dataclasses.field(default_factory=dict)
   _vjp: "VJP | None" = None
   _jvp: "Traced | None" = None
-  # The call nodes of its masked evaluation and derivatives (`_mask_calls.py`).
+  # The call nodes of its masked evaluation and derivatives (`_masking/calls.py`).
   nodes: dict[Any, Any] = dataclasses.field(default_factory=dict)
   _split: "SplitVJP | None" = None
   _split_traced: bool = False
@@ -68,7 +68,7 @@ class Traced:
 
   @functools.cached_property
   def size_names(self) -> tuple[str, ...]:
-    """The data-dependent sizes `fun` creates (`_data_dependent.py`)."""
+    """The data-dependent sizes `fun` creates (`_masking/data_dependent.py`)."""
     return _data_dependent.size_names(self.jaxpr)
 
   def vjp(self) -> "VJP":

@@ -18,7 +18,7 @@ rules can use it.
   `jax.vmap` over sizes): every side that some size in `[1, padded]` can
   reach is traced (`explore`: a depth-first walk over the answers, pruned by
   enumerating the sizes the padded arrays allow), and the program selects the
-  variant at run time from the traced sizes (`_mask.py`: `lax.switch`, a
+  variant at run time from the traced sizes (`_masking/mask.py`: `lax.switch`, a
   select under `vmap`). A mixed ragged batch is then right in one program.
 
 A variant whose trace fails (a side where `fun` raises, like `jax.jit` would

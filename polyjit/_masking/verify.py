@@ -12,7 +12,7 @@ with `POLYJIT_VERIFY=1` in the environment (read at import) or `pj.verify()`
 * every `pj.mask` call with concrete sizes also run the function on the
   arguments sliced to their logical shapes, and compare the valid region;
 * a traced size outside `[1, padded]` raise `SizeRangeError` instead of
-  poisoning the outputs (`_size_range.py`).
+  poisoning the outputs (`_masking/size_range.py`).
 
 The last is decided when the program is traced: a `jax.jit` around `pj.mask`
 traced under the checking mode keeps raising after it is turned off.

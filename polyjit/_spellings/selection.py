@@ -2,7 +2,7 @@
 
 Inside `pj.jit`, `pj.mask` and `pj.vmap` these are exactly `jnp.nonzero(a)`,
 `x[m]` and `jnp.unique(x)` (which polyjit intercepts there anyway): results
-whose length is a data-dependent size (`_data_dependent.py`), returned at
+whose length is a data-dependent size (`_masking/data_dependent.py`), returned at
 their exact size. The explicit spellings exist for code that must *also* run
 under plain `jax.jit`, `jax.vmap` or eagerly:
 

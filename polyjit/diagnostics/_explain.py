@@ -1,6 +1,6 @@
 """`pj.stats` and `pj.explain`: what a `pj.jit` function compiled, and why.
 
-Every program a `pj.jit` function builds is recorded (`_jit_stats.py`) with
+Every program a `pj.jit` function builds is recorded (`_jit/stats.py`) with
 its cause (the first call, an axis that changed and became dynamic, a new
 bucket, a fallback to exact shapes, an empty dynamic axis, a precompile) and
 with the compile events `jax.monitoring` reported for it, so the counts here

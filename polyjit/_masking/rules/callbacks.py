@@ -13,7 +13,7 @@ user's function sees exactly the values the unpadded program would pass it.
   function the host function runs once per example (`vmap_method=
   "sequential"`), since every example has its own sizes. An io_callback runs
   once per call, in program order, as unpadded; gradients of the masked
-  function replay its forward pass and so refuse io_callback (`_mask.py`).
+  function replay its forward pass and so refuse io_callback (`_masking/mask.py`).
 * `debug_callback` (`jax.debug.callback`), `debug_print` (`jax.debug.print`):
   issued as a `jax.debug.callback` whose host function re-binds the original
   primitive on the unpadded values, so JAX formats and prints them as usual.

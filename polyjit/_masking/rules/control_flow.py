@@ -4,7 +4,7 @@ Call-like primitives (`jit`, `closed_call`, `custom_jvp_call`,
 `custom_vjp_call`) are evaluated inline: the masked program is one program
 anyway, and the custom derivative rules they carry are not needed here,
 because gradients of a masked function come from masking `fun`'s own VJP
-(`_mask.py`), traced with JAX's rules in place.
+(`_masking/mask.py`), traced with JAX's rules in place.
 
 Primitives that must stay primitives (`cond`, `while`, `scan`, `remat`) get
 their sub-jaxprs masked (`_core.mask_closed_jaxpr`, cached per padded size),
