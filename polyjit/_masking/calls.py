@@ -6,7 +6,7 @@ kinds of node:
 
   Call(traced)   the masked evaluation of `traced` on (inputs, logical sizes).
   Lin(traced)    its tangent map: the masked evaluation of `jax.jvp(fun)`
-                 traced symbolically (`Traced.jvp`), on (inputs, residuals,
+                 traced symbolically (`SymbolicTrace.jvp`), on (inputs, residuals,
                  input tangents, logical sizes); linear in the tangents.
   Batched(node)  `jax.vmap` of another node's evaluation (pj.vmap, jax.jacfwd).
 
@@ -45,7 +45,7 @@ import numpy as np
 from .. import _jax as jc
 from .core import MaskEnv, eval_jaxpr_masked
 from .data_dependent import extra_outputs
-from .trace import Traced
+from .trace import SymbolicTrace
 
 
 def _inexact(aval: Any) -> bool:
@@ -97,14 +97,14 @@ class Node:
     return node
 
 
-def _masked_eval(traced: "Traced", padded: dict[str, int], inputs: Sequence[Any],
+def _masked_eval(traced: "SymbolicTrace", padded: dict[str, int], inputs: Sequence[Any],
                  logical: Sequence[Any]) -> list[Any]:
   env = MaskEnv(traced.dim_names, padded, logical, traced.cache)
   outs: list[Any] = eval_jaxpr_masked(traced.jaxpr, (), list(inputs), env)
   return outs + extra_outputs(env, traced)
 
 
-def _node(kind: type, traced: "Traced", padded: dict[str, int], args: Sequence[Any],
+def _node(kind: type, traced: "SymbolicTrace", padded: dict[str, int], args: Sequence[Any],
           *extra: Any) -> Any:
   """The node of `kind` for `traced` at these padded sizes and argument avals
   (one per key, so that JAX's caches see the same param)."""
@@ -116,21 +116,21 @@ def _node(kind: type, traced: "Traced", padded: dict[str, int], args: Sequence[A
   return node
 
 
-def call(traced: "Traced", padded: dict[str, int], inputs: Sequence[Any],
+def call(traced: "SymbolicTrace", padded: dict[str, int], inputs: Sequence[Any],
          logical: Sequence[Any]) -> list[Any]:
   """The masked evaluation of `traced` (consts included in `inputs`)."""
   args = [*inputs, *logical]
   return jc.bind_call(_node(Call, traced, padded, args), args)
 
 
-def call_traced(traced: "Traced", padded: dict[str, int], args: Sequence[Any],
+def call_traced(traced: "SymbolicTrace", padded: dict[str, int], args: Sequence[Any],
                 logical: Sequence[Any]) -> list[Any]:
   """`call` with `traced`'s consts put first."""
   return call(traced, padded, [*traced.consts, *args], logical)
 
 
 class Call(Node):
-  def __init__(self, traced: "Traced", padded: dict[str, int], in_avals: tuple[Any, ...]
+  def __init__(self, traced: "SymbolicTrace", padded: dict[str, int], in_avals: tuple[Any, ...]
                ) -> None:
     super().__init__(in_avals)
     self.traced = traced
@@ -189,7 +189,7 @@ def _zeros_like_aval(aval: Any) -> Any:
   return jnp.zeros(aval.shape, aval.dtype)
 
 
-def _masked_vjp(traced: "Traced", padded: dict[str, int], inputs: Sequence[Any],
+def _masked_vjp(traced: "SymbolicTrace", padded: dict[str, int], inputs: Sequence[Any],
                 cts: Sequence[Any], logical: Sequence[Any], res: Sequence[Any]
                 ) -> dict[int, Any]:
   """The gradients of `traced`'s differentiable inputs (by index) for the
@@ -211,7 +211,7 @@ def _masked_vjp(traced: "Traced", padded: dict[str, int], inputs: Sequence[Any],
 
 
 class Lin(Node):
-  def __init__(self, traced: "Traced", padded: dict[str, int], in_avals: tuple[Any, ...],
+  def __init__(self, traced: "SymbolicTrace", padded: dict[str, int], in_avals: tuple[Any, ...],
                n_res: int, t_avals: tuple[Any, ...] | None = None) -> None:
     super().__init__(in_avals)
     self.t_avals = t_avals

@@ -61,14 +61,14 @@ from . import (data_dependent as _data_dependent, calls as _mask_calls, size_ran
 from .refusals import jax_refusal
 from .errors import FallbackWarning, MaskingError, PolyjitError, ShapeError, trace_error, warn_user
 from .spec import ArgSpecs, LogicalEnv, SpecTree
-from .trace import Traced, trace_flat
+from .trace import SymbolicTrace, trace_flat
 
 
 # Every change polyjit makes to JAX's tables and classes, once, here.
 jc.install_patches(_symbolic_ad.install)
 
 
-def apply(traced: Traced, padded: dict[str, int], args: Sequence[Any],
+def apply(traced: SymbolicTrace, padded: dict[str, int], args: Sequence[Any],
           logical: Sequence[Any]) -> list[Any]:
   """Runs `traced` masked on padded `args` (without its consts).
 
@@ -134,11 +134,11 @@ class Masked:
                            for leaf, x in zip(binding.leaves, leaves, strict=True)))
 
   def _tracer(self, args: Sequence[Any], binding: _spec.Binding) -> _variants.TraceFn:
-    """(constraints, oracle) -> Traced: `fun` traced in the scope of those
+    """(constraints, oracle) -> SymbolicTrace: `fun` traced in the scope of those
     constraints, its size comparisons answered by `oracle`."""
     leaves, in_tree = jax.tree.flatten(tuple(args))
 
-    def trace(constraints: tuple[str, ...], oracle: Callable[..., bool]) -> Traced:
+    def trace(constraints: tuple[str, ...], oracle: Callable[..., bool]) -> SymbolicTrace:
       scope = _spec.fresh_scope(constraints)   # no JAX cache crosses traces
       bound = _spec.bind(self.in_shapes, args, scope, check=False)
       avals = [jc.shaped(leaf.symbolic_shape, jc.typeof(x).dtype, jc.typeof(x).weak_type)
@@ -220,13 +220,13 @@ class Masked:
     return (variant.error is None and not variant.decisions
             and variant.constraints == self.constraints)
 
-  def trace(self, args: Sequence[Any], binding: _spec.Binding | None = None) -> Traced:
+  def trace(self, args: Sequence[Any], binding: _spec.Binding | None = None) -> SymbolicTrace:
     """A symbolic trace of `fun` for `args`' structure and dtypes: the first
     variant (every variant has the same output shapes)."""
-    traced: Traced = self.variants(args, binding)[0].traced
+    traced: SymbolicTrace = self.variants(args, binding)[0].traced
     return traced
 
-  def _trace(self, in_tree: Any, avals: list[Any], dim_names: Sequence[str]) -> Traced:
+  def _trace(self, in_tree: Any, avals: list[Any], dim_names: Sequence[str]) -> SymbolicTrace:
     out_tree_box: list[Any] = []
 
     def flat_fun(*leaves: Any) -> list[Any]:
@@ -313,12 +313,12 @@ class Masked:
     shapes = _data_dependent.logical_shapes(traced, sizes)
     return outs, jax.tree.unflatten(traced.out_tree, shapes)
 
-  def trace_for_output(self, args: Sequence[Any], logical_env: Mapping[str, Any]) -> Traced:
+  def trace_for_output(self, args: Sequence[Any], logical_env: Mapping[str, Any]) -> SymbolicTrace:
     """The trace whose output shapes `call_with_sizes`' sizes evaluate."""
     binding = self.bind(args)
     if all(_spec.is_concrete(logical_env[k]) for k in binding.dim_names):
       sizes = {k: int(logical_env[k]) for k in binding.dim_names}
-      traced: Traced = self.variant_for(args, sizes, binding).traced
+      traced: SymbolicTrace = self.variant_for(args, sizes, binding).traced
       return traced
     return self.trace(args, binding)
 
@@ -416,7 +416,7 @@ def _apply_variant(variant: _variants.Variant, padded: dict[str, int], leaves: S
   return apply(traced, padded, leaves, [env[k] for k in traced.dim_names])
 
 
-def check_out_shape(out_shape: SpecTree, traced: Traced, scope: jc.SymbolicScope) -> None:
+def check_out_shape(out_shape: SpecTree, traced: SymbolicTrace, scope: jc.SymbolicScope) -> None:
   """Raises ShapeError when the traced output shapes differ from `out_shape`."""
   example = jax.tree.unflatten(traced.out_tree, traced.out_avals)
   try:

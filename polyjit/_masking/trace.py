@@ -1,6 +1,6 @@
 """One symbolic trace of a user function, and its derivatives traced the same way.
 
-`Traced` is a function traced once with symbolic shapes (`trace_flat`, inside
+`SymbolicTrace` is a function traced once with symbolic shapes (`trace_flat`, inside
 `jc.trace_spellings()` and `data_dependent.tracing`, so exact replacements of
 JAX spellings and data-dependent sizes are in place). Its derivatives are
 traced lazily and kept on it: `jvp()` is `jax.jvp(fun)` traced symbolically,
@@ -27,7 +27,7 @@ from .errors import MaskingError
 
 
 @dataclasses.dataclass(eq=False)
-class Traced:
+class SymbolicTrace:
   """A function traced once with symbolic shapes.
 
   `jaxpr` takes the consts first, then the flat arguments: `inputs`.
@@ -40,7 +40,7 @@ class Traced:
   dim_names: tuple[str, ...]
   cache: dict[Any, Any] = dataclasses.field(default_factory=dict)
   _vjp: "VJP | None" = None
-  _jvp: "Traced | None" = None
+  _jvp: "SymbolicTrace | None" = None
   # The call nodes of its masked evaluation and derivatives (`_masking/calls.py`).
   nodes: dict[Any, Any] = dataclasses.field(default_factory=dict)
   _split: "SplitVJP | None" = None
@@ -76,7 +76,7 @@ class Traced:
       self._vjp = _trace_vjp(self)
     return self._vjp
 
-  def jvp(self) -> "Traced":
+  def jvp(self) -> "SymbolicTrace":
     """The tangent map: (inputs, tangents of the inexact inputs) -> tangents
     of the inexact outputs, traced symbolically."""
     if self._jvp is None:
@@ -93,7 +93,7 @@ class Traced:
 @dataclasses.dataclass(eq=False)
 class VJP:
   """`fun`'s VJP traced symbolically: (inputs, cts) -> grads of `diff_in`."""
-  traced: Traced
+  traced: SymbolicTrace
   diff_in: list[int]        # which inputs are differentiable
   diff_out: list[int]       # which outputs carry cotangents
 
@@ -103,8 +103,8 @@ class SplitVJP:
   """`fun`'s VJP in two traces: `fwd` (inputs -> outputs, then residuals)
   and `bwd` (residuals, cts -> grads of `diff_in`), so a gradient computes
   the forward pass once."""
-  fwd: Traced
-  bwd: Traced
+  fwd: SymbolicTrace
+  bwd: SymbolicTrace
   diff_in: list[int]
   diff_out: list[int]
 
@@ -113,7 +113,7 @@ def _is_array(x: Any) -> bool:
   return isinstance(x, (jc.Tracer, jax.Array, np.ndarray))
 
 
-def _trace_split_vjp(traced: Traced) -> SplitVJP | None:
+def _trace_split_vjp(traced: SymbolicTrace) -> SplitVJP | None:
   """`fun`'s VJP split where JAX splits it: `jax.vjp` traced symbolically
   returns the outputs and the pullback, a pytree whose array leaves are the
   residuals; the backward trace rebuilds the pullback from them. None when
@@ -160,13 +160,13 @@ def _inexact(aval: Any) -> bool:
 
 
 def trace_flat(flat_fun: Callable[..., list[Any]], avals: Sequence[Any],
-               dim_names: Sequence[str], out_tree: Any = None) -> Traced:
+               dim_names: Sequence[str], out_tree: Any = None) -> SymbolicTrace:
   """Traces `flat_fun(*leaves) -> list` at symbolic `avals`."""
   with jc.trace_spellings(), _data_dependent.tracing(avals):
     closed = jc.make_closed_jaxpr(flat_fun, list(avals))
   consts = list(closed.consts)
   const_avals = [jc.typeof(c) for c in consts]
-  return Traced(
+  return SymbolicTrace(
       jaxpr=jc.convert_constvars_jaxpr(closed.jaxpr),
       consts=consts,
       in_avals=[*const_avals, *avals],
@@ -191,7 +191,7 @@ def _differentiable_part(fun: Callable[..., Any], inputs: Sequence[Any], diff_in
   return primal
 
 
-def _trace_jvp(traced: Traced) -> Traced:
+def _trace_jvp(traced: SymbolicTrace) -> SymbolicTrace:
   n_in = len(traced.in_avals)
   diff_in, diff_out = traced.diff_in, traced.diff_out
   primal_fun = jc.jaxpr_as_fun(traced.jaxpr)
@@ -229,7 +229,7 @@ def _uses_primitive(jaxpr: jc.Jaxpr, name: str) -> bool:
              for eqn in jaxpr.eqns)
 
 
-def _trace_vjp(traced: Traced) -> VJP:
+def _trace_vjp(traced: SymbolicTrace) -> VJP:
   n_in = len(traced.in_avals)
   diff_in, diff_out = traced.diff_in, traced.diff_out
   primal_fun = jc.jaxpr_as_fun(traced.jaxpr)

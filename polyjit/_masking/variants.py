@@ -291,7 +291,7 @@ class Domain:
     return False
 
 
-TraceFn = Callable[[tuple[str, ...], _Oracle], Any]   # (constraints, oracle) -> Traced
+TraceFn = Callable[[tuple[str, ...], _Oracle], Any]   # (constraints, oracle) -> SymbolicTrace
 
 
 def for_sizes(trace: TraceFn, constraints: tuple[str, ...], sizes: dict[str, int],
