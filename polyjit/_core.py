@@ -45,6 +45,7 @@ from jax import lax
 
 from . import _dims
 from . import _jax as jc
+from . import _lapack_order
 from ._errors import MaskingError, no_rule_message
 from ._refusals import why_unsupported
 
@@ -167,6 +168,9 @@ class MaskEnv:
     self.nested = False
     self.size_names: tuple[str, ...] = ()
     self.checks: list[Any] = []
+    # Orders this evaluation's LAPACK calls one after another (see
+    # `_lapack_order`); None before the first one.
+    self.lapack_token: Any = None
 
   def bind_size(self, name: str, padded: int, logical: Any) -> None:
     """Adds a data-dependent size, computed by the program, to the sizes."""
@@ -339,8 +343,11 @@ def eval_jaxpr_masked(jaxpr: jc.Jaxpr, consts: Sequence[Any],
     vals[v] = x
   for v, x in zip(jaxpr.invars, args):
     vals[v] = x
-  for eqn, symbolic, outvars in _steps(jaxpr):
+  lapack = _lapack_order.lapack_calls(jaxpr) if _lapack_order.ACTIVE else None
+  for i, (eqn, symbolic, outvars) in enumerate(_steps(jaxpr)):
     invals = [read(v) for v in eqn.invars]
+    if lapack is not None and lapack[i]:
+      invals = _lapack_order.after(env.lapack_token, invals)
     with jc.eqn_context(eqn):
       if symbolic:
         rule = masking_rules.get(eqn.primitive)
@@ -352,8 +359,10 @@ def eval_jaxpr_masked(jaxpr: jc.Jaxpr, consts: Sequence[Any],
         outs = eqn.primitive.bind(*invals, **jc.bind_params(eqn))  # type: ignore[no-untyped-call, unused-ignore]
         if not eqn.primitive.multiple_results:
           outs = [outs]
-    for i, v in outvars:
-      vals[v] = outs[i]
+    if lapack is not None and lapack[i]:
+      env.lapack_token = _lapack_order.token_after(env.lapack_token, outs)
+    for j, v in outvars:
+      vals[v] = outs[j]
   return [read(v) for v in jaxpr.outvars]
 
 

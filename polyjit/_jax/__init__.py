@@ -56,7 +56,8 @@ from .frames import (
 from .primitives import (
     all_primitives as all_primitives, bind_params as bind_params, primitive as primitive,
     required_primitive as required_primitive, size_primitive as size_primitive)
-from .calls import CallNode as CallNode, bind_call as bind_call
+from .calls import (CallNode as CallNode, bind_call as bind_call,
+                    set_lowering_order as set_lowering_order)
 from .patches import (
     install_patches as install_patches, instantiate_zeros as instantiate_zeros,
     is_zero_tangent as is_zero_tangent, wrap_custom_jvp_rule as wrap_custom_jvp_rule,
