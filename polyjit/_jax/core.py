@@ -39,6 +39,7 @@ Literal = jex_core.Literal
 Primitive = jex_core.Primitive
 Tracer = jax.core.Tracer
 max_dim = jax.core.max_dim
+min_dim = jax.core.min_dim
 InconclusiveDimensionOperation = _InconclusiveDimensionOperation
 
 # --- the call path ------------------------------------------------------------
