@@ -53,6 +53,7 @@ from .frames import (
     is_polyjit_path as is_polyjit_path, is_user_path as is_user_path,
     stacklevel_outside_polyjit as stacklevel_outside_polyjit,
     library_function_of as library_function_of, source_line as source_line,
+    static_size_user as static_size_user,
     user_line_of as user_line_of)
 from .primitives import (
     all_primitives as all_primitives, bind_params as bind_params, primitive as primitive,
