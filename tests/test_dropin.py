@@ -8,9 +8,6 @@ transformations, and keyword array arguments in explicit mode.
 """
 
 import functools
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -150,36 +147,4 @@ def test_hessian_of_a_masked_function_in_both_spellings():
   np.testing.assert_allclose(inner[:5, :5], expected, rtol=1e-5, atol=1e-6)
 
 
-_CHOLESKY_HESSIAN = """
-import jax, jax.numpy as jnp, numpy as np, polyjit as pj
-def pd(x):
-  n = x.shape[0]
-  a = (jnp.outer(x, x) * 0.1 + jnp.eye(n, dtype=x.dtype) * (1.0 + 0.1 * n)
-       + 0.05 * jnp.tanh(x)[:, None])
-  return a @ a.T
-f = lambda x: jnp.sum(jnp.linalg.cholesky(pd(x)) * jnp.cos(x)[:, None])
-m = pj.mask(jax.hessian(f), ["n"])
-data = np.zeros((2, 64), np.float32)  # rows of lengths 3 and 5, zero padding
-out = jax.jit(jax.vmap(lambda xp, n: m([xp], {"n": n})))(data, np.array([3, 5], np.int32))
-for row, n in zip(np.asarray(out), (3, 5), strict=True):
-  np.testing.assert_allclose(row[:n, :n], jax.hessian(f)(jnp.zeros(n)), rtol=1e-4, atol=1e-5)
-print("done")
-"""
-
-
-@pytest.mark.skipif(not os.environ.get("POLYJIT_HANG_TEST"), reason=(
-    "issue 26: this program still hangs XLA:CPU intermittently (seen under load on "
-    "2 cores; the cause is not fixed yet); set POLYJIT_HANG_TEST=1 to run it"))
-def test_batched_cholesky_hessian_finishes():
-  # Issue 26 saw this program hang XLA:CPU (both workers in LAPACK's triangular
-  # solve). In a subprocess with a timeout, so a hang fails this test instead
-  # of hanging the suite.
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-      [os.path.dirname(os.path.dirname(os.path.abspath(pj.__file__))),
-       os.environ.get("PYTHONPATH", "")]))
-  try:
-    done = subprocess.run([sys.executable, "-c", _CHOLESKY_HESSIAN], capture_output=True,
-                          text=True, timeout=90, env=env)
-  except subprocess.TimeoutExpired:
-    pytest.fail("the batched masked Cholesky Hessian did not finish in 90 s (a hang)")
-  assert done.returncode == 0 and "done" in done.stdout, done.stderr[-2000:]
+# The hang of issue 26 (a batched Cholesky Hessian): tests/test_lapack_order.py.

@@ -28,10 +28,12 @@ from __future__ import annotations
 
 from .core import (
     ARRAY_TYPE as ARRAY_TYPE, JAX_VERSION as JAX_VERSION,
+    LAPACK_BATCHES_BLOCK_THE_POOL as LAPACK_BATCHES_BLOCK_THE_POOL,
     PRIMITIVES_NEWER_THAN_THIS_JAX as PRIMITIVES_NEWER_THAN_THIS_JAX,
     ClosedJaxpr as ClosedJaxpr, InconclusiveDimensionOperation as InconclusiveDimensionOperation,
     Jaxpr as Jaxpr, JaxprEqn as JaxprEqn, Literal as Literal, Primitive as Primitive,
-    Tracer as Tracer, max_dim as max_dim, convert_constvars_jaxpr as convert_constvars_jaxpr,
+    Tracer as Tracer, max_dim as max_dim, min_dim as min_dim,
+    convert_constvars_jaxpr as convert_constvars_jaxpr,
     default_sharding as default_sharding, host_to_device as host_to_device,
     jit_disabled as jit_disabled,
     is_dropvar as is_dropvar, jaxpr_as_fun as jaxpr_as_fun,
@@ -52,11 +54,13 @@ from .frames import (
     is_polyjit_path as is_polyjit_path, is_user_path as is_user_path,
     stacklevel_outside_polyjit as stacklevel_outside_polyjit,
     library_function_of as library_function_of, source_line as source_line,
+    static_size_user as static_size_user,
     user_line_of as user_line_of)
 from .primitives import (
     all_primitives as all_primitives, bind_params as bind_params, primitive as primitive,
     required_primitive as required_primitive, size_primitive as size_primitive)
-from .calls import CallNode as CallNode, bind_call as bind_call
+from .calls import (CallNode as CallNode, bind_call as bind_call,
+                    set_lowering_order as set_lowering_order)
 from .patches import (
     install_patches as install_patches, instantiate_zeros as instantiate_zeros,
     is_zero_tangent as is_zero_tangent, wrap_custom_jvp_rule as wrap_custom_jvp_rule,

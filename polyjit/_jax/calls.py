@@ -25,6 +25,8 @@ from __future__ import annotations
 from typing import Any, Protocol, Sequence
 
 import jax
+import numpy as np
+from jax._src.interpreters.mlir import ir as _ir  # type: ignore[attr-defined, unused-ignore]
 from jax._src import core as _core
 from jax._src.interpreters import ad as _ad
 from jax._src.interpreters import batching as _batching
@@ -73,9 +75,48 @@ def _abstract_eval(*avals: Any, node: CallNode) -> tuple[list[Any], Any]:
   return list(node.jaxpr.out_avals), node.jaxpr.effects
 
 
+#: Set by `polyjit._masking.lapack_order` (else None): an object with `wants(node)`,
+#: `after(token, args)`, `token_after(token, outs)` and `gives_token(aval)`.
+#: Calls it wants are lowered one after another in each block of the program:
+#: the inputs of one wait for a token made from the outputs of the previous one.
+lowering_order: Any = None
+# Per lowering: (block, token) pairs, kept in the module context's dict of
+# cached lowerings (the one per-lowering store it has) under this key.
+_CHAIN_KEY = ("polyjit_masked_call", "lapack chain")
+
+
+def set_lowering_order(order: Any) -> None:
+  global lowering_order
+  lowering_order = order
+
+
 def _lower(ctx: Any, *args: Any, node: CallNode) -> Any:
-  return _mlir.core_call_lowering(ctx, *args, name="polyjit_masked_call",
+  order = lowering_order
+  if order is None or not order.wants(node):
+    return _mlir.core_call_lowering(ctx, *args, name="polyjit_masked_call",
+                                    call_jaxpr=node.jaxpr)
+  block = _ir.InsertionPoint.current.block
+  chain = ctx.module_context.cached_primitive_lowerings.setdefault(_CHAIN_KEY, [])
+  token = next((t for b, t in chain if b == block), None)
+  token_aval = _core.ShapedArray((), np.float32)
+  if token is not None:
+    chained = _mlir.lower_fun(lambda t, *a: order.after(t, a), multiple_results=True)
+    args = tuple(chained(ctx.replace(avals_in=[token_aval, *ctx.avals_in],
+                                     avals_out=list(ctx.avals_in)), token, *args))
+  outs = _mlir.core_call_lowering(ctx, *args, name="polyjit_masked_call",
                                   call_jaxpr=node.jaxpr)
+  if not any(order.gives_token(a) for a in ctx.avals_out):
+    return outs   # (nothing to wait for: the chain stays as it was)
+  if token is None:
+    new = _mlir.lower_fun(lambda *o: [order.token_after(None, o)], multiple_results=True)(
+        ctx.replace(avals_in=list(ctx.avals_out), avals_out=[token_aval], tokens_out=None), *outs)
+  else:
+    new = _mlir.lower_fun(lambda t, *o: [order.token_after(t, o)], multiple_results=True)(
+        ctx.replace(avals_in=[token_aval, *ctx.avals_out], avals_out=[token_aval],
+                    tokens_out=None),
+        token, *outs)
+  chain[:] = [(b, t) for b, t in chain if b != block] + [(block, new[0])]
+  return outs
 
 
 def _jvp(primals: Sequence[Any], tangents: Sequence[Any], *, node: CallNode

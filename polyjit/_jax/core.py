@@ -24,6 +24,15 @@ from jax._src.interpreters import partial_eval as _pe
 # - the primitives `mulhi`, `stack` and `unstack`: their rules are skipped there
 #   (`_core.register`), so they are simply unsupported on 0.9.
 JAX_VERSION = tuple(int(re.sub(r"\D.*", "", p) or 0) for p in jax.__version__.split(".")[:3])
+
+try:
+  from jaxlib.version import __version_info__ as _JAXLIB_VERSION
+except ImportError:  # pragma: no cover
+  _JAXLIB_VERSION = (0, 0, 0)
+#: jaxlib 0.10.0 up to 0.11.0 split a large CPU LAPACK batch over XLA:CPU's
+#: intra-op pool and block on it (`ParallelBatchMap`): independent LAPACK calls
+#: can deadlock that pool (see `_masking/lapack_order.py`).
+LAPACK_BATCHES_BLOCK_THE_POOL = (0, 10, 0) <= tuple(_JAXLIB_VERSION)[:3] < (0, 11, 1)
 PRIMITIVES_NEWER_THAN_THIS_JAX = (frozenset({"mulhi", "stack", "unstack"})
                                   if JAX_VERSION < (0, 10) else frozenset())
 _InconclusiveDimensionOperation = getattr(jex_core, "InconclusiveDimensionOperation",
@@ -39,6 +48,7 @@ Literal = jex_core.Literal
 Primitive = jex_core.Primitive
 Tracer = jax.core.Tracer
 max_dim = jax.core.max_dim
+min_dim = jax.core.min_dim
 InconclusiveDimensionOperation = _InconclusiveDimensionOperation
 
 # --- the call path ------------------------------------------------------------

@@ -10,7 +10,9 @@ Every walk over frames (a traceback, the current stack) goes through
 from __future__ import annotations
 
 import functools
+import linecache
 import os
+import re
 import sys
 import types
 import typing
@@ -155,6 +157,44 @@ def library_function_of(error: BaseException) -> str | None:
         return f"{short}.{frame.f_code.co_name}"
     return f"{module}.{frame.f_code.co_name}"
   return None  # only JAX's call machinery: the user's own line failed
+
+
+# JAX functions that need a size as a Python int, by the call in the user's
+# line that failed (JAX filters its own frames out of the traceback).
+_STATIC_SIZE_CALLS = (
+    (re.compile(r"\bscan\s*\((?s:.*)\blength\s*="), "lax.scan"),
+    (re.compile(r"\breduce\s*\("), "lax.reduce"),
+)
+
+
+def static_size_user(error: BaseException) -> str | None:
+  """`lax.scan` when the user's call that raised `error` is a scan with
+  `length=`, `lax.reduce` when it is a `lax.reduce` (whose derivative, with a
+  custom reducer, needs a plain-int length); else None."""
+  tb, call = error.__traceback__, None
+  while tb is not None:
+    if is_user_path(tb.tb_frame.f_code.co_filename):
+      call = tb
+    tb = tb.tb_next
+  if call is None:
+    return None
+  code = call.tb_frame.f_code
+  try:
+    line, end, col, end_col = list(code.co_positions())[call.tb_lasti // 2]
+  except (IndexError, ValueError):
+    return None
+  if line is None or end is None or col is None or end_col is None:
+    return None
+  lines = [linecache.getline(code.co_filename, i) for i in range(line, end + 1)]
+  if not lines or not lines[0]:
+    return None
+  lines[-1] = lines[-1][:end_col]
+  lines[0] = lines[0][col:]
+  text = "".join(lines)
+  for pattern, name in _STATIC_SIZE_CALLS:
+    if pattern.search(text):
+      return name
+  return None
 
 
 # Frames of JAX's own call machinery (jit dispatch, traceback filtering).

@@ -41,6 +41,9 @@ SWAP_SITES: tuple[tuple[str, str], ...] = (
     ("jax.numpy", "linspace"),
     ("jax.numpy", "diff"),
     ("jax.lax", "fori_loop"),
+    # `jnp.diag(x, k)` and `Array.diagonal` reach it through `lax_numpy.diagonal`.
+    ("jax.numpy", "diagonal"),
+    ("jax._src.numpy.lax_numpy", "diagonal"),
     # Data-dependent sizes (issue 14, `_masking/data_dependent.py`): the public names,
     # `lax_numpy.nonzero` (through which `Array.nonzero` reaches it) and the
     # function behind `Array.__getitem__`.

@@ -48,6 +48,7 @@ from . import dims as _dims
 from .. import _jax as jc
 from .errors import MaskingError, no_rule_message
 from .refusals import why_unsupported
+from . import lapack_order as _lapack_order
 
 Rule = Callable[..., list[Any]]
 #: Masks of up to this many entries slice a constant (see `MaskEnv._axis_mask`).
@@ -202,6 +203,9 @@ class MaskEnv:
     self.nested = False
     self.size_names: tuple[str, ...] = ()
     self.checks: list[Any] = []
+    # Orders this evaluation's LAPACK calls one after another (see
+    # `lapack_order.py`); None before the first one.
+    self.lapack_token: Any = None
 
   def bind_size(self, name: str, padded: int, logical: Any) -> None:
     """Adds a data-dependent size, computed by the program, to the sizes."""
@@ -374,8 +378,11 @@ def eval_jaxpr_masked(jaxpr: jc.Jaxpr, consts: Sequence[Any],
     vals[v] = x
   for v, x in zip(jaxpr.invars, args, strict=True):
     vals[v] = x
-  for eqn, symbolic, outvars in _steps(jaxpr):
+  lapack = _lapack_order.lapack_calls(jaxpr) if _lapack_order.ACTIVE else None
+  for i, (eqn, symbolic, outvars) in enumerate(_steps(jaxpr)):
     invals = [read(v) for v in eqn.invars]
+    if lapack is not None and lapack[i]:
+      invals = _lapack_order.after(env.lapack_token, invals)
     with jc.eqn_context(eqn):
       if symbolic:
         rule = masking_rules.get(eqn.primitive)
@@ -387,8 +394,10 @@ def eval_jaxpr_masked(jaxpr: jc.Jaxpr, consts: Sequence[Any],
         outs = eqn.primitive.bind(*invals, **jc.bind_params(eqn))  # type: ignore[no-untyped-call, unused-ignore]
         if not eqn.primitive.multiple_results:
           outs = [outs]
-    for i, v in outvars:
-      vals[v] = outs[i]
+    if lapack is not None and lapack[i]:
+      env.lapack_token = _lapack_order.token_after(env.lapack_token, outs)
+    for j, v in outvars:
+      vals[v] = outs[j]
   return [read(v) for v in jaxpr.outvars]
 
 

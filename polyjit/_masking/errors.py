@@ -68,6 +68,9 @@ def trace_error(error: BaseException, fun_name: str) -> PolyjitError:
         f"(pj.mask, pj.jit); or {fixed}. pj.jit, and pj.mask called with concrete "
         "sizes, add such a bound themselves when the sizes of the call satisfy it.")
   concrete_needed = jc.needs_concrete_size(error)
+  user = jc.static_size_user(error) if concrete_needed else None
+  if user is not None:
+    return ShapeError(head + f"`{user}` {_STATIC_SIZE_ADVICE[user]}; or {fixed}.")
   if concrete_needed and inside is None:
     return ShapeError(
         head + "a dynamic size was used where Python needs a plain int.\nWhat to do: "
@@ -83,6 +86,23 @@ def trace_error(error: BaseException, fun_name: str) -> PolyjitError:
       head + f"What to do: {fixed}; add constraints=[...] if JAX needs a bound on a "
       "size; or compute this step outside the masked function (see the documentation's \"Common "
       "pitfalls\" page).")
+
+
+_STATIC_SIZE_ADVICE = {
+    "lax.scan": (
+        "needs `length=` as a plain int, which a dynamic size is not.\n"
+        "What to do: let the length come from the scanned arrays instead: pass "
+        "`xs` with the dynamic axis first (`lax.scan(f, init, x)`, or "
+        "`lax.scan(f, init, jnp.arange(x.shape[0]))` for a counter), or use "
+        "`lax.fori_loop(0, x.shape[0], body, init)`, which polyjit runs as such a scan"),
+    "lax.reduce": (
+        "with a custom reducer has a derivative that JAX builds for a plain-int "
+        "length, which a dynamic size is not.\n"
+        "What to do: use the jnp reduction if there is one (jnp.sum, jnp.prod, "
+        "jnp.max, jnp.min, jax.nn.logsumexp), or fold "
+        "with `lax.scan(lambda c, v: (reducer(c, v), None), init, x)[0]`, which "
+        "differentiates at every length"),
+}
 
 
 class SizeValueError(ShapeError, MaskingError, TypeError):

@@ -315,5 +315,37 @@ def fori_loop(original: Callable[..., Any], lower: Any, upper: Any,
   return result
 
 
+# --- diagonal -----------------------------------------------------------------
+
+def diagonal(original: Callable[..., Any], a: Any, offset: Any = 0, axis1: int = 0,
+             axis2: int = 1) -> Any:
+  """`jnp.diagonal` (and `jnp.diag(x, k)`, `x.diagonal`) with an offset.
+
+  JAX sizes the diagonal with Python's `max(0, min(n + min(k, 0), m - max(k, 0)))`,
+  a comparison of sizes (`n - 1 > 0` for k = 1) whose two sides give the shapes
+  `(0,)` and `(n - 1,)`: equal at every size (n - 1 = 0 where it is false), but
+  not the same expression, so with traced sizes the outputs seemed to depend on
+  a size comparison. Here the size is JAX's symbolic `max_dim`/`min_dim` of the
+  same terms (which JAX simplifies where the constraints decide them, `n - 1`
+  for k = 1), and the entries the same gather JAX does.
+  """
+  shape = np.shape(a)
+  if (np.ndim(a) < 2 or isinstance(offset, jc.Tracer)
+      or not any(is_symbolic_dim(shape[ax]) for ax in (axis1, axis2))):
+    return original(a, offset, axis1, axis2)
+  try:
+    k = operator.index(offset)
+  except TypeError:
+    return original(a, offset, axis1, axis2)
+  if k == 0:
+    return original(a, offset, axis1, axis2)
+  rows, cols = shape[axis1], shape[axis2]
+  size = jc.max_dim(jc.min_dim(rows + min(k, 0), cols - max(k, 0)), 0)
+  a = jnp.moveaxis(a, (axis1, axis2), (-2, -1))
+  i = lax.iota(np.int32, size)
+  j = i + abs(k)
+  return a[..., i, j] if k >= 0 else a[..., j, i]
+
+
 jc.register_spellings({jnp.searchsorted: searchsorted, jnp.interp: interp, jnp.linspace: linspace,
-                       jnp.diff: diff, lax.fori_loop: fori_loop})
+                       jnp.diff: diff, lax.fori_loop: fori_loop, jnp.diagonal: diagonal})
