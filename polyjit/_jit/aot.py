@@ -68,7 +68,7 @@ class _Program:
     return self.out_tree.unflatten([
         # jax.ShapeDtypeStruct's constructor carries no annotations (strict only)
         jax.ShapeDtypeStruct(s if s is not None else shape, dtype, weak_type=weak)  # type: ignore[no-untyped-call, unused-ignore]
-        for s, (shape, dtype, weak) in zip(shapes, self.out_avals)])
+        for s, (shape, dtype, weak) in zip(shapes, self.out_avals, strict=True)])
 
 
 # --- the stages -----------------------------------------------------------------
@@ -191,7 +191,7 @@ def eval_shape(jf: JitFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -
       return variant.traced.out_tree.unflatten([
           # jax.ShapeDtypeStruct's constructor carries no annotations (strict only)
           jax.ShapeDtypeStruct(s, a.dtype, weak_type=a.weak_type) for s, a in  # type: ignore[no-untyped-call, unused-ignore]
-          zip(out_shapes(out_dims, binding.padded), variant.traced.out_avals)])
+          zip(out_shapes(out_dims, binding.padded), variant.traced.out_avals, strict=True)])
   # jax.jit(...).eval_shape carries no annotations (strict only)
   return jax.jit(jf.fun, static_argnums=jf.static_argnums or None,  # type: ignore[no-untyped-call, unused-ignore]
                  static_argnames=jf.static_argnames or None).eval_shape(

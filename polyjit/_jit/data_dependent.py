@@ -58,7 +58,7 @@ class DataDependentPlan(Plan):
       leaves, tree = jax.tree.flatten(outs)
       # jaxlib's PyTreeDef is not visible to mypy (a stub gap): its methods are unknown.
       return tree.unflatten([convert(o, s) for o, s in  # type: ignore[attr-defined]
-                             zip(leaves, out_shapes(self.out_dims, self.sizes))])
+                             zip(leaves, out_shapes(self.out_dims, self.sizes), strict=True)])
     outs, (created, failed) = outs
     if not self.sized:  # only checks: read the one code
       created, failed = {}, jax.device_get(failed)
@@ -71,7 +71,7 @@ class DataDependentPlan(Plan):
     shapes = [tuple(max(0, d) for d in s) for s in out_shapes(self.out_dims, sizes)]
     # jaxlib's PyTreeDef is not visible to mypy (a stub gap): its methods are unknown.
     return tree.unflatten(  # type: ignore[attr-defined]
-        [convert(o, s) for o, s in zip(leaves, shapes)])
+        [convert(o, s) for o, s in zip(leaves, shapes, strict=True)])
 
 
 def is_data_dependent_error(error: BaseException) -> bool:

@@ -706,7 +706,7 @@ class JitFunction:
     per_dim = {v: sorted({self.bucket_policy(v).bucket(n)
                           for n in sizes.get(v, [binding.padded[v]])})
                for v in binding.dim_names}
-    envs = [dict(zip(per_dim, combo)) for combo in itertools.product(*per_dim.values())]
+    envs = [dict(zip(per_dim, combo, strict=True)) for combo in itertools.product(*per_dim.values())]
     futures = []
     for env in envs:
       key, build = self._masked_program(struct, masked, binding, variant, env,

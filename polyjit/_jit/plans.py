@@ -97,11 +97,11 @@ class Plan:
     self.bucket = None if key.exact else key.bucket
     shapes = key.padded_shapes if shapes is None else shapes
     self.pads = tuple((i, p, d, tuple(slice(0, n) for n in s))
-                      for i, (s, p, d) in enumerate(zip(shapes, key.padded_shapes, dtypes))
+                      for i, (s, p, d) in enumerate(zip(shapes, key.padded_shapes, dtypes, strict=True))
                       if tuple(s) != tuple(p))
     self.padded_out = program_out_shapes(program) if padded_out is None else padded_out
     self.dynamic_outputs = out_shapes is not None and any(
-        tuple(o) != tuple(p) for o, p in zip(out_shapes, self.padded_out))
+        tuple(o) != tuple(p) for o, p in zip(out_shapes, self.padded_out, strict=True))
     self.live = True                    # False once its structure dropped it
     self.borrow: Borrow | None = None   # a cost-aware policy's `Borrow`: pays per call
     self.unpad_leaf = unpad             # `_sharding.unpad` on a mesh (keeps shardings)
@@ -154,7 +154,7 @@ class Plan:
   def run(self, leaves: Any) -> Any:
     """The padded outputs: pads the leaves on the host and runs the program.
     Leaves may be `pj.Padded`, device or host arrays, or scalars."""
-    ins = [pad(x, s, d) for x, s, d in zip(leaves, self.padded_shapes, self.dtypes)]
+    ins = [pad(x, s, d) for x, s, d in zip(leaves, self.padded_shapes, self.dtypes, strict=True)]
     return self.program(*ins, self.logical)
 
   def run_plain(self, leaves: Any) -> Any:
@@ -179,7 +179,7 @@ class Plan:
     leaves, tree = jax.tree.flatten(outs)
     # jaxlib's PyTreeDef is not visible to mypy (a stub gap): its methods are unknown.
     return tree.unflatten(  # type: ignore[attr-defined]
-        [convert(o, s) for o, s in zip(leaves, self.out_shapes)])
+        [convert(o, s) for o, s in zip(leaves, self.out_shapes, strict=True)])
 
 
 def program_out_shapes(program: Any) -> list[tuple[int, ...]]:
@@ -333,8 +333,8 @@ class Structure:
     if previous is None:
       return ()
     return tuple((name, axis, old, new)
-                 for name, p, s in zip(self.leaf_names, previous, shapes)
-                 for axis, (old, new) in enumerate(zip(p, s)) if old != new)
+                 for name, p, s in zip(self.leaf_names, previous, shapes, strict=True)
+                 for axis, (old, new) in enumerate(zip(p, s, strict=True)) if old != new)
 
   def reset(self, specs: tuple[Any, ...] | None) -> None:
     """New specs: what was traced, planned or templated for the old ones goes."""
@@ -364,7 +364,7 @@ def masked_body(treedef: Any, masked: Masked, variant: Any,
   def body(*leaves_and_logical: Any) -> Any:
     *leaves, logical = leaves_and_logical
     return masked.call_variant(variant, treedef.unflatten(leaves), padded_env,
-                               dict(zip(names, logical)))
+                               dict(zip(names, logical, strict=True)))
   return body
 
 
@@ -398,7 +398,7 @@ def borrow(done: Any, key: ProgramKey, shapes: Any) -> Any:
     if other[:3] != key[:3]:  # structure, specs, variant
       continue
     padded = other.padded_shapes
-    if all(all(a >= b for a, b in zip(p, s)) for p, s in zip(padded, shapes)):
+    if all(all(a >= b for a, b in zip(p, s, strict=True)) for p, s in zip(padded, shapes, strict=True)):
       size = sum(int(np.prod(p)) for p in padded)
       if best is None or size < best[0]:
         best = (size, other, program)
@@ -411,7 +411,7 @@ def abstract_leaves(shapes: Any, avals: Any) -> list[jax.ShapeDtypeStruct]:
   """Abstract arguments: `avals` ((dtype, weak_type) per leaf) at `shapes`."""
   # jax.ShapeDtypeStruct's __init__ is unannotated in JAX (a stub gap).
   return [jax.ShapeDtypeStruct(s, a[0], weak_type=a[1])  # type: ignore[no-untyped-call, unused-ignore]
-          for s, a in zip(shapes, avals)]
+          for s, a in zip(shapes, avals, strict=True)]
 
 
 def bucket_key(bucket: dict[str, int]) -> tuple[tuple[str, int], ...]:
@@ -421,7 +421,7 @@ def bucket_key(bucket: dict[str, int]) -> tuple[tuple[str, int], ...]:
 
 def zero_sized(specs: Any, shapes: Any) -> bool:
   """Whether an argument with dynamic axes has an empty axis in this call."""
-  return any(spec is not None and 0 in shape for spec, shape in zip(specs, shapes))
+  return any(spec is not None and 0 in shape for spec, shape in zip(specs, shapes, strict=True))
 
 
 def padded_shapes(binding: Any, env: dict[str, int]) -> Shapes:
