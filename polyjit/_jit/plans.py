@@ -43,6 +43,15 @@ plans_built = 0
 EXACT = "exact"   # `ProgramKey.specs` of jax.jit's own program at exact shapes
 
 
+class StructureKey(NamedTuple):
+  """What a call fixes besides its sizes: a structure's key (`Structure.key`)."""
+  static: Any             # the static arguments' values (`ArgLayout.flatten`)
+  treedef: Any            # the pytree of the dynamic arguments (args, kwargs)
+  avals: tuple[Any, ...]  # per leaf: (dtype, weak_type)
+  ranks: tuple[int, ...]  # per leaf: its rank
+  shardings: tuple[Any, ...] | None = None  # per leaf on a mesh; None: one device
+
+
 class ProgramKey(NamedTuple):
   """A program's key in the executable cache."""
   structure: Hashable     # `Structure.key`
@@ -182,6 +191,16 @@ class Plan:
         [convert(o, s) for o, s in zip(leaves, self.out_shapes, strict=True)])
 
 
+def plan_in(struct: Structure, key: ProgramKey, program: Any, binding: Any, variant: Any,
+            logical: dict[str, int], shapes: Any, provisional: Any = None) -> Plan:
+  """The plan that runs `program` (of `variant`, at `key`) for `shapes`, whose
+  dimensions have the sizes `logical`."""
+  out_dims = tuple(aval.shape for aval in variant.traced.out_avals)
+  return Plan(key, program, struct.dtypes, logical_values(binding, logical),
+              out_shapes(out_dims, logical), waste(shapes, key.padded_shapes), provisional,
+              shapes=shapes)
+
+
 def program_out_shapes(program: Any) -> list[tuple[int, ...]]:
   """The padded shape of each output leaf of a compiled program."""
   return [tuple(o.shape) for o in jax.tree.leaves(program.out_info)]
@@ -242,15 +261,22 @@ class Template:
 
 
 class Structure:
-  """Everything known about one call structure (static values, tree, dtypes)."""
+  """Everything known about one call structure (static values, tree, dtypes).
 
-  def __init__(self, key: Any, treedef: Any, avals: Any, leaf_names: Any) -> None:
+  Its state changes only through its methods: what the calls teach (`observe`,
+  `reset`, `fall_back`), the plans and templates it keeps, and the masked
+  function, rental and shard multiples it learns once."""
+
+  def __init__(self, key: StructureKey, leaf_names: Any, *, specs: tuple[Any, ...] | None = None,
+               tracker: DimTracker | None = None) -> None:
     self.key = key
-    self.treedef = treedef
-    self.avals = avals                  # per leaf: (dtype, weak_type)
+    self.treedef = key.treedef
+    self.avals = key.avals              # per leaf: (dtype, weak_type)
+    self.dtypes: tuple[Any, ...] = tuple(a[0] for a in key.avals)
+    self.shardings = key.shardings      # per leaf on a mesh; None: one device
     self.leaf_names = leaf_names
-    self.tracker: DimTracker | None = None
-    self.specs: tuple[Any, ...] | None = None  # per-leaf specs in use (None: exact)
+    self.tracker = tracker              # automatic mode: learns the dynamic axes
+    self.specs = specs                  # per-leaf specs in use (None: exact)
     self.masked: Masked | None = None   # `fun` masked with the specs in use
     self.last_shapes: Any = None        # shapes of the latest new plan
     self.exact_only = False
@@ -259,16 +285,34 @@ class Structure:
     self.plans: collections.OrderedDict[Any, Plan] = collections.OrderedDict()
     self.templates: dict[Any, Template] = {}  # bucket key -> Template
     self.rental: Rental | None = None   # under a cost-aware policy
-    self.shardings: tuple[Any, ...] | None = None  # per leaf on a mesh; None: one device (set by pj.jit)
     self.shard_multiples: dict[str, int] = {}  # dim -> its buckets' multiple (on a mesh)
 
   @property
   def static_key(self) -> Any:
-    return self.key[0]
+    return self.key.static
 
   @property
-  def dtypes(self) -> tuple[Any, ...]:
-    return tuple(a[0] for a in self.avals)
+  def on_mesh(self) -> bool:
+    return self.shardings is not None
+
+  def masked_fun(self, make: Callable[[], Masked]) -> Masked:
+    """`fun` masked with the specs in use, made by `make` the first time."""
+    if self.masked is None:
+      self.masked = make()
+    return self.masked
+
+  def start_rental(self, rental: Rental) -> Rental:
+    """The cost-aware policy's state for this structure (until new specs)."""
+    self.rental = rental
+    return rental
+
+  def learn_shard_multiples(self, multiples: dict[str, int]) -> None:
+    """Dimension -> the multiple its buckets round up to (`_sharding.dim_multiples`)."""
+    self.shard_multiples = multiples
+
+  def mark_data_dependent(self) -> None:
+    """`jax.jit` cannot trace `fun` (x[x > 0]): exact shapes run it masked."""
+    self.data_dependent = True
 
   def abstract_args(self, shapes: Any) -> list[Any]:
     """The (args, kwargs) pair of abstract arguments at `shapes`."""
@@ -289,6 +333,8 @@ class Structure:
     return plan
 
   def remember(self, shapes: Any, plan: Plan) -> None:
+    """Keeps `plan` for `shapes`, the latest new plan's shapes."""
+    self.last_shapes = shapes
     if not plan.superseded:
       self.plans[shapes] = plan
       if len(self.plans) > PLANS_PER_STRUCTURE:
@@ -310,6 +356,13 @@ class Structure:
     """The template of `bucket` when its fixed axes agree with `shapes`."""
     template = self.templates.get(bucket)
     return template if template is not None and template.fits(shapes) else None
+
+  def keep_template(self, plan: Plan, binding: Any, variant: Any) -> None:
+    """Keeps `plan` as its bucket's template, when it can be one (`Template.of`)."""
+    out_dims = tuple(aval.shape for aval in variant.traced.out_avals)
+    template = Template.of(plan, binding, variant, out_dims)
+    if template is not None:
+      self.templates[plan.key.bucket] = template
 
   # --- what the calls teach ----------------------------------------------------------
 
