@@ -46,7 +46,8 @@ from .plans import (Plan, ProgramKey, Structure, abstract_leaves, exact_body, lo
                     masked_body, out_shapes, padded_shapes, waste, zero_sized)
 from .planner import Planner, Prepared
 from .stats import Cause
-from .._masking.padding import is_padded, unpad
+from .._masking.padding import is_padded
+from .._sharding.placement import unpad
 
 
 @dataclasses.dataclass

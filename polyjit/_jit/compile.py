@@ -27,7 +27,7 @@ from .._masking.spec import Binding
 from .._masking.variants import Variant
 from .._sharding import placement as _sharding
 from .args import ArgLayout
-from .plans import ProgramKey, Shapes, Structure, borrow, lower_and_compile, masked_body, padded_shapes
+from .plans import ProgramKey, Shapes, Structure, borrow, masked_body, padded_shapes
 from .stats import Cause, Stats
 
 
@@ -80,16 +80,11 @@ class Compiler:
     donate = self.donated(struct)
     _disk_cache.ensure()  # the on-disk cache, on by default (once per process)
     t0 = time.perf_counter()
-    if struct.on_mesh:
+    if struct.on_mesh:  # (outside count_compiles: the check runs a collective)
       _sharding.agree_on_program(key.padded_shapes, key.bucket, self.label)
     with count_compiles(this_thread_only=True) as log:
-      if struct.shardings is None:
-        program = lower_and_compile(body, self.name, key.padded_shapes, struct.avals,
-                                    n_dims, donate)
-      else:
-        program = _sharding.lower_and_compile(
-            body, self.name, key.padded_shapes, struct.avals, n_dims, donate,
-            struct.shardings, self._out_shardings)
+      program = _sharding.lower_and_compile(body, self.name, key.padded_shapes, struct.avals,
+                                            n_dims, donate, struct.shardings, self._out_shardings)
     seconds = time.perf_counter() - t0
     self._stats.record_compile(key, cause, log, program_name=jc.jit_program_name(self.name),
                                wall_seconds=seconds)

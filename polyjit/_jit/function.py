@@ -217,10 +217,7 @@ class JitFunction:
     self.stats.record_call(plan.bucket, plan.waste, plan.fallback)
     if plan.borrow is not None:
       plan.borrow.pay()
-    if struct.shardings is not None:  # on a mesh: padded shard by shard
-      plan.unpad_leaf = _sharding.unpad  # and unpadded keeping the shardings
-      return plan, _sharding.run(plan, leaves, struct.shardings)
-    rental = struct.rental
+    rental = struct.rental  # (None on a mesh: fixed buckets there)
     if rental is None or plan.bucket is None or not rental.wants_sample(plan.bucket):
       return plan, plan.run(leaves)
     t0 = time.perf_counter()  # a new shape: time it (repeated shapes never block)

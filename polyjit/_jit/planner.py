@@ -28,7 +28,7 @@ import dataclasses
 import functools
 import itertools
 import logging
-from typing import Any, Callable, NamedTuple, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeAlias, TypeVar
 
 from .._caching.executables import wait
 from .._masking.data_dependent import plain_jit_trace
@@ -53,11 +53,9 @@ logger = logging.getLogger("polyjit")
 logger.addHandler(logging.NullHandler())  # a library prints nothing unless asked
 
 
-class Prepared(NamedTuple):
-  """A call seen by the planner: its structure, leaves and logical shapes."""
-  struct: Structure
-  leaves: list[Any]
-  shapes: Shapes
+#: A call seen by the planner: its structure, leaves and logical shapes (a
+#: plain tuple: it is made on every call that misses the hot path).
+Prepared: TypeAlias = tuple[Structure, list[Any], Shapes]
 
 
 class Planner:
@@ -95,14 +93,16 @@ class Planner:
     if None in avals:
       return None
     shapes = tuple(logical_shape(x) for x in leaves)
-    key = StructureKey(static_key, treedef, avals, tuple(len(s) for s in shapes),
-                       self._shardings.leaf_shardings(leaves, treedef))
-    struct = self.structures.get(key)
+    # Looked up as a plain tuple (equal to, and hashed as, its `StructureKey`,
+    # which is made only for a new structure): nothing extra per call.
+    key = (static_key, treedef, avals, tuple(len(s) for s in shapes),
+           self._shardings.leaf_shardings(leaves, treedef))
+    struct = self.structures.get(key)  # type: ignore[call-overload]
     if struct is None:
-      struct = self._new_structure(key, shapes)
+      struct = self._new_structure(StructureKey(*key), shapes)
       if keep:
-        self.structures[key] = struct
-    return Prepared(struct, leaves, shapes)
+        self.structures[struct.key] = struct
+    return struct, leaves, shapes
 
   def _new_structure(self, key: StructureKey, shapes: Shapes) -> Structure:
     names = self.args.leaf_names(key.treedef, key.static)
@@ -296,7 +296,7 @@ class Planner:
     """`JitFunction.precompile` for abstract `examples` ((args, kwargs))."""
     prepared = self.prepare(*examples)
     assert prepared is not None  # (abstract examples, no tracers)
-    struct, shapes = prepared.struct, prepared.shapes
+    struct, _, shapes = prepared
     if struct.tracker is not None and sizes and struct.tracker.force_dynamic(list(sizes)):
       struct.reset(tuple(struct.tracker.specs()))
     if struct.specs is None or not sizes:

@@ -30,8 +30,9 @@ from .._masking import dims as _dims
 from .. import _jax as jc
 from .auto import DimTracker
 from .._masking.mask import Masked
-from .._masking.padding import pad, pad_into, unpad
+from .._masking.padding import pad_into
 from .._buckets.cost_aware import Borrow, Rental
+from .._sharding import placement as _placement
 
 #: Per leaf, a shape (padded or logical).
 Shapes = tuple[tuple[int, ...], ...]
@@ -54,7 +55,7 @@ class StructureKey(NamedTuple):
 
 class ProgramKey(NamedTuple):
   """A program's key in the executable cache."""
-  structure: Hashable     # `Structure.key`
+  structure: StructureKey  # `Structure.key`
   specs: Any              # the structure's per-leaf specs, or EXACT
   variant: Hashable       # the variant's key (None at exact shapes)
   padded_shapes: Shapes   # per leaf, the shape the program takes
@@ -84,7 +85,7 @@ class Plan:
   """
   __slots__ = ("key", "program", "dtypes", "logical", "out_shapes", "waste",
                "provisional", "fallback", "bucket", "pads", "dynamic_outputs", "live",
-               "borrow", "padded_out", "unpad_leaf")
+               "borrow", "padded_out", "shardings", "unpad_leaf")
 
   def __init__(self, key: ProgramKey, program: Any, dtypes: Any, logical: Any,
                out_shapes: Any, waste: float, provisional: Any = None,
@@ -113,7 +114,8 @@ class Plan:
         tuple(o) != tuple(p) for o, p in zip(out_shapes, self.padded_out, strict=True))
     self.live = True                    # False once its structure dropped it
     self.borrow: Borrow | None = None   # a cost-aware policy's `Borrow`: pays per call
-    self.unpad_leaf = unpad             # `_sharding.unpad` on a mesh (keeps shardings)
+    self.shardings = key.structure.shardings  # per leaf on a mesh; None: one device
+    self.unpad_leaf = _placement.unpad_for(self.shardings)  # keeps shardings on a mesh
 
   @property
   def padded_shapes(self) -> Shapes:
@@ -130,7 +132,7 @@ class Plan:
     padded = self.key.padded_shapes
     new.key, new.program, new.dtypes = self.key, self.program, self.dtypes
     new.fallback, new.bucket, new.padded_out = self.fallback, self.bucket, self.padded_out
-    new.unpad_leaf = self.unpad_leaf
+    new.shardings, new.unpad_leaf = self.shardings, self.unpad_leaf
     new.logical = logical
     new.out_shapes = out_shapes
     pads = []
@@ -161,10 +163,11 @@ class Plan:
     return self.live and (self.provisional is None or not self.provisional.done())
 
   def run(self, leaves: Any) -> Any:
-    """The padded outputs: pads the leaves on the host and runs the program.
-    Leaves may be `pj.Padded`, device or host arrays, or scalars."""
-    ins = [pad(x, s, d) for x, s, d in zip(leaves, self.padded_shapes, self.dtypes, strict=True)]
-    return self.program(*ins, self.logical)
+    """The padded outputs: pads the leaves (on the host, or shard by shard on
+    a mesh) and runs the program. Leaves may be `pj.Padded`, device or host
+    arrays, or scalars."""
+    return _placement.run(self.program, leaves, self.padded_shapes, self.dtypes, self.logical,
+                          self.shardings)
 
   def run_plain(self, leaves: Any) -> Any:
     """`run` for leaves that are arrays or scalars (never `pj.Padded`): only
@@ -429,18 +432,6 @@ def exact_body(treedef: Any, fun: Callable[..., Any]) -> Callable[..., Any]:
     dyn_args, dyn_kwargs = treedef.unflatten(leaves)
     return fun(*dyn_args, **dyn_kwargs)
   return body
-
-
-def lower_and_compile(body: Callable[..., Any], name: str, padded_shapes: Any, avals: Any,
-                      n_dims: int, donate: tuple[int, ...]) -> Any:
-  """`jax.jit(body)` compiled for the leaves at `padded_shapes` and `n_dims`
-  logical sizes; `name` names it for JAX (and the persistent cache's key)."""
-  body.__name__ = name
-  # jax.ShapeDtypeStruct's __init__ is unannotated in JAX (a stub gap).
-  logical_avals = tuple(jax.ShapeDtypeStruct((), jc.dim_value_dtype())  # type: ignore[no-untyped-call, unused-ignore]
-                        for _ in range(n_dims))
-  return jax.jit(body, donate_argnums=donate).lower(
-      *abstract_leaves(padded_shapes, avals), logical_avals).compile()
 
 
 def borrow(done: Any, key: ProgramKey, shapes: Any) -> Any:

@@ -1,7 +1,15 @@
-"""Sharded arguments in `pj.jit`: padding that keeps an array on its mesh.
+"""Where `pj.jit`'s arguments live: one device, or shards that stay on their mesh.
 
 Design
 ------
+There is one path for compiling, padding and unpadding, whatever the
+placement: a structure's per-leaf shardings (`ShardingLayout.leaf_shardings`),
+where None for a leaf means "not on a mesh" and None for the whole structure
+means one device. `lower_and_compile`, `run` and `unpad` take that placement;
+with one device they reduce to compiling for unplaced arguments, padding on
+the host and slicing on the host (the call path's hot path, `Plan.run_plain`,
+only ever serves one device and never comes here).
+
 polyjit runs on JAX's own SPMD machinery: meshes, `NamedSharding`,
 `jax.make_array_from_callback` and, across processes, `jax.distributed`. The
 masked program is an ordinary `jax.jit` program, so once its arguments carry
@@ -13,7 +21,7 @@ polyjit adds is only what padding changes:
   positional argument, None for "the argument's own") wins; otherwise a
   `jax.Array` (or `pj.Padded`) placed on more than one device keeps its own
   sharding. A call whose leaves are all on one device (and no `in_shardings`
-  / `out_shardings`) takes none of this path: the structure key is unchanged.
+  / `out_shardings`) has no shardings at all (None): the one-device case.
   The per-leaf shardings are part of the structure key, so each placement gets
   its own programs.
 * **Buckets on a sharded axis.** A dynamic dimension that is a sharded axis
@@ -272,10 +280,15 @@ def round_up(size: int, multiple: int) -> int:
 
 def lower_and_compile(body: Callable[..., Any], name: str, padded_shapes: Any, avals: Any,
                       n_dims: int, donate: tuple[int, ...],
-                      shardings: Sequence[Sharding | None], out_shardings: Any) -> Any:
+                      shardings: Sequence[Sharding | None] | None = None,
+                      out_shardings: Any = None) -> Any:
   """`jax.jit(body)` compiled for the leaves at `padded_shapes` placed with
-  `shardings` (each fitted to its shape), and `n_dims` replicated sizes."""
+  `shardings` (each fitted to its shape; None: one device), and `n_dims`
+  logical sizes (replicated on a mesh); `name` names it for JAX (and the
+  persistent cache's key)."""
   body.__name__ = name
+  if shardings is None:
+    shardings = (None,) * len(padded_shapes)
   placed = [for_program(s, p) for s, p in zip(shardings, padded_shapes, strict=True)]
   # jax.ShapeDtypeStruct's and PartitionSpec's __init__ are unannotated in JAX (a stub gap).
   leaves = [jax.ShapeDtypeStruct(p, a[0], weak_type=a[1], sharding=s)  # type: ignore[no-untyped-call, unused-ignore]
@@ -288,11 +301,16 @@ def lower_and_compile(body: Callable[..., Any], name: str, padded_shapes: Any, a
   return jax.jit(body, donate_argnums=donate, **options).lower(*leaves, sizes).compile()
 
 
-def run(plan: Any, leaves: Sequence[Any], shardings: Sequence[Sharding | None]) -> Any:
-  """The padded outputs of `plan` for these leaves, each padded on its mesh."""
+def run(program: Any, leaves: Sequence[Any], padded_shapes: Any, dtypes: Any, logical: Any,
+        shardings: Sequence[Sharding | None] | None) -> Any:
+  """The padded outputs of `program` for these leaves, each padded on the
+  host (one device, or a leaf not on a mesh) or on its mesh."""
+  if shardings is None:
+    ins = [pad(x, p, d) for x, p, d in zip(leaves, padded_shapes, dtypes, strict=True)]
+    return program(*ins, logical)
   ins = [pad(x, p, d) if s is None else place(x, p, d, for_program(s, p))
-         for x, p, d, s in zip(leaves, plan.padded_shapes, plan.dtypes, shardings, strict=True)]
-  outs = plan.program(*ins, plan.logical)
+         for x, p, d, s in zip(leaves, padded_shapes, dtypes, shardings, strict=True)]
+  outs = program(*ins, logical)
   mesh = user_mesh(shardings)
   return outs if mesh is None else jax.tree.map(lambda o: relabel(o, mesh), outs)
 
@@ -321,13 +339,20 @@ def place(x: Any, padded_shape: tuple[int, ...], dtype: Any, sharding: Sharding)
                                       lambda index: _host_piece(host, shape, padded_shape, index, dtype))
 
 
+def unpad_for(shardings: Sequence[Sharding | None] | None) -> Callable[[Any, tuple[int, ...]], Any]:
+  """How outputs of a program placed with `shardings` are unpadded: `unpad`,
+  or for one device the host path it would take anyway (without asking each
+  output for its sharding on every call)."""
+  return unpad_on_host if shardings is None else unpad
+
+
 def unpad(x: Any, shape: tuple[int, ...]) -> Any:
   """The leading `shape` corner of a padded output, keeping its sharding
   (shard by shard); single-device outputs take the host path."""
   if tuple(x.shape) == tuple(shape):
     return x
-  sharding = x.sharding
-  if sharding.num_devices == 1 or not isinstance(sharding, NamedSharding):
+  sharding = getattr(x, "sharding", None)  # (float0 outputs are NumPy arrays)
+  if not isinstance(sharding, NamedSharding) or sharding.num_devices == 1:
     return unpad_on_host(x, shape)
   return jax.make_array_from_callback(tuple(shape), fit_named(sharding, shape),
                                       _ShardSource(x, shape, shape, x.dtype).piece)
