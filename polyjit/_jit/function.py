@@ -61,23 +61,23 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any, Callable, Sequence, overload
+from typing import Any, Callable, Sequence, Unpack, overload
 
 import jax
 import numpy as np
 
 from .. import _jax as jc
-from .._buckets.fixed import BucketPolicy, PerDimBucketSpec
+from .._buckets.fixed import BucketPolicy
 from .._caching.executables import ExecutableCache
 from .._masking import verify as _verify
 from .._masking.padding import Padded
-from .._masking.spec import ArgSpecs
 from .._sharding import placement as _sharding
 from . import annotations as _annotations, aot as _jit_aot
-from .args import ArgLayout, call_signature, rank_signature, refuse_jit_options, signature_shapes, strip_padded
+from .args import ArgLayout, call_signature, rank_signature, signature_shapes, strip_padded
 from .auto import sanitize
 from .bucket_choice import BucketChoice
 from .compile import Compiler
+from .options import JitOptions, check as check_options
 from .planner import Planner
 from .plans import Plan, ProgramKey, Structure
 from .stats import Stats
@@ -88,45 +88,38 @@ HOT_PLANS = 16384 # call signatures kept for the hot path (then it starts over)
 class JitFunction:
   """A function compiled by `pj.jit`."""
 
-  def __init__(self, fun: Callable[..., Any], *, polymorphic_shapes: ArgSpecs | None = None,
-               buckets: PerDimBucketSpec = None, constraints: Sequence[str] = (),
-               static_argnums: int | Sequence[int] | None = None,
-               static_argnames: str | Sequence[str] | None = None,
-               donate_argnums: int | Sequence[int] | None = None, cache_size: int = 64,
-               background_compile: bool = False, fallback: str = "warn",
-               in_shardings: Any = None, out_shardings: Any = None,
-               donate_argnames: str | Sequence[str] | None = None, keep_unused: bool = False,
-               inline: bool = False, device: Any = None, backend: str | None = None,
-               compiler_options: dict[str, Any] | None = None) -> None:
+  def __init__(self, fun: Callable[..., Any], **options: Unpack[JitOptions]) -> None:
     if not callable(fun):
       raise TypeError(f"pj.jit expects a callable, got {type(fun).__name__}")
-    refuse_jit_options(device=device, backend=backend, compiler_options=compiler_options)
-    if fallback not in ("warn", "error", "silent"):
-      raise ValueError(f"fallback must be 'warn', 'error' or 'silent', got {fallback!r}")
+    check_options(options)
     self.fun = fun
-    self.buckets = buckets
-    self.constraints = tuple(constraints)
-    self.background_compile = background_compile
-    self.fallback = fallback
+    # Each option's default is given here, where it is read (`options.py`).
+    self.buckets = options.get("buckets")
+    self.constraints = tuple(options.get("constraints", ()))
+    self.background_compile = options.get("background_compile", False)
+    self.fallback = options.get("fallback", "warn")
     self.stats = Stats()
     # jaxtyping annotations name the dynamic dims unless specs are given; being
     # inferred, like automatic mode's, they fall back to exact shapes if need be.
-    annotated = _annotations.annotated_specs(fun) if polymorphic_shapes is None else None
-    polymorphic_shapes = annotated if annotated is not None else polymorphic_shapes
-    self._args = ArgLayout(fun, repr(self), polymorphic_shapes=polymorphic_shapes,
-                           static_argnums=static_argnums, static_argnames=static_argnames,
-                           donate_argnums=donate_argnums, donate_argnames=donate_argnames)
+    specs = options.get("polymorphic_shapes")
+    annotated = _annotations.annotated_specs(fun) if specs is None else None
+    self._args = ArgLayout(fun, repr(self), polymorphic_shapes=annotated if annotated is not None else specs,
+                           static_argnums=options.get("static_argnums"),
+                           static_argnames=options.get("static_argnames"),
+                           donate_argnums=options.get("donate_argnums"),
+                           donate_argnames=options.get("donate_argnames"))
     self._args.specs_per_parameter = annotated is not None
-    self._cache = ExecutableCache(cache_size, on_evict=self._forget_program)
+    self._cache = ExecutableCache(options.get("cache_size", 64), on_evict=self._forget_program)
+    in_shardings, out_shardings = options.get("in_shardings"), options.get("out_shardings")
     self._shardings = _sharding.ShardingLayout(in_shardings, out_shardings)
     # Deterministic across processes: the name is part of the persistent
     # compilation cache's key.
     name = "pj_" + sanitize(getattr(fun, "__qualname__", None) or "fun")
     compiler = Compiler(name, repr(self), self._args, self.stats, self._cache,
-                        out_shardings=out_shardings, background=background_compile)
-    self._buckets = BucketChoice(buckets, compiler)
+                        out_shardings=out_shardings, background=self.background_compile)
+    self._buckets = BucketChoice(self.buckets, compiler)
     self._planner = Planner(fun, self._args, self._shardings, compiler, self._buckets,
-                            self.stats, constraints=self.constraints, fallback=fallback,
+                            self.stats, constraints=self.constraints, fallback=self.fallback,
                             specs_may_fall_back=annotated is not None)
     self._structures = self._planner.structures  # (the same dict: tests and benchmarks read it)
     # call_signature -> plan (the hot path); None (no signature) is looked up, never stored
@@ -135,7 +128,8 @@ class JitFunction:
     self._by_rank: dict[tuple[Any, ...], Structure] = {}
     self._inline = jax.jit(fun, static_argnums=self._args.static_argnums or None,
                            static_argnames=self._args.static_argnames or None,
-                           keep_unused=keep_unused, inline=inline,
+                           keep_unused=options.get("keep_unused", False),
+                           inline=options.get("inline", False),
                            **_sharding.jit_options(in_shardings, out_shardings))
     functools.update_wrapper(self, fun, updated=())
 
@@ -289,47 +283,24 @@ class JitFunction:
 
 
 @overload
-def jit(fun: Callable[..., Any], *, polymorphic_shapes: ArgSpecs | None = None,
-        buckets: PerDimBucketSpec = None, constraints: Sequence[str] = (),
-        static_argnums: int | Sequence[int] | None = None,
-        static_argnames: str | Sequence[str] | None = None,
-        donate_argnums: int | Sequence[int] | None = None, cache_size: int = 64,
-        background_compile: bool = False, fallback: str = "warn",
-        in_shardings: Any = None, out_shardings: Any = None,
-        donate_argnames: str | Sequence[str] | None = None, keep_unused: bool = False,
-        inline: bool = False, device: Any = None, backend: str | None = None,
-        compiler_options: dict[str, Any] | None = None) -> JitFunction: ...
+def jit(fun: Callable[..., Any], **options: Unpack[JitOptions]) -> JitFunction: ...
 
 
 @overload
-def jit(fun: None = None, *, polymorphic_shapes: ArgSpecs | None = None,
-        buckets: PerDimBucketSpec = None, constraints: Sequence[str] = (),
-        static_argnums: int | Sequence[int] | None = None,
-        static_argnames: str | Sequence[str] | None = None,
-        donate_argnums: int | Sequence[int] | None = None, cache_size: int = 64,
-        background_compile: bool = False, fallback: str = "warn",
-        in_shardings: Any = None, out_shardings: Any = None,
-        donate_argnames: str | Sequence[str] | None = None, keep_unused: bool = False,
-        inline: bool = False, device: Any = None, backend: str | None = None,
-        compiler_options: dict[str, Any] | None = None
+def jit(fun: None = None, **options: Unpack[JitOptions]
         ) -> Callable[[Callable[..., Any]], JitFunction]: ...
 
 
-def jit(fun: Callable[..., Any] | None = None, *, polymorphic_shapes: ArgSpecs | None = None,
-        buckets: PerDimBucketSpec = None, constraints: Sequence[str] = (),
-        static_argnums: int | Sequence[int] | None = None,
-        static_argnames: str | Sequence[str] | None = None,
-        donate_argnums: int | Sequence[int] | None = None, cache_size: int = 64,
-        background_compile: bool = False, fallback: str = "warn", in_shardings: Any = None,
-        out_shardings: Any = None, donate_argnames: str | Sequence[str] | None = None,
-        keep_unused: bool = False, inline: bool = False, device: Any = None,
-        backend: str | None = None, compiler_options: dict[str, Any] | None = None
+def jit(fun: Callable[..., Any] | None = None, **options: Unpack[JitOptions]
         ) -> JitFunction | Callable[[Callable[..., Any]], JitFunction]:
   """A drop-in for `jax.jit` that pads to size buckets and masks.
 
   Usable as `pj.jit(f)`, `@pj.jit`, `@pj.jit(buckets=...)` or through
   `functools.partial(pj.jit, ...)`. Results, shapes, dtypes and output pytrees
   are those of `jax.jit(f)`.
+
+  The keyword arguments are `JitOptions` (`_jit/options.py`), their one
+  definition, which `pj.filter_jit` and `JitFunction` take too.
 
   Args:
     polymorphic_shapes: one spec per positional argument in `pj.mask`'s syntax
@@ -361,15 +332,9 @@ def jit(fun: Callable[..., Any] | None = None, *, polymorphic_shapes: ArgSpecs |
     in_shardings, out_shardings: as in `jax.jit`. Sharded arguments (these,
       or a `jax.Array` on several devices) are padded shard by shard, a
       sharded dynamic axis gets buckets that split evenly over its shards,
-      and outputs keep their shardings (see `_sharding.py`).
+      and outputs keep their shardings (see `_sharding/placement.py`).
   """
-  kw: dict[str, Any] = dict(polymorphic_shapes=polymorphic_shapes, buckets=buckets,
-            constraints=constraints, static_argnums=static_argnums,
-            static_argnames=static_argnames, donate_argnums=donate_argnums,
-            cache_size=cache_size, background_compile=background_compile,
-            fallback=fallback, in_shardings=in_shardings, out_shardings=out_shardings,
-            donate_argnames=donate_argnames, keep_unused=keep_unused, inline=inline,
-            device=device, backend=backend, compiler_options=compiler_options)
   if fun is None:
-    return functools.partial(jit, **kw)
-  return JitFunction(fun, **kw)
+    check_options(options)  # refused now, as a written-out signature would
+    return functools.partial(jit, **options)
+  return JitFunction(fun, **options)
