@@ -1,6 +1,6 @@
 """`pj.jit` with data-dependent sizes: outputs at their exact size, one program per bucket.
 
-A function that creates data-dependent sizes (`_data_dependent.py`) has a
+A function that creates data-dependent sizes (`_masking/data_dependent.py`) has a
 masked program that returns, besides its padded outputs, the sizes it
 computed and whether every reduction without an identity had data. Its plan
 (`DataDependentPlan`) cannot know the output shapes before the program runs,
@@ -24,7 +24,7 @@ from typing import Any, Callable
 import jax
 
 from .._masking.data_dependent import NeedsPolyjitTrace, mentions_size, raise_if_failed
-# Re-exported explicitly: `_jit.py` imports it from here (strict mypy's no_implicit_reexport).
+# Re-exported explicitly: `planner.py` may import it from here (strict mypy's no_implicit_reexport).
 from .._masking.data_dependent import plain_jit_trace as plain_jit_trace
 from .plans import EXACT, Plan, ProgramKey, masked_body, out_shapes
 from .._masking.mask import Masked

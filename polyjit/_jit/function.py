@@ -7,9 +7,10 @@ A call goes through these steps, all on the host:
    it, the *plan* for these exact shapes; a plan knows the padded shape of
    every argument, the logical sizes, the compiled program and how to unpad
    the outputs, so a repeated shape costs a dict lookup;
-3. pad the arguments to the bucket on the host (`_padding.py`), run the
-   program with the logical sizes as runtime values, slice outputs with
-   dynamic dims back to their logical shapes.
+3. pad the arguments to the bucket (on the host, `_masking/padding.py`; on a
+   mesh shard by shard, `_sharding/placement.py`: one path, whose one-device
+   case has no shardings), run the program with the logical sizes as runtime
+   values, slice outputs with dynamic dims back to their logical shapes.
 
 A repeated call skips steps 1-2: positional arrays and scalars are keyed by
 `call_signature` (dtype, weak type, shape each) straight to their plan, which
@@ -23,24 +24,27 @@ regions and size scalars, no new plan, trace or compile (`_resized_plan`).
 
 On a plan miss, the logical size of every dimension variable is solved from the
 argument shapes, rounded up by the bucket policy, and the program for those
-padded sizes comes from the executable cache (`_cache.py`), compiled there
-once: `jax.jit` of `pj.mask(fun)` lowered at the padded shapes.
+padded sizes comes from the executable cache (`_caching/executables.py`),
+compiled there once (`compile.py`): `jax.jit` of `pj.mask(fun)` lowered at the
+padded shapes.
 
 Explicit mode (`polymorphic_shapes=`) uses the given specs. Automatic mode
-learns them (`_auto.py`): the first call compiles the exact shapes, and axes
+learns them (`auto.py`): the first call compiles the exact shapes, and axes
 that vary become dynamic. Python branching on a size gets one variant per
-side of the comparison (`_variants.py`): the sizes of a call select the variant
-on their side, traced once, and each variant has its own program per bucket.
+side of the comparison (`_masking/variants.py`): the sizes of a call select
+the variant on their side, traced once, and each variant has its own program
+per bucket.
 If `fun` still cannot be traced or masked with symbolic sizes (a primitive
 without a masking rule), the structure falls back to exact shapes, like
 `jax.jit`, and says so: a `pj.FallbackWarning` once per function and cause
 (`fallback="warn"`, the default), an error (`fallback="error"`), or only
 `pj.explain` and the "polyjit" logger (`fallback="silent"`).
 
-Under `pj.buckets.CostAware` (`_policy.py`), the default, the bucket of a call
-is the smallest compiled one that holds it; a tighter one compiles once the
-run time its absence wastes has paid for a compile (both estimated from the
-function's jaxpr, `_cost_model.py`, so the choice is the same on every run).
+Under `pj.buckets.CostAware` (`_buckets/cost_aware.py`, its bookkeeping in
+`bucket_choice.py`), the default, the bucket of a call is the smallest
+compiled one that holds it; a tighter one compiles once the run time its
+absence wastes has paid for a compile (both estimated from the function's
+jaxpr, `_buckets/cost_model.py`, so the choice is the same on every run).
 On a mesh the default is powers of two: a fixed policy.
 
 Called under another transformation (`jax.jit`, `jax.grad`, `jax.vmap`), a
@@ -103,7 +107,8 @@ class JitFunction:
     # inferred, like automatic mode's, they fall back to exact shapes if need be.
     specs = options.get("polymorphic_shapes")
     annotated = _annotations.annotated_specs(fun) if specs is None else None
-    self._args = ArgLayout(fun, repr(self), polymorphic_shapes=annotated if annotated is not None else specs,
+    specs = annotated if annotated is not None else specs
+    self._args = ArgLayout(fun, repr(self), polymorphic_shapes=specs,
                            static_argnums=options.get("static_argnums"),
                            static_argnames=options.get("static_argnames"),
                            donate_argnums=options.get("donate_argnums"),

@@ -152,6 +152,11 @@ class Plan:
     new.provisional = None
     return new
 
+  def borrow_from(self, borrow: Borrow) -> None:
+    """Runs in a larger bucket than its own: each call pays into `borrow`'s
+    accounts, and the plan is superseded once one of them has compiled."""
+    self.borrow = self.provisional = borrow
+
   @property
   def superseded(self) -> bool:
     """Borrowing a larger bucket's program, and the tight one is now compiled."""
