@@ -71,7 +71,7 @@ class BucketChoice:
     return {v: self._bucket(struct, v, n) for v, n in logical.items()}
 
   def _bucket(self, struct: Structure, dim: str, size: int) -> int:
-    policy = self.policy(dim)
+    policy = self._policies.get(dim) or self.policy(dim)  # (every new size comes here)
     if struct.on_mesh and isinstance(policy, CostAware):
       # on a mesh the choice is fixed (see `rental`): powers of two by default
       policy = MESH_BUCKETS if policy is DEFAULT_BUCKETS else policy.grid

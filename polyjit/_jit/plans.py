@@ -282,6 +282,7 @@ class Structure:
     self.avals = key.avals              # per leaf: (dtype, weak_type)
     self.dtypes: tuple[Any, ...] = tuple(a[0] for a in key.avals)
     self.shardings = key.shardings      # per leaf on a mesh; None: one device
+    self.on_mesh = key.shardings is not None  # (an attribute: read on every new size)
     self.leaf_names = leaf_names
     self.tracker = tracker              # automatic mode: learns the dynamic axes
     self.specs = specs                  # per-leaf specs in use (None: exact)
@@ -298,10 +299,6 @@ class Structure:
   @property
   def static_key(self) -> Any:
     return self.key.static
-
-  @property
-  def on_mesh(self) -> bool:
-    return self.shardings is not None
 
   def masked_fun(self, make: Callable[[], Masked]) -> Masked:
     """`fun` masked with the specs in use, made by `make` the first time."""
