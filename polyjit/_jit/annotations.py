@@ -233,8 +233,8 @@ def check_annotated(fun: Callable[..., Any], constraints: Sequence[str] = ()) ->
   if traced.out_tree.num_leaves != len(outs):
     raise ShapeError(f"{where}: it returns {traced.out_tree.num_leaves} array(s), the return "
                      f"annotation declares {len(outs)}.")
-  specs = [_out_spec(a, aval) for a, aval in zip(outs, traced.out_avals)]
-  for i, (a, aval, spec) in enumerate(zip(outs, traced.out_avals, specs)):
+  specs = [_out_spec(a, aval) for a, aval in zip(outs, traced.out_avals, strict=True)]
+  for i, (a, aval, spec) in enumerate(zip(outs, traced.out_avals, specs, strict=True)):
     if spec is None:
       raise ShapeError(f"{where}: output {i} has rank {len(aval.shape)} (shape "
                        f"{tuple(map(str, aval.shape))}) but is annotated {a.__name__}.")
@@ -242,7 +242,7 @@ def check_annotated(fun: Callable[..., Any], constraints: Sequence[str] = ()) ->
     check_out_shape(traced.out_tree.unflatten(specs), traced, scope)
   except ShapeError as e:
     raise ShapeError(f"{where}: {e}") from None
-  for i, (a, aval) in enumerate(zip(outs, traced.out_avals)):
+  for i, (a, aval) in enumerate(zip(outs, traced.out_avals, strict=True)):
     allowed = getattr(a, "dtypes", None)
     if isinstance(allowed, (tuple, list)) and str(aval.dtype) not in allowed:
       raise ShapeError(f"{where}: output {i} has dtype {aval.dtype}, which "

@@ -22,12 +22,18 @@ arguments it was lowered for gives `jax.jit(f)`'s result. The underlying
 when the structure already has dynamic axes (no retrace for a new size),
 else from JAX's own abstract evaluation. It learns nothing and compiles
 nothing.
+
+The stages plan and compile through the function's `Planner` (`planner.py`)
+and its `Compiler` (`compile.py`), by their public methods: `prepare`,
+`decide` (the decision a call makes), `variant`, `call_bucket`, and
+`compiler.cached`. Nothing here reaches into `JitFunction`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable
+import functools
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -38,11 +44,10 @@ from .._masking.errors import ShapeError
 from .args import strip_padded
 from .plans import (Plan, ProgramKey, Structure, abstract_leaves, exact_body, logical_values,
                     masked_body, out_shapes, padded_shapes, waste, zero_sized)
+from .planner import Planner, Prepared
 from .stats import Cause
-from .._masking.padding import is_padded, unpad
-
-if TYPE_CHECKING:
-  from .function import JitFunction
+from .._masking.padding import is_padded
+from .._sharding.placement import unpad
 
 
 @dataclasses.dataclass
@@ -68,7 +73,7 @@ class _Program:
     return self.out_tree.unflatten([
         # jax.ShapeDtypeStruct's constructor carries no annotations (strict only)
         jax.ShapeDtypeStruct(s if s is not None else shape, dtype, weak_type=weak)  # type: ignore[no-untyped-call, unused-ignore]
-        for s, (shape, dtype, weak) in zip(shapes, self.out_avals)])
+        for s, (shape, dtype, weak) in zip(shapes, self.out_avals, strict=True)])
 
 
 # --- the stages -----------------------------------------------------------------
@@ -76,25 +81,25 @@ class _Program:
 class Traced:
   """`pj.jit(f).trace(*args)`: the bucket program traced for these arguments."""
 
-  def __init__(self, jf: JitFunction, program: _Program, jax_traced: Any):
-    self._jf, self._program, self.jax_traced = jf, program, jax_traced
+  def __init__(self, planner: Planner, program: _Program, jax_traced: Any):
+    self._planner, self._program, self.jax_traced = planner, program, jax_traced
 
   jaxpr = property(lambda self: self.jax_traced.jaxpr)
-  fun_name = property(lambda self: getattr(self._jf.fun, "__name__", "fun"))
+  fun_name = property(lambda self: getattr(self._planner.fun, "__name__", "fun"))
   out_info = property(lambda self: self._program.out_info())
   bucket = property(lambda self: self._program.bucket,
                     doc="dimension -> padded size; None for an exact-shape program")
   padded_shapes = property(lambda self: self._program.key.padded_shapes)
 
   def lower(self) -> Lowered:
-    return Lowered(self._jf, self._program, self.jax_traced.lower())
+    return Lowered(self._planner, self._program, self.jax_traced.lower())
 
 
 class Lowered:
   """`pj.jit(f).lower(*args)`: the bucket program lowered, not yet compiled."""
 
-  def __init__(self, jf: JitFunction, program: _Program, jax_lowered: Any):
-    self._jf, self._program, self.jax_lowered = jf, program, jax_lowered
+  def __init__(self, planner: Planner, program: _Program, jax_lowered: Any):
+    self._planner, self._program, self.jax_lowered = planner, program, jax_lowered
 
   out_info = Traced.out_info
   bucket = Traced.bucket
@@ -112,17 +117,16 @@ class Lowered:
   def compile(self) -> Compiled:
     """The compiled program, from the function's cache or compiled now (and
     then kept there for later calls)."""
-    jf, p = self._jf, self._program
-    executable = jf._cache.get(p.key, lambda: jf._compile(p.key, p.body, p.struct, p.cause,
-                                                          p.n_dims))
-    return Compiled(jf, p, executable)
+    p = self._program
+    executable = self._planner.compiler.cached(p.key, p.body, p.struct, p.cause, p.n_dims)
+    return Compiled(self._planner, p, executable)
 
 
 class Compiled:
   """`pj.jit(f).lower(*args).compile()`: call it on the same arguments."""
 
-  def __init__(self, jf: JitFunction, program: _Program, jax_compiled: Any):
-    self._jf, self._program, self.jax_compiled = jf, program, jax_compiled
+  def __init__(self, planner: Planner, program: _Program, jax_compiled: Any):
+    self._planner, self._program, self.jax_compiled = planner, program, jax_compiled
 
   out_info = Traced.out_info
   bucket = Traced.bucket
@@ -139,16 +143,16 @@ class Compiled:
 
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
     p = self._program
-    prepared = self._jf._prepare(args, kwargs)
+    prepared = self._planner.prepare(args, kwargs)
     if prepared is None:
       raise TypeError("a pj.jit Compiled cannot be called inside a JAX transformation; "
                       "call the pj.jit function itself there.")
     struct, leaves, shapes = prepared
     if struct.key != p.struct.key or tuple(shapes) != tuple(p.shapes):
       raise ShapeError(
-          f"this Compiled of {self._jf!r} serves arguments of shapes {list(p.shapes)} "
+          f"this Compiled of {self._planner.label} serves arguments of shapes {list(p.shapes)} "
           f"(and their dtypes and static values); it was called with {list(shapes)}. "
-          f"What to do: call {self._jf!r} itself, which runs every size (and reuses this "
+          f"What to do: call {self._planner.label} itself, which runs every size (and reuses this "
           "bucket's program), or lower again for these arguments.")
     plan = Plan(p.key, self.jax_compiled, struct.dtypes, p.logical, p.out_shapes,
                 waste(shapes, p.key.padded_shapes))
@@ -157,33 +161,31 @@ class Compiled:
 
 # --- entry points ---------------------------------------------------------------
 
-def trace(jf: JitFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Traced:
-  program = _program(jf, args, kwargs)
+def trace(planner: Planner, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Traced:
+  program = _program(planner, args, kwargs)
   body = program.body
-  body.__name__ = jf._name
-  donate = jf._args.donated_leaves(program.struct.treedef, program.struct.static_key)
+  body.__name__ = planner.compiler.name
+  donate = planner.compiler.donated(program.struct)
   # jax.ShapeDtypeStruct's constructor carries no annotations (strict only)
   size_avals = tuple(jax.ShapeDtypeStruct((), jc.dim_value_dtype())  # type: ignore[no-untyped-call, unused-ignore]
                      for _ in range(program.n_dims))
   jax_traced = jax.jit(body, donate_argnums=donate).trace(
       *abstract_leaves(program.key.padded_shapes, program.struct.avals), size_avals)
-  return Traced(jf, program, jax_traced)
+  return Traced(planner, program, jax_traced)
 
 
-def lower(jf: JitFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Lowered:
-  return trace(jf, args, kwargs).lower()
+def lower(planner: Planner, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Lowered:
+  return trace(planner, args, kwargs).lower()
 
 
-def eval_shape(jf: JitFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def eval_shape(planner: Planner, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
   """`jax.jit(f).eval_shape(*args, **kwargs)`, learning and compiling nothing."""
-  known = set(jf._structures)
-  struct, _, shapes = _prepare_abstract(jf, args, kwargs)
-  if struct.key not in known:  # a structure starts learning at its first call, not here
-    del jf._structures[struct.key]
+  # A structure starts learning at its first call, not here: a new one is not kept.
+  struct, _, shapes = _prepare_abstract(planner, args, kwargs, keep=False)
   if (struct.specs is not None and not struct.exact_only
       and not zero_sized(struct.specs, shapes)):
     try:
-      _, binding, variant = jf._variant(struct, shapes)
+      _, binding, variant = planner.variant(struct, shapes)
     except Exception:  # noqa: BLE001  JAX's own evaluation decides (and raises)
       variant = None
     if variant is not None:
@@ -191,10 +193,10 @@ def eval_shape(jf: JitFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -
       return variant.traced.out_tree.unflatten([
           # jax.ShapeDtypeStruct's constructor carries no annotations (strict only)
           jax.ShapeDtypeStruct(s, a.dtype, weak_type=a.weak_type) for s, a in  # type: ignore[no-untyped-call, unused-ignore]
-          zip(out_shapes(out_dims, binding.padded), variant.traced.out_avals)])
+          zip(out_shapes(out_dims, binding.padded), variant.traced.out_avals, strict=True)])
   # jax.jit(...).eval_shape carries no annotations (strict only)
-  return jax.jit(jf.fun, static_argnums=jf.static_argnums or None,  # type: ignore[no-untyped-call, unused-ignore]
-                 static_argnames=jf.static_argnames or None).eval_shape(
+  return jax.jit(planner.fun, static_argnums=planner.args.static_argnums or None,  # type: ignore[no-untyped-call, unused-ignore]
+                 static_argnames=planner.args.static_argnames or None).eval_shape(
                      *strip_padded(args), **strip_padded(kwargs))
 
 
@@ -209,45 +211,35 @@ def _abstract(x: Any) -> Any:
   return jax.ShapeDtypeStruct(np.shape(x), aval.dtype, weak_type=aval.weak_type)  # type: ignore[no-untyped-call, unused-ignore]
 
 
-def _prepare_abstract(jf: JitFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-  """`jf._prepare` on abstract arguments (tracers allowed; static ones kept)."""
-  nums = {a % len(args) for a in jf.static_argnums if -len(args) <= a < len(args)}
+def _prepare_abstract(planner: Planner, args: tuple[Any, ...], kwargs: dict[str, Any], *,
+                      keep: bool = True) -> Prepared:
+  """`planner.prepare` on abstract arguments (tracers allowed; static ones kept)."""
+  layout = planner.args
+  nums = {a % len(args) for a in layout.static_argnums if -len(args) <= a < len(args)}
   args = tuple(a if i in nums else jax.tree.map(_abstract, a, is_leaf=is_padded)
                for i, a in enumerate(args))
-  kwargs = {k: v if k in jf.static_argnames else jax.tree.map(_abstract, v, is_leaf=is_padded)
+  kwargs = {k: v if k in layout.static_argnames else jax.tree.map(_abstract, v, is_leaf=is_padded)
             for k, v in kwargs.items()}
-  return jf._prepare(args, kwargs)
+  prepared = planner.prepare(args, kwargs, keep=keep)
+  assert prepared is not None  # (abstract arguments, no tracers)
+  return prepared
 
 
-def _program(jf: JitFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Program:
+def _program(planner: Planner, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Program:
   """The program a call with these arguments would run; plans as that call
   would (so automatic mode learns from these shapes), compiles nothing."""
-  struct, _, shapes = _prepare_abstract(jf, args, kwargs)
+  struct, _, shapes = _prepare_abstract(planner, args, kwargs)
   plan = struct.plan(shapes)
   if plan is not None:  # a call already planned these shapes
     if plan.key.exact:
-      return _exact(jf, struct, shapes, Cause("precompile", shapes=shapes))
-    return _masked(jf, struct, shapes, Cause("precompile", shapes=shapes))
-  changed, became = struct.observe(shapes)
-
-  def why(kind: Any, **kw: Any) -> Cause:
-    return Cause(kind, shapes=shapes, changed=changed, became_dynamic=became, **kw)
-  if struct.specs is None or struct.exact_only:
-    kind = "fallback" if struct.exact_only else ("exact" if changed else "first call")
-    return _exact(jf, struct, shapes, why(kind, error=struct.fallback_reason))
-  if zero_sized(struct.specs, shapes):
-    return _exact(jf, struct, shapes, why("zero size"))
-  try:
-    return _masked(jf, struct, shapes, why("bucket"))
-  except Exception as e:
-    if struct.tracker is None and not getattr(jf, "_specs_may_fall_back", False):
-      raise  # explicit specs: the user asked for masking
-    jf._fall_back(struct, e)
-    return _exact(jf, struct, shapes, why("fallback", error=struct.fallback_reason))
+      return _exact(planner, struct, shapes, Cause("precompile", shapes=shapes))
+    return _masked(planner, struct, shapes, Cause("precompile", shapes=shapes))
+  return planner.decide(struct, shapes, functools.partial(_exact, planner, struct, shapes),
+                        functools.partial(_masked, planner, struct, shapes))
 
 
-def _exact(jf: JitFunction, struct: Structure, shapes: tuple[Any, ...], cause: Cause) -> _Program:
-  fun = jf._args.bind_static(struct.static_key)
+def _exact(planner: Planner, struct: Structure, shapes: tuple[Any, ...], cause: Cause) -> _Program:
+  fun = planner.bind_static(struct)
   out = jax.eval_shape(lambda *leaves: exact_body(struct.treedef, fun)(*leaves, ()),
                        *abstract_leaves(shapes, struct.avals))
   leaves, tree = jax.tree.flatten(out)
@@ -256,10 +248,10 @@ def _exact(jf: JitFunction, struct: Structure, shapes: tuple[Any, ...], cause: C
                   tuple((o.shape, o.dtype, o.weak_type) for o in leaves), cause)
 
 
-def _masked(jf: JitFunction, struct: Structure, shapes: tuple[Any, ...], cause: Cause) -> _Program:
-  masked, binding, variant = jf._variant(struct, shapes)
+def _masked(planner: Planner, struct: Structure, shapes: tuple[Any, ...], cause: Cause) -> _Program:
+  masked, binding, variant = planner.variant(struct, shapes)
   logical = binding.padded  # solved from the unpadded shapes: the logical sizes
-  env = fit_to_constraints(logical, jf._call_bucket(struct, binding, variant, logical),
+  env = fit_to_constraints(logical, planner.call_bucket(struct, binding, variant, logical),
                            variant.scope)
   cause = dataclasses.replace(cause, bucket=dict(env), sizes=dict(logical))
   key = ProgramKey.masked(struct, variant, padded_shapes(binding, env), env)
@@ -269,4 +261,3 @@ def _masked(jf: JitFunction, struct: Structure, shapes: tuple[Any, ...], cause: 
                   len(binding.dim_names), logical_values(binding, logical),
                   out_shapes(out_dims, logical), traced.out_tree,
                   tuple((None, a.dtype, a.weak_type) for a in traced.out_avals), cause)
-

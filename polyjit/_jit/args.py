@@ -133,7 +133,7 @@ class ArgLayout:
           "argument (None for an argument with a fixed shape).")
     args_tree, kwargs_tree = treedef.children()
     leaf_specs: list[Any] = []
-    for pos, sub in zip(positions, args_tree.children()):
+    for pos, sub in zip(positions, args_tree.children(), strict=True):
       dummy = sub.unflatten([0] * sub.num_leaves)
       leaf_specs.extend(sub.flatten_up_to(
           jax.tree.broadcast(specs[pos], dummy, is_leaf=_spec.is_spec_leaf)))

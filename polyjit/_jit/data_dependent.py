@@ -24,7 +24,7 @@ from typing import Any, Callable
 import jax
 
 from .._masking.data_dependent import NeedsPolyjitTrace, mentions_size, raise_if_failed
-# Re-exported explicitly: `_jit/function.py` imports it from here (strict mypy's no_implicit_reexport).
+# Re-exported explicitly: `planner.py` may import it from here (strict mypy's no_implicit_reexport).
 from .._masking.data_dependent import plain_jit_trace as plain_jit_trace
 from .plans import EXACT, Plan, ProgramKey, masked_body, out_shapes
 from .._masking.mask import Masked
@@ -58,7 +58,7 @@ class DataDependentPlan(Plan):
       leaves, tree = jax.tree.flatten(outs)
       # jaxlib's PyTreeDef is not visible to mypy (a stub gap): its methods are unknown.
       return tree.unflatten([convert(o, s) for o, s in  # type: ignore[attr-defined]
-                             zip(leaves, out_shapes(self.out_dims, self.sizes))])
+                             zip(leaves, out_shapes(self.out_dims, self.sizes), strict=True)])
     outs, (created, failed) = outs
     if not self.sized:  # only checks: read the one code
       created, failed = {}, jax.device_get(failed)
@@ -71,7 +71,7 @@ class DataDependentPlan(Plan):
     shapes = [tuple(max(0, d) for d in s) for s in out_shapes(self.out_dims, sizes)]
     # jaxlib's PyTreeDef is not visible to mypy (a stub gap): its methods are unknown.
     return tree.unflatten(  # type: ignore[attr-defined]
-        [convert(o, s) for o, s in zip(leaves, shapes)])
+        [convert(o, s) for o, s in zip(leaves, shapes, strict=True)])
 
 
 def is_data_dependent_error(error: BaseException) -> bool:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, Unpack
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +37,7 @@ import numpy as np
 from .. import _jax as jc
 from .._masking.errors import PolyjitError
 from .function import JitFunction
+from .options import JitOptions
 from .._masking.padding import is_padded
 
 Donate = Literal["none", "all", "all-except-first"]
@@ -54,16 +55,19 @@ def is_array(x: Any) -> bool:
 class FilterJitFunction:
   """A function compiled by `pj.filter_jit`."""
 
-  def __init__(self, fun: Callable[..., Any], *, donate: Donate = "none", **jit_kwargs: Any) -> None:
+  def __init__(self, fun: Callable[..., Any], *, donate: Donate = "none",
+               **jit_kwargs: Unpack[JitOptions]) -> None:
     if not callable(fun):
       raise TypeError(f"pj.filter_jit expects a callable, got {type(fun).__name__}")
     if donate not in ("none", "all", "all-except-first"):
       raise ValueError(f"donate must be 'none', 'all' or 'all-except-first', got {donate!r}")
     self.fun = fun
     self.donate = donate
-    self._jit_kwargs = jit_kwargs
+    if "static_argnums" in jit_kwargs:  # the split decides what is static
+      raise TypeError("pj.filter_jit got multiple values for keyword argument 'static_argnums'")
+    self._jit_kwargs: JitOptions = {**jit_kwargs, "static_argnums": 0}
     self._inner_named = _named(self._inner, fun)
-    self._jit = JitFunction(self._inner_named, static_argnums=0, **jit_kwargs)
+    self._jit = JitFunction(self._inner_named, **self._jit_kwargs)
     self._donate_from = {"none": None, "all": 1, "all-except-first": 2}[donate]
     functools.update_wrapper(self, fun, updated=())
 
@@ -95,8 +99,8 @@ class FilterJitFunction:
       return self._jit
     donated = tuple(range(self._donate_from, n_args + 2))
     if self._jit.donate_argnums != donated:
-      self._jit = JitFunction(self._inner_named, static_argnums=0, donate_argnums=donated,
-                              **self._jit_kwargs)
+      options: JitOptions = {**self._jit_kwargs, "donate_argnums": donated}
+      self._jit = JitFunction(self._inner_named, **options)
     return self._jit
 
   def _inner(self, static: Any, fun_dyn: Any, *args_dyn: Any, **kwargs_dyn: Any) -> Any:
@@ -173,7 +177,7 @@ jax.tree_util.register_pytree_node(
 
 
 def filter_jit(fun: Callable[..., Any] | None = None, *, donate: Donate = "none",
-               **jit_kwargs: Any) -> Any:
+               **jit_kwargs: Unpack[JitOptions]) -> Any:
   """`eqx.filter_jit`, bucketed: array leaves are traced and padded to size
   buckets, everything else is static.
 

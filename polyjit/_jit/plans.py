@@ -30,8 +30,9 @@ from .._masking import dims as _dims
 from .. import _jax as jc
 from .auto import DimTracker
 from .._masking.mask import Masked
-from .._masking.padding import pad, pad_into, unpad
+from .._masking.padding import pad_into
 from .._buckets.cost_aware import Borrow, Rental
+from .._sharding import placement as _placement
 
 #: Per leaf, a shape (padded or logical).
 Shapes = tuple[tuple[int, ...], ...]
@@ -43,9 +44,18 @@ plans_built = 0
 EXACT = "exact"   # `ProgramKey.specs` of jax.jit's own program at exact shapes
 
 
+class StructureKey(NamedTuple):
+  """What a call fixes besides its sizes: a structure's key (`Structure.key`)."""
+  static: Any             # the static arguments' values (`ArgLayout.flatten`)
+  treedef: Any            # the pytree of the dynamic arguments (args, kwargs)
+  avals: tuple[Any, ...]  # per leaf: (dtype, weak_type)
+  ranks: tuple[int, ...]  # per leaf: its rank
+  shardings: tuple[Any, ...] | None = None  # per leaf on a mesh; None: one device
+
+
 class ProgramKey(NamedTuple):
   """A program's key in the executable cache."""
-  structure: Hashable     # `Structure.key`
+  structure: StructureKey  # `Structure.key`
   specs: Any              # the structure's per-leaf specs, or EXACT
   variant: Hashable       # the variant's key (None at exact shapes)
   padded_shapes: Shapes   # per leaf, the shape the program takes
@@ -75,7 +85,7 @@ class Plan:
   """
   __slots__ = ("key", "program", "dtypes", "logical", "out_shapes", "waste",
                "provisional", "fallback", "bucket", "pads", "dynamic_outputs", "live",
-               "borrow", "padded_out", "unpad_leaf")
+               "borrow", "padded_out", "shardings", "unpad_leaf")
 
   def __init__(self, key: ProgramKey, program: Any, dtypes: Any, logical: Any,
                out_shapes: Any, waste: float, provisional: Any = None,
@@ -97,14 +107,15 @@ class Plan:
     self.bucket = None if key.exact else key.bucket
     shapes = key.padded_shapes if shapes is None else shapes
     self.pads = tuple((i, p, d, tuple(slice(0, n) for n in s))
-                      for i, (s, p, d) in enumerate(zip(shapes, key.padded_shapes, dtypes))
+                      for i, (s, p, d) in enumerate(zip(shapes, key.padded_shapes, dtypes, strict=True))
                       if tuple(s) != tuple(p))
     self.padded_out = program_out_shapes(program) if padded_out is None else padded_out
     self.dynamic_outputs = out_shapes is not None and any(
-        tuple(o) != tuple(p) for o, p in zip(out_shapes, self.padded_out))
+        tuple(o) != tuple(p) for o, p in zip(out_shapes, self.padded_out, strict=True))
     self.live = True                    # False once its structure dropped it
     self.borrow: Borrow | None = None   # a cost-aware policy's `Borrow`: pays per call
-    self.unpad_leaf = unpad             # `_sharding.unpad` on a mesh (keeps shardings)
+    self.shardings = key.structure.shardings  # per leaf on a mesh; None: one device
+    self.unpad_leaf = _placement.unpad_for(self.shardings)  # keeps shardings on a mesh
 
   @property
   def padded_shapes(self) -> Shapes:
@@ -121,7 +132,7 @@ class Plan:
     padded = self.key.padded_shapes
     new.key, new.program, new.dtypes = self.key, self.program, self.dtypes
     new.fallback, new.bucket, new.padded_out = self.fallback, self.bucket, self.padded_out
-    new.unpad_leaf = self.unpad_leaf
+    new.shardings, new.unpad_leaf = self.shardings, self.unpad_leaf
     new.logical = logical
     new.out_shapes = out_shapes
     pads = []
@@ -141,6 +152,11 @@ class Plan:
     new.provisional = None
     return new
 
+  def borrow_from(self, borrow: Borrow) -> None:
+    """Runs in a larger bucket than its own: each call pays into `borrow`'s
+    accounts, and the plan is superseded once one of them has compiled."""
+    self.borrow = self.provisional = borrow
+
   @property
   def superseded(self) -> bool:
     """Borrowing a larger bucket's program, and the tight one is now compiled."""
@@ -152,10 +168,11 @@ class Plan:
     return self.live and (self.provisional is None or not self.provisional.done())
 
   def run(self, leaves: Any) -> Any:
-    """The padded outputs: pads the leaves on the host and runs the program.
-    Leaves may be `pj.Padded`, device or host arrays, or scalars."""
-    ins = [pad(x, s, d) for x, s, d in zip(leaves, self.padded_shapes, self.dtypes)]
-    return self.program(*ins, self.logical)
+    """The padded outputs: pads the leaves (on the host, or shard by shard on
+    a mesh) and runs the program. Leaves may be `pj.Padded`, device or host
+    arrays, or scalars."""
+    return _placement.run(self.program, leaves, self.padded_shapes, self.dtypes, self.logical,
+                          self.shardings)
 
   def run_plain(self, leaves: Any) -> Any:
     """`run` for leaves that are arrays or scalars (never `pj.Padded`): only
@@ -179,7 +196,17 @@ class Plan:
     leaves, tree = jax.tree.flatten(outs)
     # jaxlib's PyTreeDef is not visible to mypy (a stub gap): its methods are unknown.
     return tree.unflatten(  # type: ignore[attr-defined]
-        [convert(o, s) for o, s in zip(leaves, self.out_shapes)])
+        [convert(o, s) for o, s in zip(leaves, self.out_shapes, strict=True)])
+
+
+def plan_in(struct: Structure, key: ProgramKey, program: Any, binding: Any, variant: Any,
+            logical: dict[str, int], shapes: Any, provisional: Any = None) -> Plan:
+  """The plan that runs `program` (of `variant`, at `key`) for `shapes`, whose
+  dimensions have the sizes `logical`."""
+  out_dims = tuple(aval.shape for aval in variant.traced.out_avals)
+  return Plan(key, program, struct.dtypes, logical_values(binding, logical),
+              out_shapes(out_dims, logical), waste(shapes, key.padded_shapes), provisional,
+              shapes=shapes)
 
 
 def program_out_shapes(program: Any) -> list[tuple[int, ...]]:
@@ -242,15 +269,23 @@ class Template:
 
 
 class Structure:
-  """Everything known about one call structure (static values, tree, dtypes)."""
+  """Everything known about one call structure (static values, tree, dtypes).
 
-  def __init__(self, key: Any, treedef: Any, avals: Any, leaf_names: Any) -> None:
+  Its state changes only through its methods: what the calls teach (`observe`,
+  `reset`, `fall_back`), the plans and templates it keeps, and the masked
+  function, rental and shard multiples it learns once."""
+
+  def __init__(self, key: StructureKey, leaf_names: Any, *, specs: tuple[Any, ...] | None = None,
+               tracker: DimTracker | None = None) -> None:
     self.key = key
-    self.treedef = treedef
-    self.avals = avals                  # per leaf: (dtype, weak_type)
+    self.treedef = key.treedef
+    self.avals = key.avals              # per leaf: (dtype, weak_type)
+    self.dtypes: tuple[Any, ...] = tuple(a[0] for a in key.avals)
+    self.shardings = key.shardings      # per leaf on a mesh; None: one device
+    self.on_mesh = key.shardings is not None  # (an attribute: read on every new size)
     self.leaf_names = leaf_names
-    self.tracker: DimTracker | None = None
-    self.specs: tuple[Any, ...] | None = None  # per-leaf specs in use (None: exact)
+    self.tracker = tracker              # automatic mode: learns the dynamic axes
+    self.specs = specs                  # per-leaf specs in use (None: exact)
     self.masked: Masked | None = None   # `fun` masked with the specs in use
     self.last_shapes: Any = None        # shapes of the latest new plan
     self.exact_only = False
@@ -259,16 +294,30 @@ class Structure:
     self.plans: collections.OrderedDict[Any, Plan] = collections.OrderedDict()
     self.templates: dict[Any, Template] = {}  # bucket key -> Template
     self.rental: Rental | None = None   # under a cost-aware policy
-    self.shardings: tuple[Any, ...] | None = None  # per leaf on a mesh; None: one device (set by pj.jit)
     self.shard_multiples: dict[str, int] = {}  # dim -> its buckets' multiple (on a mesh)
 
   @property
   def static_key(self) -> Any:
-    return self.key[0]
+    return self.key.static
 
-  @property
-  def dtypes(self) -> tuple[Any, ...]:
-    return tuple(a[0] for a in self.avals)
+  def masked_fun(self, make: Callable[[], Masked]) -> Masked:
+    """`fun` masked with the specs in use, made by `make` the first time."""
+    if self.masked is None:
+      self.masked = make()
+    return self.masked
+
+  def start_rental(self, rental: Rental) -> Rental:
+    """The cost-aware policy's state for this structure (until new specs)."""
+    self.rental = rental
+    return rental
+
+  def learn_shard_multiples(self, multiples: dict[str, int]) -> None:
+    """Dimension -> the multiple its buckets round up to (`_sharding.dim_multiples`)."""
+    self.shard_multiples = multiples
+
+  def mark_data_dependent(self) -> None:
+    """`jax.jit` cannot trace `fun` (x[x > 0]): exact shapes run it masked."""
+    self.data_dependent = True
 
   def abstract_args(self, shapes: Any) -> list[Any]:
     """The (args, kwargs) pair of abstract arguments at `shapes`."""
@@ -289,6 +338,8 @@ class Structure:
     return plan
 
   def remember(self, shapes: Any, plan: Plan) -> None:
+    """Keeps `plan` for `shapes`, the latest new plan's shapes."""
+    self.last_shapes = shapes
     if not plan.superseded:
       self.plans[shapes] = plan
       if len(self.plans) > PLANS_PER_STRUCTURE:
@@ -310,6 +361,13 @@ class Structure:
     """The template of `bucket` when its fixed axes agree with `shapes`."""
     template = self.templates.get(bucket)
     return template if template is not None and template.fits(shapes) else None
+
+  def keep_template(self, plan: Plan, binding: Any, variant: Any) -> None:
+    """Keeps `plan` as its bucket's template, when it can be one (`Template.of`)."""
+    out_dims = tuple(aval.shape for aval in variant.traced.out_avals)
+    template = Template.of(plan, binding, variant, out_dims)
+    if template is not None:
+      self.templates[plan.key.bucket] = template
 
   # --- what the calls teach ----------------------------------------------------------
 
@@ -333,8 +391,8 @@ class Structure:
     if previous is None:
       return ()
     return tuple((name, axis, old, new)
-                 for name, p, s in zip(self.leaf_names, previous, shapes)
-                 for axis, (old, new) in enumerate(zip(p, s)) if old != new)
+                 for name, p, s in zip(self.leaf_names, previous, shapes, strict=True)
+                 for axis, (old, new) in enumerate(zip(p, s, strict=True)) if old != new)
 
   def reset(self, specs: tuple[Any, ...] | None) -> None:
     """New specs: what was traced, planned or templated for the old ones goes."""
@@ -364,7 +422,7 @@ def masked_body(treedef: Any, masked: Masked, variant: Any,
   def body(*leaves_and_logical: Any) -> Any:
     *leaves, logical = leaves_and_logical
     return masked.call_variant(variant, treedef.unflatten(leaves), padded_env,
-                               dict(zip(names, logical)))
+                               dict(zip(names, logical, strict=True)))
   return body
 
 
@@ -378,18 +436,6 @@ def exact_body(treedef: Any, fun: Callable[..., Any]) -> Callable[..., Any]:
   return body
 
 
-def lower_and_compile(body: Callable[..., Any], name: str, padded_shapes: Any, avals: Any,
-                      n_dims: int, donate: tuple[int, ...]) -> Any:
-  """`jax.jit(body)` compiled for the leaves at `padded_shapes` and `n_dims`
-  logical sizes; `name` names it for JAX (and the persistent cache's key)."""
-  body.__name__ = name
-  # jax.ShapeDtypeStruct's __init__ is unannotated in JAX (a stub gap).
-  logical_avals = tuple(jax.ShapeDtypeStruct((), jc.dim_value_dtype())  # type: ignore[no-untyped-call, unused-ignore]
-                        for _ in range(n_dims))
-  return jax.jit(body, donate_argnums=donate).lower(
-      *abstract_leaves(padded_shapes, avals), logical_avals).compile()
-
-
 def borrow(done: Any, key: ProgramKey, shapes: Any) -> Any:
   """(key, program) among `done` (compiled programs) of the same structure,
   specs and variant as `key` whose padded shapes hold `shapes`: the smallest."""
@@ -398,7 +444,7 @@ def borrow(done: Any, key: ProgramKey, shapes: Any) -> Any:
     if other[:3] != key[:3]:  # structure, specs, variant
       continue
     padded = other.padded_shapes
-    if all(all(a >= b for a, b in zip(p, s)) for p, s in zip(padded, shapes)):
+    if all(all(a >= b for a, b in zip(p, s, strict=True)) for p, s in zip(padded, shapes, strict=True)):
       size = sum(int(np.prod(p)) for p in padded)
       if best is None or size < best[0]:
         best = (size, other, program)
@@ -411,7 +457,7 @@ def abstract_leaves(shapes: Any, avals: Any) -> list[jax.ShapeDtypeStruct]:
   """Abstract arguments: `avals` ((dtype, weak_type) per leaf) at `shapes`."""
   # jax.ShapeDtypeStruct's __init__ is unannotated in JAX (a stub gap).
   return [jax.ShapeDtypeStruct(s, a[0], weak_type=a[1])  # type: ignore[no-untyped-call, unused-ignore]
-          for s, a in zip(shapes, avals)]
+          for s, a in zip(shapes, avals, strict=True)]
 
 
 def bucket_key(bucket: dict[str, int]) -> tuple[tuple[str, int], ...]:
@@ -421,7 +467,7 @@ def bucket_key(bucket: dict[str, int]) -> tuple[tuple[str, int], ...]:
 
 def zero_sized(specs: Any, shapes: Any) -> bool:
   """Whether an argument with dynamic axes has an empty axis in this call."""
-  return any(spec is not None and 0 in shape for spec, shape in zip(specs, shapes))
+  return any(spec is not None and 0 in shape for spec, shape in zip(specs, shapes, strict=True))
 
 
 def padded_shapes(binding: Any, env: dict[str, int]) -> Shapes:

@@ -127,7 +127,7 @@ class Stats:
 
 def _where(binding: Binding, leaf_names: Sequence[str], dim: str) -> tuple[str, int] | None:
   """(argument name, axis) of the first axis whose size is exactly `dim`."""
-  for leaf, name in zip(binding.leaves, leaf_names):
+  for leaf, name in zip(binding.leaves, leaf_names, strict=True):
     for axis, d in enumerate(leaf.symbolic_shape):
       if _dims.dim_vars(d) == {dim} and _dims.linear_form(d) == ({dim: 1}, 0):
         return name, axis

@@ -1,7 +1,15 @@
-"""Sharded arguments in `pj.jit`: padding that keeps an array on its mesh.
+"""Where `pj.jit`'s arguments live: one device, or shards that stay on their mesh.
 
 Design
 ------
+There is one path for compiling, padding and unpadding, whatever the
+placement: a structure's per-leaf shardings (`ShardingLayout.leaf_shardings`),
+where None for a leaf means "not on a mesh" and None for the whole structure
+means one device. `lower_and_compile`, `run` and `unpad` take that placement;
+with one device they reduce to compiling for unplaced arguments, padding on
+the host and slicing on the host (the call path's hot path, `Plan.run_plain`,
+only ever serves one device and never comes here).
+
 polyjit runs on JAX's own SPMD machinery: meshes, `NamedSharding`,
 `jax.make_array_from_callback` and, across processes, `jax.distributed`. The
 masked program is an ordinary `jax.jit` program, so once its arguments carry
@@ -13,7 +21,7 @@ polyjit adds is only what padding changes:
   positional argument, None for "the argument's own") wins; otherwise a
   `jax.Array` (or `pj.Padded`) placed on more than one device keeps its own
   sharding. A call whose leaves are all on one device (and no `in_shardings`
-  / `out_shardings`) takes none of this path: the structure key is unchanged.
+  / `out_shardings`) has no shardings at all (None): the one-device case.
   The per-leaf shardings are part of the structure key, so each placement gets
   its own programs.
 * **Buckets on a sharded axis.** A dynamic dimension that is a sharded axis
@@ -106,7 +114,7 @@ class ShardingLayout:
         return None
       return tuple(own)
     given = self._given_for(treedef)
-    return tuple(g if g is not None else o for g, o in zip(given, own))
+    return tuple(g if g is not None else o for g, o in zip(given, own, strict=True))
 
   def _given_for(self, treedef: Any) -> list[Any]:
     given = self._given.get(treedef)
@@ -158,7 +166,7 @@ def _broadcast_in_shardings(in_shardings: Any, treedef: Any) -> list[Any]:
           "dynamic positional argument(s); give one Sharding (or pytree prefix of "
           "Shardings, None for the argument's own) per positional argument, as in jax.jit.")
   out: list[Any] = []
-  for prefix, sub in zip(per_arg, subtrees):
+  for prefix, sub in zip(per_arg, subtrees, strict=True):
     dummy = sub.unflatten([0] * sub.num_leaves)
     out.extend(sub.flatten_up_to(jax.tree.broadcast(prefix, dummy, is_leaf=_is_sharding_leaf)))
   return out + [None] * kwargs_tree.num_leaves
@@ -239,10 +247,11 @@ def fit(sharding: Sharding | None, shape: Sequence[int]) -> Sharding | None:
 def fit_named(sharding: NamedSharding, shape: Sequence[int]) -> NamedSharding:
   """`fit` for a `NamedSharding`."""
   counts = shards_along(sharding, len(shape))
-  if all(n % k == 0 for n, k in zip(shape, counts)):
+  if all(n % k == 0 for n, k in zip(shape, counts, strict=True)):
     return sharding
-  spec = tuple(sharding.spec) + (None,) * (len(shape) - len(sharding.spec))
-  kept = [entry if n % k == 0 else None for entry, n, k in zip(spec, shape, counts)]
+  # The spec padded (or cut) to the rank: a spec may name fewer axes than the array has.
+  spec = (tuple(sharding.spec) + (None,) * len(shape))[:len(shape)]
+  kept = [entry if n % k == 0 else None for entry, n, k in zip(spec, shape, counts, strict=True)]
   return NamedSharding(sharding.mesh, PartitionSpec(*kept),  # type: ignore[no-untyped-call, unused-ignore]
                        memory_kind=sharding.memory_kind)
 
@@ -251,9 +260,9 @@ def dim_multiples(binding: Any, shardings: Sequence[Sharding | None]) -> dict[st
   """Dimension -> the number its buckets must be a multiple of: the least
   common multiple of the shard counts of the axes it is the size of."""
   out: dict[str, int] = {}
-  for leaf, sharding in zip(binding.leaves, shardings):
+  for leaf, sharding in zip(binding.leaves, shardings, strict=True):
     dims = leaf.symbolic_shape
-    for d, k in zip(dims, shards_along(sharding, len(dims))):
+    for d, k in zip(dims, shards_along(sharding, len(dims)), strict=True):
       if k == 1 or not jc.is_symbolic_dim(d):
         continue
       form = _dims.linear_form(d)
@@ -271,14 +280,19 @@ def round_up(size: int, multiple: int) -> int:
 
 def lower_and_compile(body: Callable[..., Any], name: str, padded_shapes: Any, avals: Any,
                       n_dims: int, donate: tuple[int, ...],
-                      shardings: Sequence[Sharding | None], out_shardings: Any) -> Any:
+                      shardings: Sequence[Sharding | None] | None = None,
+                      out_shardings: Any = None) -> Any:
   """`jax.jit(body)` compiled for the leaves at `padded_shapes` placed with
-  `shardings` (each fitted to its shape), and `n_dims` replicated sizes."""
+  `shardings` (each fitted to its shape; None: one device), and `n_dims`
+  logical sizes (replicated on a mesh); `name` names it for JAX (and the
+  persistent cache's key)."""
   body.__name__ = name
-  placed = [for_program(s, p) for s, p in zip(shardings, padded_shapes)]
+  if shardings is None:
+    shardings = (None,) * len(padded_shapes)
+  placed = [for_program(s, p) for s, p in zip(shardings, padded_shapes, strict=True)]
   # jax.ShapeDtypeStruct's and PartitionSpec's __init__ are unannotated in JAX (a stub gap).
   leaves = [jax.ShapeDtypeStruct(p, a[0], weak_type=a[1], sharding=s)  # type: ignore[no-untyped-call, unused-ignore]
-            for p, a, s in zip(padded_shapes, avals, placed)]
+            for p, a, s in zip(padded_shapes, avals, placed, strict=True)]
   mesh = next((s.mesh for s in placed if isinstance(s, NamedSharding)), None)
   replicated = None if mesh is None else NamedSharding(mesh, PartitionSpec())  # type: ignore[no-untyped-call, unused-ignore]
   sizes = tuple(jax.ShapeDtypeStruct((), jc.dim_value_dtype(), sharding=replicated)  # type: ignore[no-untyped-call, unused-ignore]
@@ -287,11 +301,16 @@ def lower_and_compile(body: Callable[..., Any], name: str, padded_shapes: Any, a
   return jax.jit(body, donate_argnums=donate, **options).lower(*leaves, sizes).compile()
 
 
-def run(plan: Any, leaves: Sequence[Any], shardings: Sequence[Sharding | None]) -> Any:
-  """The padded outputs of `plan` for these leaves, each padded on its mesh."""
+def run(program: Any, leaves: Sequence[Any], padded_shapes: Any, dtypes: Any, logical: Any,
+        shardings: Sequence[Sharding | None] | None) -> Any:
+  """The padded outputs of `program` for these leaves, each padded on the
+  host (one device, or a leaf not on a mesh) or on its mesh."""
+  if shardings is None:
+    ins = [pad(x, p, d) for x, p, d in zip(leaves, padded_shapes, dtypes, strict=True)]
+    return program(*ins, logical)
   ins = [pad(x, p, d) if s is None else place(x, p, d, for_program(s, p))
-         for x, p, d, s in zip(leaves, plan.padded_shapes, plan.dtypes, shardings)]
-  outs = plan.program(*ins, plan.logical)
+         for x, p, d, s in zip(leaves, padded_shapes, dtypes, shardings, strict=True)]
+  outs = program(*ins, logical)
   mesh = user_mesh(shardings)
   return outs if mesh is None else jax.tree.map(lambda o: relabel(o, mesh), outs)
 
@@ -320,20 +339,27 @@ def place(x: Any, padded_shape: tuple[int, ...], dtype: Any, sharding: Sharding)
                                       lambda index: _host_piece(host, shape, padded_shape, index, dtype))
 
 
+def unpad_for(shardings: Sequence[Sharding | None] | None) -> Callable[[Any, tuple[int, ...]], Any]:
+  """How outputs of a program placed with `shardings` are unpadded: `unpad`,
+  or for one device the host path it would take anyway (without asking each
+  output for its sharding on every call)."""
+  return unpad_on_host if shardings is None else unpad
+
+
 def unpad(x: Any, shape: tuple[int, ...]) -> Any:
   """The leading `shape` corner of a padded output, keeping its sharding
   (shard by shard); single-device outputs take the host path."""
   if tuple(x.shape) == tuple(shape):
     return x
-  sharding = x.sharding
-  if sharding.num_devices == 1 or not isinstance(sharding, NamedSharding):
+  sharding = getattr(x, "sharding", None)  # (float0 outputs are NumPy arrays)
+  if not isinstance(sharding, NamedSharding) or sharding.num_devices == 1:
     return unpad_on_host(x, shape)
   return jax.make_array_from_callback(tuple(shape), fit_named(sharding, shape),
                                       _ShardSource(x, shape, shape, x.dtype).piece)
 
 
 def _bounds(index: Any, shape: Sequence[int]) -> list[tuple[int, int]]:
-  return [sl.indices(n)[:2] for sl, n in zip(index, shape)]
+  return [sl.indices(n)[:2] for sl, n in zip(index, shape, strict=True)]
 
 
 def _host_piece(host: np.ndarray[Any, Any], logical: Sequence[int], padded_shape: Sequence[int],
@@ -341,7 +367,7 @@ def _host_piece(host: np.ndarray[Any, Any], logical: Sequence[int], padded_shape
   """The shard at `index` of the padded array: `host`'s data, zeros after."""
   bounds = _bounds(index, padded_shape)
   out = np.zeros([b - a for a, b in bounds], dtype)
-  region = tuple(slice(a, min(b, n)) for (a, b), n in zip(bounds, logical))
+  region = tuple(slice(a, min(b, n)) for (a, b), n in zip(bounds, logical, strict=True))
   if all(r.stop > r.start for r in region):
     target = tuple(slice(0, r.stop - r.start) for r in region)
     out[target] = host[region]
@@ -369,20 +395,20 @@ class _ShardSource:
   def piece(self, index: Any) -> np.ndarray[Any, Any]:
     bounds = _bounds(index, self.target_shape)
     out = np.zeros([b - a for a, b in bounds], self.dtype)
-    want = [(a, min(b, n)) for (a, b), n in zip(bounds, self.logical)]
+    want = [(a, min(b, n)) for (a, b), n in zip(bounds, self.logical, strict=True)]
     need = math.prod(max(0, b - a) for a, b in want)
     covered = 0
     for src, shard in self.shards:
-      lo = [max(a, s) for (a, _), (s, _) in zip(want, src)]
-      hi = [min(b, e) for (_, b), (_, e) in zip(want, src)]
-      if any(h <= l for l, h in zip(lo, hi)):
+      lo = [max(a, s) for (a, _), (s, _) in zip(want, src, strict=True)]
+      hi = [min(b, e) for (_, b), (_, e) in zip(want, src, strict=True)]
+      if any(h <= l for l, h in zip(lo, hi, strict=True)):
         continue
       host = self._host.get(src)
       if host is None:
         host = self._host[src] = np.asarray(shard.data)
-      out[tuple(slice(l - a, h - a) for l, h, (a, _) in zip(lo, hi, bounds))] = host[
-          tuple(slice(l - s, h - s) for l, h, (s, _) in zip(lo, hi, src))]
-      covered += math.prod(h - l for l, h in zip(lo, hi))
+      out[tuple(slice(l - a, h - a) for l, h, (a, _) in zip(lo, hi, bounds, strict=True))] = host[
+          tuple(slice(l - s, h - s) for l, h, (s, _) in zip(lo, hi, src, strict=True))]
+      covered += math.prod(h - l for l, h in zip(lo, hi, strict=True))
     if covered < need:
       raise ShapeError(
           "padding this sharded array moves data across processes: its shard at "

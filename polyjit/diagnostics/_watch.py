@@ -18,7 +18,7 @@ import os
 from typing import Any, Iterable, Iterator
 
 from .. import _jax as jc
-from .._jit.function import DEFAULT_BUCKETS
+from .._jit.bucket_choice import DEFAULT_BUCKETS
 from .._buckets.cost_aware import headroom_programs
 from .._caching.compiles import CompileEvent, count_compiles
 from ._advice import advise

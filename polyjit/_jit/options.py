@@ -1,0 +1,55 @@
+"""`pj.jit`'s keyword arguments, defined once.
+
+`JitOptions` names every keyword `pj.jit` takes and gives its type. `pj.jit`
+(both overloads and the function), `JitFunction` and `pj.filter_jit` take
+`**options: Unpack[JitOptions]`, so a type checker holds every call to this
+one definition (a misspelt keyword or a wrong type is an error there), and
+`pj.jit`'s docstring documents them. At run time `check` refuses unknown
+keywords, as Python would for a written-out signature, and the options
+`pj.jit` cannot honour (`device`, `backend`, `compiler_options`), saying why.
+A default is given where the option is read (`JitFunction.__init__`), once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence, TypedDict
+
+from .._buckets.fixed import PerDimBucketSpec
+from .._masking.spec import ArgSpecs
+from .args import refuse_jit_options
+
+
+class JitOptions(TypedDict, total=False):
+  """`pj.jit`'s keyword arguments (see `pj.jit` for what each does)."""
+  polymorphic_shapes: ArgSpecs | None
+  buckets: PerDimBucketSpec
+  constraints: Sequence[str]
+  static_argnums: int | Sequence[int] | None
+  static_argnames: str | Sequence[str] | None
+  donate_argnums: int | Sequence[int] | None
+  donate_argnames: str | Sequence[str] | None
+  cache_size: int
+  background_compile: bool
+  fallback: str
+  in_shardings: Any
+  out_shardings: Any
+  keep_unused: bool
+  inline: bool
+  device: Any
+  backend: str | None
+  compiler_options: dict[str, Any] | None
+
+
+FALLBACKS = ("warn", "error", "silent")
+
+
+def check(options: JitOptions, what: str = "pj.jit") -> None:
+  """Raises for a keyword `pj.jit` does not take, or cannot honour."""
+  unknown = sorted(set(options) - set(JitOptions.__annotations__))
+  if unknown:
+    raise TypeError(f"{what} got an unexpected keyword argument {unknown[0]!r}")
+  refuse_jit_options(device=options.get("device"), backend=options.get("backend"),
+                     compiler_options=options.get("compiler_options"))
+  fallback = options.get("fallback", "warn")
+  if fallback not in FALLBACKS:
+    raise ValueError(f"fallback must be 'warn', 'error' or 'silent', got {fallback!r}")
