@@ -216,6 +216,13 @@ def test_unsupported_forms_raise_clear_errors():
     pj.jit(lambda x: x[x[:, 0] > 0, 0])(x)
   with pytest.raises(pj.MaskingError, match="data-dependent size"):
     pj.jit(lambda x: x[x > 0][:2] if x[x > 0].shape[0] >= 2 else x[:1, 0])(x)
+  # JAX's own comparison of a selection's size (slice_sizes <= its length), under
+  # traced sizes: a MaskingError, as with a domain too large to list (never a
+  # KeyError from checking a guard on the selection's size against the input sizes).
+  masked = pj.mask(lambda x: jax.lax.dynamic_slice(x[x > 0], (jnp.int32(1),), (2,)), ["n"])
+  for padded in (8, 60_000):
+    with pytest.raises(pj.MaskingError, match="slice_sizes"):
+      jax.jit(lambda x, n: masked([x], {"n": n}))(_padded(_data(5, 3, 1), padded), 5)
 
 
 # --- the JAX functions polyjit intercepts ---------------------------------------------

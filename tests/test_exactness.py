@@ -108,6 +108,28 @@ def test_comparison_between_two_dynamic_sizes():
                              rtol=1e-6)
 
 
+def test_a_comparison_of_sizes_inside_jax_that_decides_the_result():
+  # jnp.array_equal returns False when `np.shape(a1) != np.shape(a2)`, which
+  # JAX answers for two size variables as "different": equal arrays of sizes
+  # equal at run time must still compare equal (the function itself passed,
+  # as well as called from a lambda).
+  pairs = [(3, 3), (3, 5), (6, 6), (2, 1)]
+  xs = [(example(a), example(b)) for a, b in pairs]
+  want = [bool(np.array_equal(x, y)) for x, y in xs]
+  assert want == [True, False, True, False]
+  for f in (jnp.array_equal, lambda x, y: jnp.array_equal(x, y)):
+    masked = jax.jit(pj.mask(f, ["n", "m"]))
+    assert [bool(masked([padded(x), padded(y)], {"n": len(x), "m": len(y)}))
+            for x, y in xs] == want
+    assert [bool(pj.mask(f, ["n", "m"])([padded(x), padded(y)], {"n": len(x), "m": len(y)}))
+            for x, y in xs] == want
+    jf = pj.jit(f)
+    assert [bool(jf(x, y)) for x, y in xs + xs] == want + want
+    batch = pj.vmap(f)(pj.Ragged.from_list([x for x, _ in xs]),
+                       pj.Ragged.from_list([y for _, y in xs]))
+    assert np.asarray(batch).tolist() == want
+
+
 def test_gradients_of_a_batch_mixing_both_sides_are_exact_and_finite():
   def f(x):
     return jnp.log(x[0]) * 3 if x.shape[0] == 1 else jnp.sum(jnp.sqrt(x))

@@ -138,6 +138,18 @@ def test_out_shape_accepted_when_it_matches():
   np.testing.assert_array_equal(valid(out, (3,)), [1, 1, 0])
 
 
+def test_out_shape_with_none_outputs():
+  # A None output is an empty subtree: its None spec is no leaf to pair with an output.
+  xp = np.arange(8.0, dtype=np.float32)
+  out, none = pj.mask(lambda x: (x, None), ["n"], ("n", None))([xp], {"n": 3})
+  assert none is None
+  np.testing.assert_array_equal(valid(out, (3,)), [0, 1, 2])
+  none, out = pj.mask(lambda x: (None, x), ["n"], (None, "n"))([xp], {"n": 3})
+  assert none is None
+  with pytest.raises(pj.ShapeError, match=r"out_shape declares \(n \+ 1,\)"):
+    pj.mask(lambda x: (None, x), ["n"], (None, "n + 1"))([xp], {"n": 3})
+
+
 def test_constraints_allow_size_comparisons():
   masked = pj.mask(lambda x: lax.dynamic_slice(x, (1,), (3,)).sum(), ["n"],
                    constraints=["n >= 4"])

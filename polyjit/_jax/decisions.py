@@ -10,6 +10,7 @@ import types
 from typing import Any, Callable, Iterator
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import export as _export
 from jax._src.export import shape_poly as _shape_poly
@@ -107,6 +108,16 @@ def _abspath(filename: str) -> str:
   return path
 
 
+# JAX functions whose own comparison of sizes decides their *result*, not a
+# fast path or an error: `jnp.array_equal` returns False when
+# `np.shape(a1) != np.shape(a2)`, which JAX answers True for `n` and `m` unless
+# it can prove them equal, so equal arrays of sizes equal at run time would
+# compare unequal. Their comparisons are asked on behalf of the user's line
+# that called them (by code object: `pj.vmap(jnp.array_equal)` passes the
+# function itself, which no module attribute swap would reach).
+_DECIDING_CODE = frozenset({jnp.array_equal.__code__})
+
+
 def _user_frame() -> str | None:
   """'file:line' of the code that asked a comparison, or None when it was JAX
   or polyjit itself, or a cache comparing its keys."""
@@ -122,6 +133,12 @@ def _user_frame() -> str | None:
     return None
   if through_generated_eq and frame.f_code.co_code[frame.f_lasti] not in _COMPARISONS:
     return None
+  if frame.f_code in _DECIDING_CODE:
+    caller: types.FrameType | None = frame.f_back
+    while caller is not None and not is_user_path(_abspath(caller.f_code.co_filename)):
+      caller = caller.f_back
+    return None if caller is None else (
+        f"{_abspath(caller.f_code.co_filename)}:{caller.f_lineno}")
   path = _abspath(frame.f_code.co_filename)
   if not is_user_path(path):  # by path components: `jax_md/` is the user's
     return None

@@ -424,7 +424,9 @@ def check_out_shape(out_shape: SpecTree, traced: SymbolicTrace, scope: jc.Symbol
   except Exception as e:
     raise ShapeError(f"out_shape {out_shape!r} does not match the output structure "
                      f"{traced.out_tree}: {e}") from None
-  spec_leaves = jax.tree.leaves(specs, is_leaf=_spec.is_spec_leaf)
+  # Up to the outputs' structure: a None output (an empty subtree) has no spec.
+  # (ignore: jaxlib ships no type stub for PyTreeDef, mypy sees none of its methods)
+  spec_leaves = traced.out_tree.flatten_up_to(specs)  # type: ignore[attr-defined]
   for i, (spec, aval) in enumerate(zip(spec_leaves, traced.out_avals, strict=True)):
     if spec is None:
       continue

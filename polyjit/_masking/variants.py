@@ -284,6 +284,12 @@ class Domain:
     if points is None:
       return True
     scope = _spec.make_scope(tuple(constraints)) if constraints else None
+    if scope is not None and any(
+        not _dims.dim_vars(diff) <= set(self._names)
+        for _, _, diff in jc.scope_constraints(scope)):
+      # A guard on a size the domain does not hold (a data-dependent one,
+      # `len(selection) >= 2`): undecided here, as when there are too many points.
+      return True
     for p in points:
       if all(bool(decision_holds(d, p)) == a for d, a in decisions) and (
           scope is None or _spec.violated_constraint(p, scope) is None):
