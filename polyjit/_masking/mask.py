@@ -425,8 +425,7 @@ def check_out_shape(out_shape: SpecTree, traced: SymbolicTrace, scope: jc.Symbol
     raise ShapeError(f"out_shape {out_shape!r} does not match the output structure "
                      f"{traced.out_tree}: {e}") from None
   # Up to the outputs' structure: a None output (an empty subtree) has no spec.
-  # (ignore: jaxlib ships no type stub for PyTreeDef, mypy sees none of its methods)
-  spec_leaves = traced.out_tree.flatten_up_to(specs)  # type: ignore[attr-defined]
+  spec_leaves = traced.out_tree.flatten_up_to(specs)
   for i, (spec, aval) in enumerate(zip(spec_leaves, traced.out_avals, strict=True)):
     if spec is None:
       continue
