@@ -351,3 +351,17 @@ def test_a_second_process_compiles_nothing(tmp_path):
     counts.append((int(words[words.index("COMPILES") + 1]), int(words[words.index("LOADS") + 1])))
   assert counts[0] == (4, 0)  # the exact first call, then buckets 128, 512, 2048
   assert counts[1] == (0, 4)  # everything loaded from the persistent cache
+
+
+def test_the_signature_lists_every_keyword_with_its_default():
+  """`help(pj.jit)` and IDEs see jax.jit-style keywords, from their one definition."""
+  import inspect
+  from polyjit._jit.options import DEFAULTS, JitOptions
+  params = inspect.signature(pj.jit).parameters
+  assert list(params)[0] == "fun"
+  assert {k: p.default for k, p in list(params.items())[1:]} == DEFAULTS
+  assert set(DEFAULTS) == set(JitOptions.__annotations__)
+  jax_params = set(inspect.signature(jax.jit).parameters)
+  assert {"static_argnums", "static_argnames", "donate_argnums", "donate_argnames",
+          "keep_unused", "inline", "in_shardings", "out_shardings"} <= jax_params & set(params)
+  assert "static_argnums" not in inspect.signature(pj.filter_jit).parameters

@@ -37,7 +37,7 @@ import numpy as np
 from .. import _jax as jc
 from .._masking.errors import PolyjitError
 from .function import JitFunction
-from .options import JitOptions
+from .options import JitOptions, with_signature
 from .._masking.padding import is_padded
 
 Donate = Literal["none", "all", "all-except-first"]
@@ -241,6 +241,12 @@ def _positional_params(fun: Any) -> list[str]:
   except (TypeError, ValueError):
     return []
   return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+with_signature(filter_jit,
+               inspect.Parameter("fun", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None),
+               inspect.Parameter("donate", inspect.Parameter.KEYWORD_ONLY, default="none"),
+               taken=["static_argnums"])  # the split decides what is static
 
 
 def _named(inner: Callable[..., Any], fun: Callable[..., Any]) -> Callable[..., Any]:

@@ -64,6 +64,7 @@ ahead-of-time stages) and `stats.py` (the typed record `pj.stats` and
 from __future__ import annotations
 
 import functools
+import inspect
 import time
 from typing import Any, Callable, Sequence, Unpack, overload
 
@@ -81,7 +82,7 @@ from .args import ArgLayout, call_signature, rank_signature, signature_shapes, s
 from .auto import sanitize
 from .bucket_choice import BucketChoice
 from .compile import Compiler
-from .options import JitOptions, check as check_options
+from .options import JitOptions, check as check_options, default, with_signature
 from .planner import Planner
 from .plans import Plan, ProgramKey, Structure
 from .stats import Stats
@@ -98,24 +99,25 @@ class JitFunction:
     check_options(options)
     self.fun = fun
     # Each option's default is given here, where it is read (`options.py`).
-    self.buckets = options.get("buckets")
-    self.constraints = tuple(options.get("constraints", ()))
-    self.background_compile = options.get("background_compile", False)
-    self.fallback = options.get("fallback", "warn")
+    self.buckets = default(options, "buckets")
+    self.constraints = tuple(default(options, "constraints"))
+    self.background_compile = default(options, "background_compile")
+    self.fallback = default(options, "fallback")
     self.stats = Stats()
     # jaxtyping annotations name the dynamic dims unless specs are given; being
     # inferred, like automatic mode's, they fall back to exact shapes if need be.
-    specs = options.get("polymorphic_shapes")
+    specs = default(options, "polymorphic_shapes")
     annotated = _annotations.annotated_specs(fun) if specs is None else None
     specs = annotated if annotated is not None else specs
     self._args = ArgLayout(fun, repr(self), polymorphic_shapes=specs,
-                           static_argnums=options.get("static_argnums"),
-                           static_argnames=options.get("static_argnames"),
-                           donate_argnums=options.get("donate_argnums"),
-                           donate_argnames=options.get("donate_argnames"))
+                           static_argnums=default(options, "static_argnums"),
+                           static_argnames=default(options, "static_argnames"),
+                           donate_argnums=default(options, "donate_argnums"),
+                           donate_argnames=default(options, "donate_argnames"))
     self._args.specs_per_parameter = annotated is not None
-    self._cache = ExecutableCache(options.get("cache_size", 64), on_evict=self._forget_program)
-    in_shardings, out_shardings = options.get("in_shardings"), options.get("out_shardings")
+    self._cache = ExecutableCache(default(options, "cache_size"), on_evict=self._forget_program)
+    in_shardings = default(options, "in_shardings")
+    out_shardings = default(options, "out_shardings")
     self._shardings = _sharding.ShardingLayout(in_shardings, out_shardings)
     # Deterministic across processes: the name is part of the persistent
     # compilation cache's key.
@@ -133,8 +135,8 @@ class JitFunction:
     self._by_rank: dict[tuple[Any, ...], Structure] = {}
     self._inline = jax.jit(fun, static_argnums=self._args.static_argnums or None,
                            static_argnames=self._args.static_argnames or None,
-                           keep_unused=options.get("keep_unused", False),
-                           inline=options.get("inline", False),
+                           keep_unused=default(options, "keep_unused"),
+                           inline=default(options, "inline"),
                            **_sharding.jit_options(in_shardings, out_shardings))
     functools.update_wrapper(self, fun, updated=())
 
@@ -343,3 +345,7 @@ def jit(fun: Callable[..., Any] | None = None, **options: Unpack[JitOptions]
     check_options(options)  # refused now, as a written-out signature would
     return functools.partial(jit, **options)
   return JitFunction(fun, **options)
+
+
+# `help(pj.jit)` and IDEs see every keyword with its default, as for jax.jit.
+with_signature(jit, inspect.Parameter("fun", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None))

@@ -7,12 +7,14 @@ one definition (a misspelt keyword or a wrong type is an error there), and
 `pj.jit`'s docstring documents them. At run time `check` refuses unknown
 keywords, as Python would for a written-out signature, and the options
 `pj.jit` cannot honour (`device`, `backend`, `compiler_options`), saying why.
-A default is given where the option is read (`JitFunction.__init__`), once.
+Each default is given once, in `DEFAULTS`; `signature` turns both into the
+`inspect.Signature` that `pj.jit` and `pj.filter_jit` show (`help`, IDEs).
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence, TypedDict
+import inspect
+from typing import Any, Callable, Sequence, TypedDict
 
 from .._buckets.fixed import PerDimBucketSpec
 from .._masking.spec import ArgSpecs
@@ -40,7 +42,31 @@ class JitOptions(TypedDict, total=False):
   compiler_options: dict[str, Any] | None
 
 
+#: Each option's default, read wherever the option is (`default`).
+DEFAULTS: dict[str, Any] = {
+    "polymorphic_shapes": None, "buckets": None, "constraints": (), "static_argnums": None,
+    "static_argnames": None, "donate_argnums": None, "donate_argnames": None,
+    "cache_size": 64, "background_compile": False, "fallback": "warn", "in_shardings": None,
+    "out_shardings": None, "keep_unused": False, "inline": False, "device": None,
+    "backend": None, "compiler_options": None}
+assert set(DEFAULTS) == set(JitOptions.__annotations__)
+
 FALLBACKS = ("warn", "error", "silent")
+
+
+def default(options: JitOptions, name: str) -> Any:
+  """The option's value, or its default."""
+  return options.get(name, DEFAULTS[name])
+
+
+def with_signature(fn: Callable[..., Any], *leading: inspect.Parameter,
+                   taken: Sequence[str] = ()) -> None:
+  """Gives `fn` (which takes `**options`) the signature a written-out keyword
+  list would have: `leading`, then every option but those `fn` sets itself
+  (`taken`) as keyword-only with its default."""
+  params = [*leading, *(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=value)
+                        for name, value in DEFAULTS.items() if name not in taken)]
+  setattr(fn, "__signature__", inspect.Signature(params))
 
 
 def check(options: JitOptions, what: str = "pj.jit") -> None:
@@ -50,6 +76,6 @@ def check(options: JitOptions, what: str = "pj.jit") -> None:
     raise TypeError(f"{what} got an unexpected keyword argument {unknown[0]!r}")
   refuse_jit_options(device=options.get("device"), backend=options.get("backend"),
                      compiler_options=options.get("compiler_options"))
-  fallback = options.get("fallback", "warn")
+  fallback = default(options, "fallback")
   if fallback not in FALLBACKS:
     raise ValueError(f"fallback must be 'warn', 'error' or 'silent', got {fallback!r}")
