@@ -140,3 +140,18 @@ def test_errors_name_what_to_do():
     pj.vmap(lambda x, y: x.sum() + y.sum())(a, b)
   with pytest.raises(TypeError, match="int >= 1"):
     pj.LengthGroups(rows=0)
+
+
+@pytest.mark.parametrize("groups", [pj.LengthGroups(), pj.LengthGroups(rows=1),
+                                    pj.LengthGroups(batch_size=1)])
+def test_a_length_mismatch_names_the_original_example(groups):
+  """The blocks run longest first, but the error names the example's index in
+  the list it was built from (it named its row in its block)."""
+  rng = np.random.default_rng(7)
+  xs = pj.Ragged.from_list([normal(rng, n) for n in (2, 6, 3)], groups=groups)
+  ys = pj.Ragged.from_list([normal(rng, n) for n in (2, 5, 3)])
+  message = (r"(?s)argument 0 and argument 1 are pj.Ragged arguments that <lambda> needs "
+             r"with equal lengths, example by example, but example 1 has length 6 in "
+             r"argument 0 and length 5 in argument 1\.")
+  with pytest.raises(jax.errors.JaxRuntimeError, match=message):
+    jax.block_until_ready(pj.vmap(lambda x, y: jnp.sum(x * y))(xs, ys))

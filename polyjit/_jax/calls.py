@@ -10,9 +10,11 @@ The equation's param `node` is an object (hashed by identity) with:
   transpose(cts, args)       -> a cotangent per argument (None for the known
                              ones); `args` holds None for the linear arguments,
                              `cts` are arrays (symbolic zeros instantiated)
-  batch(dims, avals, axis_size, axis_name)
+  batch(dims, avals, axis_size, axis_name, spmd_axis_name)
                              -> the node of the function vmapped over `dims`
-                             (None: not batched) into output axis 0
+                             (None: not batched) into output axis 0, with
+                             the outer vmap's `spmd_axis_name` (a tuple of
+                             mesh axis names, or None)
 
 This is `jax.custom_derivatives.linear_call`'s shape, with the two things it
 lacks: a JVP rule for every argument (it asserts zero residual tangents, so
@@ -49,7 +51,7 @@ class CallNode(Protocol):
   def transpose(self, cts: list[Any], args: list[Any | None]) -> list[Any | None]: ...
 
   def batch(self, dims: tuple[int | None, ...], avals: tuple[Any, ...], axis_size: int,
-            axis_name: Any) -> "CallNode": ...
+            axis_name: Any, spmd_axis_name: tuple[Any, ...] | None) -> "CallNode": ...
 
 
 call_p = Primitive("polyjit_masked_call")
@@ -145,7 +147,9 @@ def _batch(axis_data: Any, args: Sequence[Any], dims: Sequence[Any], *, node: Ca
     outs = bind_call(node, args)
     return outs, [None] * len(outs)
   avals = tuple(_core.typeof(a) for a in args)
-  batched = node.batch(dims_, avals, axis_data.size, axis_data.name)
+  # (`spmd_name`: the outer `jax.vmap`'s spmd_axis_name, passed on to the inner
+  # one so that sharding and varying-axis types inside see it as well)
+  batched = node.batch(dims_, avals, axis_data.size, axis_data.name, axis_data.spmd_name)
   outs = bind_call(batched, args)
   return outs, [0 for _ in outs]
 

@@ -318,12 +318,17 @@ def _compilation_cache() -> None:
 
 
 @internal("mlir.core_call_lowering, ad.primitive_jvps/primitive_transposes, "
-          "batching.primitive_batchers, core.no_effects", AD, "patch",
+          "batching.primitive_batchers, batching.AxisData(name, size, spmd_name), "
+          "core.no_effects", AD, "patch",
           "the `polyjit_masked_call` primitive: a masked function with forward, "
-          "transpose and batching rules (`calls.py`)")
+          "transpose and batching rules (`calls.py`; the batching rule passes the "
+          "vmap's axis size, name and spmd_axis_name on)")
 def _masked_call_rules() -> None:
+  import dataclasses
   from jax._src.interpreters import mlir
   assert {"name", "call_jaxpr"} <= set(_params(mlir.core_call_lowering))
   for table in (_ad.primitive_jvps, _ad.primitive_transposes, _batching.primitive_batchers):
     assert hasattr(table, "__setitem__"), type(table)
+  fields = {f.name for f in dataclasses.fields(_batching.AxisData)}
+  assert {"name", "size", "spmd_name"} <= fields, fields
   assert _core.no_effects is not None

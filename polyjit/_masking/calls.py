@@ -89,11 +89,12 @@ class Node:
     raise NotImplementedError
 
   def batch(self, dims: tuple[int | None, ...], avals: tuple[Any, ...], axis_size: int,
-            axis_name: Any) -> "Node":
-    key = (dims, avals, axis_size, axis_name)
+            axis_name: Any, spmd_axis_name: tuple[Any, ...] | None) -> "Node":
+    key = (dims, avals, axis_size, axis_name, spmd_axis_name)
     node = self._batched.get(key)
     if node is None:
-      node = self._batched[key] = Batched(self, dims, avals, axis_size, axis_name)
+      node = self._batched[key] = Batched(self, dims, avals, axis_size, axis_name,
+                                          spmd_axis_name)
     return node
 
 
@@ -263,15 +264,17 @@ class Lin(Node):
 
 class Batched(Node):
   def __init__(self, inner: Node, dims: tuple[int | None, ...], in_avals: tuple[Any, ...],
-               axis_size: int, axis_name: Any) -> None:
+               axis_size: int, axis_name: Any, spmd_axis_name: tuple[Any, ...] | None) -> None:
     super().__init__(in_avals)
     self.inner = inner
     self.dims = dims
     self.axis_size = axis_size
     self.axis_name = axis_name
+    self.spmd_axis_name = spmd_axis_name
 
   def _vmap(self, fun: Any, in_axes: Any) -> Any:
-    return jax.vmap(fun, in_axes=in_axes, axis_size=self.axis_size, axis_name=self.axis_name)
+    return jax.vmap(fun, in_axes=in_axes, axis_size=self.axis_size, axis_name=self.axis_name,
+                    spmd_axis_name=self.spmd_axis_name)
 
   def impl(self, *args: Any) -> list[Any]:
     outs: list[Any] = self._vmap(self.inner.impl, self.dims)(*args)

@@ -366,7 +366,7 @@ class GroupedVmapped(RaggedVmapped):
       block_leaves = [block if i == which else _take_rows(x, rows, a)
                       for i, (x, a) in enumerate(zip(leaves, axes, strict=True))]
       outs.append(self._run_block(treedef, block_leaves, axes, block.batch_size,
-                                  batch.batch_size_per_run))
+                                  batch.batch_size_per_run, rows))
       start = stop
     return self._gather(outs, batch.position)
 
@@ -379,10 +379,11 @@ class GroupedVmapped(RaggedVmapped):
     return axes
 
   def _run_block(self, treedef: Any, leaves: list[Any], axes: list[Any], rows: int,
-                 chunk: int | None) -> Any:
-    """`fun` on one block: at once, or `chunk` examples at a time (lax.map)."""
+                 chunk: int | None, examples: Any) -> Any:
+    """`fun` on one block: at once, or `chunk` examples at a time (lax.map).
+    `examples`: the original index of each of the block's rows (for errors)."""
     if chunk is None or chunk >= rows:
-      return self._run(*treedef.unflatten(leaves))
+      return self._run(*treedef.unflatten(leaves), examples=examples)
     loops, rest = divmod(rows, chunk)
     head = loops * chunk
 
@@ -394,13 +395,14 @@ class GroupedVmapped(RaggedVmapped):
 
     mapped = [stacked(x, a) if a is not None else None for x, a in zip(leaves, axes, strict=True)]
 
-    def body(parts: list[Any]) -> Any:
+    def body(carried: tuple[list[Any], Any]) -> Any:
+      parts, chunk_examples = carried
       chunk_leaves = [x if a is None else
                       jax.tree.map(lambda v, a=a: jnp.moveaxis(v, 0, a), p)
                       for x, a, p in zip(leaves, axes, parts, strict=True)]
-      return self._run(*treedef.unflatten(chunk_leaves))
+      return self._run(*treedef.unflatten(chunk_leaves), examples=chunk_examples)
 
-    looped = lax.map(body, mapped)
+    looped = lax.map(body, (mapped, examples[:head].reshape(loops, chunk)))
     out_tree: Any  # (a PyTreeDef, which jaxlib ships no type stub for)
     out_leaves, out_tree = jax.tree.flatten(looped, is_leaf=is_ragged)
     merged: list[Any] = []
@@ -418,7 +420,8 @@ class GroupedVmapped(RaggedVmapped):
     if not rest:
       return out
     tail = self._run(*treedef.unflatten(
-        [_rows_slice(x, head, rows, a) for x, a in zip(leaves, axes, strict=True)]))
+        [_rows_slice(x, head, rows, a) for x, a in zip(leaves, axes, strict=True)]),
+        examples=examples[head:rows])
     return self._gather([out, tail], None)
 
   def _gather(self, outs: list[Any], position: Any) -> Any:

@@ -82,18 +82,26 @@ class Plan:
     self.note = (f"(pj.vmap names the lengths of the pj.Ragged arguments: "
                  f"{'; '.join(named)}.)" if named else None)
 
-  def mismatch(self, lengths: Sequence[np.ndarray]) -> ShapeError | None:
-    """The error for the first example whose shared lengths differ, or None."""
+  def mismatch(self, lengths: Sequence[np.ndarray], examples: Any = None
+               ) -> ShapeError | None:
+    """The error for the first example whose shared lengths differ, or None.
+
+    `examples` (None: the rows themselves) is each row's index in the user's
+    batch: a grouped batch runs its blocks longest first, so that row i of a
+    block is example `examples[i]` of the list the batch was built from."""
+    index = None if examples is None else np.asarray(examples)
     for g in self.shared:
       a = np.asarray(lengths[g[0]])
       for o in g[1:]:
         b = np.asarray(lengths[o])
         bad = np.flatnonzero(np.any((a != b).reshape(len(a), -1), axis=1))
         if bad.size:
-          return self._error(g[0], o, int(bad[0]), a[bad[0]], b[bad[0]])
+          row = int(bad[0] if index is None else bad[np.argmin(index[bad])])
+          example = row if index is None else int(index[row])
+          return self._error(g[0], o, example, a[row], b[row])
     return None
 
-  def _error(self, i: int, o: int, row: int, la: Any, lb: Any) -> ShapeError:
+  def _error(self, i: int, o: int, example: int, la: Any, lb: Any) -> ShapeError:
     pa, pb = self.paths[i], self.paths[o]
     def show(l: Any) -> str:
       return (f"length {int(l)}" if np.ndim(l) == 0
@@ -102,7 +110,7 @@ class Plan:
     return ShapeError(
         f"pj.vmap({self.fun_name}): {pa} and {pb} are pj.Ragged arguments that "
         f"{self.fun_name} needs with equal lengths, example by example, but example "
-        f"{row} has {show(la)} in {pa} and {show(lb)} in {pb}.\n"
+        f"{example} has {show(la)} in {pa} and {show(lb)} in {pb}.\n"
         f"Why equal: traced with separate lengths ({_names(i, self.names[i])} for {pa}, "
         f"{_names(o, self.names[o])} for {pb}), {self.fun_name} fails: {self.reason}\n"
         "What to do: if both hold data of the same examples (tokens and per-token "
@@ -111,30 +119,34 @@ class Plan:
         f"give every example equal lengths in both, or write {self.fun_name} for "
         "different ones.")
 
-  def check_on_host(self, lengths: Sequence[Any]) -> None:
-    error = self.mismatch(lengths)
+  def check_on_host(self, lengths: Sequence[Any], examples: Any = None) -> None:
+    error = self.mismatch(lengths, examples)
     if error is not None:
       raise error
 
-  def check_in_program(self, lengths: list[Any]) -> list[Any]:
+  def check_in_program(self, lengths: list[Any], examples: Any = None) -> list[Any]:
     """The lengths, each shared group's replaced by its first member's after
     a check that they are equal: `lax.cond` on the comparison, whose taken
     side calls back to the host to raise the pj.ShapeError, so equal lengths
-    cost one comparison and no callback."""
+    cost one comparison and no callback. `examples`: see `mismatch` (an int32
+    array of one index per row, traced or not)."""
     if not self.shares:
       return lengths
     heads = [lengths[g[0]] for g in self.shared]
     differ = jnp.any(jnp.stack([jnp.any(lengths[o] != lengths[g[0]])
                                 for g in self.shared for o in g[1:]]))
 
+    n = len(lengths)
+
     def host(*values: Any) -> list[np.ndarray]:
-      self.check_on_host(values)
+      self.check_on_host(values[:n], None if examples is None else values[n])
       return [np.asarray(values[g[0]]) for g in self.shared]
 
     def fail(lengths: list[Any]) -> Any:
       # jax.ShapeDtypeStruct's constructor carries no annotations (strict only)
       shapes = [jax.ShapeDtypeStruct(h.shape, h.dtype) for h in heads]  # type: ignore[no-untyped-call, unused-ignore]
-      return jax.pure_callback(host, shapes, *lengths, vmap_method="sequential")
+      extra = [] if examples is None else [examples]
+      return jax.pure_callback(host, shapes, *lengths, *extra, vmap_method="sequential")
 
     checked = lax.cond(differ, fail, lambda lengths: [lengths[g[0]] for g in self.shared],
                        lengths)

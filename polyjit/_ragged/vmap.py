@@ -122,7 +122,9 @@ class RaggedVmapped:
     paths, leaves = [describe(p) for p, _ in flat], [x for _, x in flat]
     return treedef, leaves, paths, leaf_axes(self.in_axes, args, len(leaves))
 
-  def _run(self, *args: Any) -> Any:
+  def _run(self, *args: Any, examples: Any = None) -> Any:
+    """`fun` mapped over the batch; `examples` (a grouped batch's block: the
+    original index of each row) is what a length mismatch error names."""
     treedef, leaves, paths, axes = self._flatten(args)
     batch, count = batch_and_count(leaves, axes, paths)
     keep = None if count is None else jnp.arange(batch) < count
@@ -143,7 +145,7 @@ class RaggedVmapped:
         plain_axes.append(axis)
     # Arguments that share size variables: their lengths, checked equal in the
     # program (a mismatch is never silent), are the group's first member's.
-    lengths = plan.check_in_program(lengths)
+    lengths = plan.check_in_program(lengths, examples)
     sizes = [split_lengths(l, r.ragged_axes)
              for l, r in zip(lengths, [x for x in leaves if is_ragged(x)], strict=True)]
     kinds = [is_ragged(x) for x in leaves]
