@@ -244,8 +244,10 @@ def _positional_params(fun: Any) -> list[str]:
 
 
 with_signature(filter_jit,
-               inspect.Parameter("fun", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None),
-               inspect.Parameter("donate", inspect.Parameter.KEYWORD_ONLY, default="none"),
+               inspect.Parameter("fun", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
+                                 annotation="Callable[..., Any] | None"),
+               inspect.Parameter("donate", inspect.Parameter.KEYWORD_ONLY, default="none",
+                                 annotation="Donate"),
                taken=["static_argnums"])  # the split decides what is static
 
 

@@ -348,4 +348,5 @@ def jit(fun: Callable[..., Any] | None = None, **options: Unpack[JitOptions]
 
 
 # `help(pj.jit)` and IDEs see every keyword with its default, as for jax.jit.
-with_signature(jit, inspect.Parameter("fun", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None))
+with_signature(jit, inspect.Parameter("fun", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
+                                 annotation="Callable[..., Any] | None"))

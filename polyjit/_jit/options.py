@@ -63,10 +63,15 @@ def with_signature(fn: Callable[..., Any], *leading: inspect.Parameter,
                    taken: Sequence[str] = ()) -> None:
   """Gives `fn` (which takes `**options`) the signature a written-out keyword
   list would have: `leading`, then every option but those `fn` sets itself
-  (`taken`) as keyword-only with its default."""
-  params = [*leading, *(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=value)
+  (`taken`) as keyword-only with its default and type; the return type is
+  `fn`'s own."""
+  # (TypedDict keeps postponed annotations as ForwardRefs: shown as their text)
+  types = {k: getattr(t, "__forward_arg__", t) for k, t in JitOptions.__annotations__.items()}
+  params = [*leading, *(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=value,
+                                          annotation=types[name])
                         for name, value in DEFAULTS.items() if name not in taken)]
-  setattr(fn, "__signature__", inspect.Signature(params))
+  returns = inspect.signature(fn).return_annotation
+  setattr(fn, "__signature__", inspect.Signature(params, return_annotation=returns))
 
 
 def check(options: JitOptions, what: str = "pj.jit") -> None:
