@@ -122,7 +122,8 @@ def _user_frame() -> str | None:
   """'file:line' of the code that asked a comparison, or None when it was JAX
   or polyjit itself, or a cache comparing its keys."""
   through_generated_eq = False
-  for frame in stack_outward(2):  # `!=` calls `==`, `>` calls `_geq_decision`
+  frames = stack_outward(2)
+  for frame in frames:  # `!=` calls `==`, `>` calls `_geq_decision`
     if _generated_eq(frame.f_code):
       through_generated_eq = True
     elif _generated_hash(frame.f_code):
@@ -133,10 +134,8 @@ def _user_frame() -> str | None:
     return None
   if through_generated_eq and frame.f_code.co_code[frame.f_lasti] not in _COMPARISONS:
     return None
-  if frame.f_code in _DECIDING_CODE:
-    caller: types.FrameType | None = frame.f_back
-    while caller is not None and not is_user_path(_abspath(caller.f_code.co_filename)):
-      caller = caller.f_back
+  if frame.f_code in _DECIDING_CODE:  # asked for the user's line that called it
+    caller = next((f for f in frames if is_user_path(_abspath(f.f_code.co_filename))), None)
     return None if caller is None else (
         f"{_abspath(caller.f_code.co_filename)}:{caller.f_lineno}")
   path = _abspath(frame.f_code.co_filename)
