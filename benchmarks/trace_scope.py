@@ -1,13 +1,15 @@
-"""What a fresh symbolic scope per trace costs (issue 22 §1).
+"""What a fresh symbolic scope per trace costs (issue 22 §1, issue 25).
 
-Every symbolic trace of user code gets a scope of its own, so no JAX trace
-cache (a `jax.jit` helper, `lax.scan`/`cond` bodies, `jax.checkpoint`, jnp's
-own jitted helpers) can carry a size decision from one trace into another. The
-price is that those caches miss once per trace. This measures the symbolic
-trace of a function (`pj.mask(...).variants`, what `pj.jit` does before its
-first masked compile), fresh scopes against the shared scope polyjit used
-before, interleaved, on the seed log-likelihood and on a Flax transformer
-block (attention + MLP, `flax.linen`):
+No JAX trace cache (a `jax.jit` helper, `lax.scan`/`cond` bodies,
+`jax.checkpoint`, jnp's own jitted helpers) may carry a size decision from one
+trace into another. Issue 22 gave every trace a fresh scope, so those caches
+missed once per trace; now a trace borrows a shared scope and leaves it at its
+first size question (`_masking/scopes.py`), so a function that asks none
+meets JAX's caches warm. This measures the symbolic trace of a function
+(`pj.mask(...).variants`, what `pj.jit` does before its first masked compile),
+shared scope against a fresh one (what a function that asks gets),
+interleaved, on the seed log-likelihood and on a Flax transformer block
+(attention + MLP, `flax.linen`):
 
     .venv/bin/python benchmarks/trace_scope.py [--repeats 20]
 
@@ -25,7 +27,6 @@ import jax.numpy as jnp
 import numpy as np
 
 import polyjit as pj
-from polyjit._masking import spec as _spec
 
 
 def seed(x, mu):
@@ -49,20 +50,12 @@ def flax_block():
   return (lambda x, p: block.apply(p, x)), (np.ones((16, 32), np.float32), params), ["(n, _)", None]
 
 
-_SHARED: dict = {}
-
-
 def trace_ms(fun, args, specs, fresh: bool) -> float:
-  original = _spec.fresh_scope
-  if not fresh:  # the shared scope of before: one per set of constraints
-    _spec.fresh_scope = lambda c: _SHARED.setdefault(tuple(c), original(c))
-  try:
-    masked = pj.mask(fun, specs)   # a new function: nothing of polyjit's is cached
-    t0 = time.perf_counter()
-    masked.variants(list(args))
-    return (time.perf_counter() - t0) * 1e3
-  finally:
-    _spec.fresh_scope = original
+  masked = pj.mask(fun, specs)   # a new function: nothing of polyjit's is cached
+  masked._asks_sizes = fresh     # (as if it had asked a size question: fresh scopes)
+  t0 = time.perf_counter()
+  masked.variants(list(args))
+  return (time.perf_counter() - t0) * 1e3
 
 
 def main() -> None:

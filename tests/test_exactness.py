@@ -158,8 +158,9 @@ def test_outputs_whose_shape_depends_on_a_comparison():
 
 
 def test_a_comparison_hidden_in_a_jitted_helper_is_followed():
-  # Each trace has a symbolic scope of its own (issue 22 §1): the helper is
-  # traced again for each side, never replayed from JAX's cache.
+  # A trace that asks a size question has a symbolic scope of its own (issue
+  # 22 §1, `_masking/scopes.py`): the helper is traced again for each side,
+  # never replayed from JAX's cache.
   @jax.jit
   def helper(x):
     return x[0] * 0 + 42.0 if x.shape[0] == 1 else jnp.sum(x)

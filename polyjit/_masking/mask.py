@@ -56,8 +56,8 @@ import numpy as np
 from . import dims as _dims
 from .. import _jax as jc
 from . import rules as _rules  # noqa: F401  (registers the masking rules)
-from . import (data_dependent as _data_dependent, calls as _mask_calls, size_range as _size_range,
-               spec as _spec, autodiff as _symbolic_ad, variants as _variants, verify as _verify)
+from . import (data_dependent as _data_dependent, calls as _mask_calls, scopes as _scopes,
+               size_range as _size_range, spec as _spec, autodiff as _symbolic_ad, variants as _variants, verify as _verify)
 from .refusals import jax_refusal
 from .errors import FallbackWarning, MaskingError, PolyjitError, ShapeError, trace_error, warn_user
 from .spec import ArgSpecs, LogicalEnv, SpecTree
@@ -103,6 +103,8 @@ class Masked:
     self._explored: dict[Any, list[_variants.Variant]] = {}
     self._bindings: dict[Any, _spec.Binding] = {}
     self._lock = threading.RLock()
+    # Asked a size question in a trace: traced in fresh scopes (`_masking/scopes.py`).
+    self._asks_sizes = False
     functools.update_wrapper(self, fun, updated=())
 
   def __repr__(self) -> str:
@@ -138,13 +140,29 @@ class Masked:
     constraints, its size comparisons answered by `oracle`."""
     leaves, in_tree = jax.tree.flatten(tuple(args))
 
-    def trace(constraints: tuple[str, ...], oracle: Callable[..., bool]) -> SymbolicTrace:
-      scope = _spec.fresh_scope(constraints)   # no JAX cache crosses traces
+    def in_scope(scope: jc.SymbolicScope, oracle: Any) -> SymbolicTrace:
       bound = _spec.bind(self.in_shapes, args, scope, check=False)
       avals = [jc.shaped(leaf.symbolic_shape, jc.typeof(x).dtype, jc.typeof(x).weak_type)
                for leaf, x in zip(bound.leaves, leaves, strict=True)]
       with jc.size_decisions(oracle):
-        traced = self._trace(in_tree, avals, bound.dim_names)
+        return self._trace(in_tree, avals, bound.dim_names)
+
+    def trace(constraints: tuple[str, ...], oracle: Callable[..., bool]) -> SymbolicTrace:
+      traced = None
+      if not self._asks_sizes:  # a shared scope, left at its first size question
+        scope = _scopes.lend(constraints)
+        try:
+          traced = in_scope(scope, _scopes.LeaveOnQuestion(oracle))
+        except _scopes.LeftSharedScope:
+          self._asks_sizes = True   # (its partial trace answered nothing)
+        finally:
+          if traced is None or not traced.size_names:
+            _scopes.give_back(scope, constraints)
+        if traced is not None:
+          traced.shared_scope = True
+      if traced is None:
+        scope = _spec.fresh_scope(constraints)   # its answers reach no other trace
+        traced = in_scope(scope, oracle)
       traced.assumptions = tuple(getattr(oracle, "assumed", ()))
       if self.out_shape is not None:
         check_out_shape(self.out_shape, traced, scope)

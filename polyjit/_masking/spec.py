@@ -81,7 +81,8 @@ def make_scope(constraints: str | Sequence[str]) -> jc.SymbolicScope:
 
 
 def fresh_scope(constraints: str | Sequence[str]) -> jc.SymbolicScope:
-  """A new scope, never shared: every symbolic trace of user code gets one.
+  """A new scope, never shared: for a trace of user code that asks size
+  questions (`scopes.py` lends shared scopes to the others).
 
   JAX's trace caches (a `jax.jit` helper, a `lax.scan`/`lax.cond` body,
   `jax.checkpoint`, `eqx.filter_jit`) are keyed by avals, and symbolic avals of

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _jax as jc
-from . import data_dependent as _data_dependent
+from . import data_dependent as _data_dependent, scopes as _scopes
 from .errors import MaskingError
 
 
@@ -51,6 +51,9 @@ class SymbolicTrace:
   # JAX's shape rules answered for non-empty selections, checked when the
   # program runs: (expr, expr >= 0, text) (`_variants._Oracle.assume`).
   assumptions: tuple[tuple[Any, bool, str], ...] = ()
+  # Traced in a scope other traces share (`scopes.py`): its derivatives are
+  # traced refusing size questions, so that none is answered in that scope.
+  shared_scope: bool = False
 
   @property
   def cacheable(self) -> bool:
@@ -73,19 +76,22 @@ class SymbolicTrace:
 
   def vjp(self) -> "VJP":
     if self._vjp is None:
-      self._vjp = _trace_vjp(self)
+      with _scopes.refusing_questions(self.shared_scope):
+        self._vjp = _trace_vjp(self)
     return self._vjp
 
   def jvp(self) -> "SymbolicTrace":
     """The tangent map: (inputs, tangents of the inexact inputs) -> tangents
     of the inexact outputs, traced symbolically."""
     if self._jvp is None:
-      self._jvp = _trace_jvp(self)
+      with _scopes.refusing_questions(self.shared_scope):
+        self._jvp = _trace_jvp(self)
     return self._jvp
 
   def split_vjp(self) -> "SplitVJP | None":
     if not self._split_traced:
-      self._split = None if self.size_names else _trace_split_vjp(self)
+      with _scopes.refusing_questions(self.shared_scope):
+        self._split = None if self.size_names else _trace_split_vjp(self)
       self._split_traced = True
     return self._split
 

@@ -1,0 +1,139 @@
+"""Which symbolic scope a trace of user code runs in: shared while it asks nothing.
+
+JAX's trace caches (a `jax.jit` helper, jnp's own jitted helpers, `lax.scan`
+and `lax.cond` bodies, `jax.checkpoint`) are keyed by avals, and symbolic avals
+of one scope compare equal across traces. A helper that branched on a size in
+one trace (its answer recorded by that trace's oracle) would be replayed in
+another trace of the same scope with that answer, unrecorded. Giving every
+trace a fresh scope rules that out, but makes JAX retrace all of its jitted jnp
+helpers in every trace (most of the tracing time of a small function).
+
+So a scope is shared, on one condition that keeps every cache entry made in
+it free of size decisions: **no size question is ever answered in a shared
+scope.**
+
+* A trace of user code borrows an idle scope for its constraints (`lend`), one
+  trace at a time (so no other trace can meet its cache entries half made),
+  and runs under `LeaveOnQuestion`: the first size question it asks (`n == 1`,
+  `n > 3`, a hash of a size, an assumption about a data-dependent size), before
+  it is answered, raises `LeftSharedScope` (a BaseException, so user code's
+  `except Exception` does not swallow it). The trace is abandoned, its scope
+  goes back clean (the cache entries it completed asked nothing), and the
+  caller traces again in a fresh scope of its own with the real oracle, as
+  before; the function is remembered as one that asks, and traces in fresh
+  scopes from then on.
+* A trace that created data-dependent sizes (`pj.nonzero` & co.) keeps its
+  scope for itself: the scope is retired, never lent again.
+* Derivatives of a trace made in a shared scope (`SymbolicTrace.jvp/vjp`) run
+  user code again only in custom_jvp/custom_vjp rules; they are traced under
+  `refusing_questions()`, which raises MaskingError for a size question asked
+  there (outside polyjit's traces JAX would answer `==` False for sizes it
+  cannot prove equal: a silent answer for one side), so those traces cannot
+  leave an answer in the shared caches either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Iterator, Sequence
+
+from .. import _jax as jc
+from . import spec as _spec
+from .errors import MaskingError
+
+IDLE_PER_CONSTRAINTS = 4   # idle scopes kept per set of constraints (one per concurrent trace)
+
+
+class LeftSharedScope(BaseException):
+  """A trace in a shared scope asked a size question: trace it again in a fresh scope."""
+
+
+class LeaveOnQuestion:
+  """The oracle of a trace in a shared scope: the first question leaves it.
+
+  `assume` passes through JAX's own questions that are not assumptions about
+  data-dependent sizes (the real oracle answers None to them and JAX raises its
+  own error, which a JAX internal may catch)."""
+
+  def __init__(self, oracle: Any):
+    self._oracle = oracle
+
+  def __call__(self, decision: Any) -> bool:
+    raise LeftSharedScope()
+
+  def assume(self, expr: Any, text: str) -> bool | None:
+    if self._oracle.assume(expr, text) is None:
+      return None
+    raise LeftSharedScope()
+
+  def value_of(self, expr: Any, where: str) -> int:
+    raise LeftSharedScope()
+
+  def refuse_value(self, expr: Any, where: str, how: str) -> BaseException:
+    return LeftSharedScope()
+
+
+class _Pool:
+  """Idle scopes per constraints; a lent scope is used by one trace at a time."""
+
+  def __init__(self) -> None:
+    self._idle: dict[tuple[str, ...], list[jc.SymbolicScope]] = {}
+    self._lock = threading.Lock()
+
+  def lend(self, constraints: Sequence[str]) -> jc.SymbolicScope:
+    key = tuple(constraints)
+    with self._lock:
+      idle = self._idle.get(key)
+      if idle:
+        return idle.pop()
+    return _spec.fresh_scope(key)
+
+  def give_back(self, scope: jc.SymbolicScope, constraints: Sequence[str]) -> None:
+    with self._lock:
+      idle = self._idle.setdefault(tuple(constraints), [])
+      if len(idle) < IDLE_PER_CONSTRAINTS:
+        idle.append(scope)
+
+
+_pool = _Pool()
+lend = _pool.lend
+give_back = _pool.give_back
+
+
+class _RefuseQuestions:
+  """The oracle of derivative traces of a shared-scope trace: a size question
+  asked there (in a custom_jvp/custom_vjp rule) is refused, never answered."""
+
+  def _refuse(self, what: str, where: str) -> MaskingError:
+    return MaskingError(
+        f"the size comparison {what} at {where} runs while polyjit differentiates "
+        "the function (in a custom_jvp or custom_vjp rule); a masked derivative "
+        "serves every size, so it cannot take one side.\nWhat to do: compare sizes "
+        "in the function itself rather than in its differentiation rule, or compute "
+        "with the size as a value (jnp.where(x.shape[0] == k, ...)).")
+
+  def __call__(self, decision: Any) -> bool:
+    raise self._refuse(decision.text, decision.where)
+
+  def assume(self, expr: Any, text: str) -> bool | None:
+    return None   # JAX's own shape rule: JAX raises its own error
+
+  def value_of(self, expr: Any, where: str) -> int:
+    raise self._refuse(f"hash('{expr}')", where)
+
+  def refuse_value(self, expr: Any, where: str, how: str) -> BaseException:
+    return self._refuse(f"{how} of '{expr}'", where)
+
+
+_REFUSE = _RefuseQuestions()
+
+
+@contextlib.contextmanager
+def refusing_questions(shared: bool) -> Iterator[None]:
+  """Around a derivative trace: refuses size questions if its scope is shared."""
+  if not shared:
+    yield
+    return
+  with jc.size_decisions(_REFUSE):
+    yield
