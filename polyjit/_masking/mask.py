@@ -81,6 +81,21 @@ def apply(traced: SymbolicTrace, padded: dict[str, int], args: Sequence[Any],
 GROWING_VARIANTS = 8   # variants of one argument structure before a warning
 
 
+def _warn_if_growing(name: str, count: int, variant: _variants.Variant) -> None:
+  """Variants that grow with the sizes (`n in range(1, 1000)`, a hash, one
+  `==` per size) each get a program: said once, where the user sees it."""
+  if count != GROWING_VARIANTS:
+    return
+  warn_user(
+      f"{name} asks its sizes questions that give nearly every size its own "
+      f"trace and program ({count} so far; the last for {variant.describe()}): "
+      "comparisons with many values (`n in range(...)`, `n in {...}`, one `==` per "
+      "size), which is what jax.jit would compile.\nWhat to do: compare with "
+      "inequalities (`1 <= n < 1000` instead of `n in range(1, 1000)`), compute "
+      "with the size as a value (jnp.where(x.shape[0] == k, ...)), or declare "
+      "that axis fixed.", FallbackWarning)
+
+
 class Masked:
   """The result of `pj.mask`: call it as `masked(args, logical_env)`.
 
@@ -148,21 +163,13 @@ class Masked:
         return self._trace(in_tree, avals, bound.dim_names)
 
     def trace(constraints: tuple[str, ...], oracle: Callable[..., bool]) -> SymbolicTrace:
-      traced = None
-      if not self._asks_sizes:  # a shared scope, left at its first size question
-        scope = _scopes.lend(constraints)
-        try:
-          traced = in_scope(scope, _scopes.LeaveOnQuestion(oracle))
-        except _scopes.LeftSharedScope:
-          self._asks_sizes = True   # (its partial trace answered nothing)
-        finally:
-          if traced is None or not traced.size_names:
-            _scopes.give_back(scope, constraints)
-        if traced is not None:
-          traced.shared_scope = True
-      if traced is None:
+      shared = None if self._asks_sizes else _scopes.trace_shared(in_scope, constraints, oracle)
+      if shared is None:  # it asks size questions: a scope of its own
+        self._asks_sizes = True
         scope = _spec.fresh_scope(constraints)   # its answers reach no other trace
-        traced = in_scope(scope, oracle)
+        traced: SymbolicTrace = in_scope(scope, oracle)
+      else:
+        traced, scope = shared
       traced.assumptions = tuple(getattr(oracle, "assumed", ()))
       if self.out_shape is not None:
         check_out_shape(self.out_shape, traced, scope)
@@ -187,24 +194,10 @@ class Masked:
                                         sizes, known)
           if variant.traced is None or variant.traced.cacheable:
             self._variants[key] = [*known, variant]
-            self._warn_if_growing(len(known) + 1, variant)
+            _warn_if_growing(self._name, len(known) + 1, variant)
     if variant.error is not None:
       raise self._trace_error(variant.error, variant)
     return variant
-
-  def _warn_if_growing(self, count: int, variant: _variants.Variant) -> None:
-    """Variants that grow with the sizes (`n in range(1, 1000)`, a hash, one
-    `==` per size) each get a program: said once, where the user sees it."""
-    if count != GROWING_VARIANTS:
-      return
-    warn_user(
-        f"{self._name} asks its sizes questions that give nearly every size its own "
-        f"trace and program ({count} so far; the last for {variant.describe()}): "
-        "comparisons with many values (`n in range(...)`, `n in {...}`, one `==` per "
-        "size), which is what jax.jit would compile.\nWhat to do: compare with "
-        "inequalities (`1 <= n < 1000` instead of `n in range(1, 1000)`), compute "
-        "with the size as a value (jnp.where(x.shape[0] == k, ...)), or declare "
-        "that axis fixed.", FallbackWarning)
 
   def _known_variant(self, key: tuple[Any, ...], sizes: dict[str, int]
                      ) -> _variants.Variant | None:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from .. import _jax as jc
 from . import spec as _spec
@@ -99,6 +99,23 @@ class _Pool:
 _pool = _Pool()
 lend = _pool.lend
 give_back = _pool.give_back
+
+
+def trace_shared(in_scope: Callable[[jc.SymbolicScope, Any], Any], constraints: Sequence[str],
+                 oracle: Any) -> tuple[Any, jc.SymbolicScope] | None:
+  """(trace, scope) of `in_scope(scope, oracle)`, a trace of user code, in a
+  shared scope; None if it asked a size question (then trace it again in a
+  fresh scope, `spec.fresh_scope`, with `oracle`)."""
+  scope, traced = lend(constraints), None
+  try:
+    traced = in_scope(scope, LeaveOnQuestion(oracle))
+  except LeftSharedScope:
+    return None   # (its partial trace answered nothing: the scope stays clean)
+  finally:
+    if traced is None or not traced.size_names:  # data-dependent sizes: retired
+      give_back(scope, constraints)
+  traced.shared_scope = True
+  return traced, scope
 
 
 class _RefuseQuestions:
