@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 
 import polyjit as pj
 from polyjit import _jax as jc
@@ -108,12 +109,54 @@ def test_a_size_question_in_a_custom_jvp_rule_is_refused_not_answered():
     jax.grad(lambda x: masked([x], {"n": 3}))(padded(example(3), fill=0.0))
 
 
-def test_a_trace_with_data_dependent_sizes_keeps_its_scope():
+def test_a_trace_with_data_dependent_sizes_has_a_scope_of_its_own():
   masked = pj.mask(lambda x: jnp.sum(pj.nonzero(x > 0)[0] * 1.0), ["n"])
   traced, scope = scope_of(masked, padded(example(4)))
-  assert traced.size_names
+  assert traced.size_names and not traced.shared_scope
   _, other = scope_of(pj.mask(lambda x: jnp.sum(x * 5), ["n"]), padded(example(4)))
   assert other is not scope
+
+
+positives = jax.jit(lambda x: x[x > 0])
+
+
+def _asks(x):  # a size question after the selection: the trace leaves the shared scope
+  s = jnp.sum(positives(x))
+  return s if x.shape[0] > 3 else 2 * s
+
+
+def _guard(x):  # no question of the user's: lax.top_k needs the guard n >= 3
+  return jnp.sum(positives(x)) + jnp.sum(lax.top_k(x, 3)[0])
+
+
+def _raises(x):
+  positives(x)
+  raise ValueError("while tracing")
+
+
+@pytest.mark.parametrize("first", [_asks, _guard, _raises], ids=["asks", "guard", "raises"])
+def test_an_abandoned_trace_leaves_no_data_dependent_size_to_a_later_one(first):
+  # Found by review: the abandoned trace's cached `positives` (size pj_dd0) stayed
+  # in the shared scope, and the next function's own selection, also pj_dd0,
+  # took its size from it.
+  def second(x):
+    return jnp.sum(x[x < 0]), jnp.sum(positives(x))
+
+  x = np.array([1., -2., 3., -4., -5., -6.], np.float32)
+  try:
+    pj.mask(first, ["n"])([padded(x)], {"n": 6})
+  except (ValueError, pj.MaskingError):
+    pass
+  out, _ = pj.mask(second, ["n"])([padded(x)], {"n": 6})
+  np.testing.assert_allclose(out, [x[x < 0].sum(), x[x > 0].sum()])
+  ragged = pj.Ragged.from_list([x, -x[:4]])
+  try:
+    pj.vmap(first)(ragged)
+  except (ValueError, pj.MaskingError):
+    pass
+  sums = pj.vmap(second)(ragged)
+  want = [(e[e < 0].sum(), e[e > 0].sum()) for e in (x, -x[:4])]
+  np.testing.assert_allclose(np.stack(sums, 1), want)
 
 
 def test_a_lent_scope_serves_one_trace_at_a_time():

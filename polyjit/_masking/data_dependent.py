@@ -65,7 +65,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import dims as _dims
+from . import dims as _dims, scopes as _scopes
 from .. import _jax as jc
 from . import rules as _rules  # noqa: F401  (the rules wrapped below must exist first)
 from .core import MaskEnv, Rule, RuleContext, register
@@ -115,6 +115,7 @@ def _fresh_dim() -> Any:
   state = getattr(_local, "state", None)
   if state is None:  # spellings run only inside `tracing()`; this is a bug
     raise MaskingError("a data-dependent size was created outside a polyjit trace.")
+  _scopes.creating_size(state.scope)   # never in a shared scope (`scopes.py`)
   name = f"{PREFIX}{state.count}"
   state.count += 1
   return jc.symbolic_shape(name, scope=state.scope)[0] - 1

@@ -22,12 +22,16 @@ scope.**
   caller traces again in a fresh scope of its own with the real oracle, as
   before; the function is remembered as one that asks, and traces in fresh
   scopes from then on.
-* A trace that created data-dependent sizes (`pj.nonzero` & co.) keeps its
-  scope for itself: the scope is retired, never lent again.
+* Nor is a data-dependent size (`pj.nonzero`, `x[x > 0]`) ever created in a
+  shared scope: its names (pj_dd0, ...) restart in every trace, so a cached
+  helper that made one would hand its size to another trace's selection.
+  `creating_size` leaves the shared scope, like a question, before it is made
+  (found by review: a trace abandoned after making one left the helper's
+  cached trace behind).
 * Derivatives of a trace made in a shared scope (`SymbolicTrace.jvp/vjp`) run
   user code again only in custom_jvp/custom_vjp rules; they are traced under
   `refusing_questions()`, which raises MaskingError for a size question asked
-  there (outside polyjit's traces JAX would answer `==` False for sizes it
+  (or a data-dependent size made) there (outside polyjit's traces JAX would answer `==` False for sizes it
   cannot prove equal: a silent answer for one side), so those traces cannot
   leave an answer in the shared caches either.
 """
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from typing import Any, Callable, Iterator, Sequence
 
 from .. import _jax as jc
@@ -80,6 +85,7 @@ class _Pool:
   def __init__(self) -> None:
     self._idle: dict[tuple[str, ...], list[jc.SymbolicScope]] = {}
     self._lock = threading.Lock()
+    self.made: weakref.WeakSet[jc.SymbolicScope] = weakref.WeakSet()  # every shared scope
 
   def lend(self, constraints: Sequence[str]) -> jc.SymbolicScope:
     key = tuple(constraints)
@@ -87,7 +93,9 @@ class _Pool:
       idle = self._idle.get(key)
       if idle:
         return idle.pop()
-    return _spec.fresh_scope(key)
+    scope = _spec.fresh_scope(key)
+    self.made.add(scope)
+    return scope
 
   def give_back(self, scope: jc.SymbolicScope, constraints: Sequence[str]) -> None:
     with self._lock:
@@ -101,6 +109,12 @@ lend = _pool.lend
 give_back = _pool.give_back
 
 
+def creating_size(scope: jc.SymbolicScope) -> None:
+  """Before a data-dependent size is made in `scope`: a shared scope is left."""
+  if scope in _pool.made:
+    raise LeftSharedScope()
+
+
 def trace_shared(in_scope: Callable[[jc.SymbolicScope, Any], Any], constraints: Sequence[str],
                  oracle: Any) -> tuple[Any, jc.SymbolicScope] | None:
   """(trace, scope) of `in_scope(scope, oracle)`, a trace of user code, in a
@@ -112,8 +126,7 @@ def trace_shared(in_scope: Callable[[jc.SymbolicScope, Any], Any], constraints: 
   except LeftSharedScope:
     return None   # (its partial trace answered nothing: the scope stays clean)
   finally:
-    if traced is None or not traced.size_names:  # data-dependent sizes: retired
-      give_back(scope, constraints)
+    give_back(scope, constraints)
   traced.shared_scope = True
   return traced, scope
 
@@ -153,4 +166,11 @@ def refusing_questions(shared: bool) -> Iterator[None]:
     yield
     return
   with jc.size_decisions(_REFUSE):
-    yield
+    try:
+      yield
+    except LeftSharedScope:
+      raise MaskingError(
+          "a data-dependent size (a boolean selection, nonzero, unique) is made while "
+          "polyjit differentiates the function (in a custom_jvp or custom_vjp rule), "
+          "where a masked derivative cannot make one.\nWhat to do: make the selection "
+          "in the function itself, or give it a fixed bound (pj.nonzero(..., size=k)).") from None
