@@ -191,7 +191,7 @@ class BucketChoice:
         rental.borrow_accounts[key] = accounts
       else:
         key = None
-    plan.borrow_from(rental.borrow(plan.key.bucket, accounts, key))
+    plan.borrow_from(rental.borrow(plan.key.bucket, accounts, key, logical))
 
   def _compile_for_waste(self, struct: Structure, binding: Binding, variant: Variant,
                          env: dict[str, int], wasted: float,

@@ -264,7 +264,7 @@ class Planner:
     if rental is not None:
       rental.observe(logical)
       if len(self._stats.compile_events) > compiles:
-        rental.bump()  # a new program: plans borrowing a larger one look again
+        rental.bump()  # a new program: plans borrowing a larger one it may hold look again
     return plan
 
   def variant(self, struct: Structure, shapes: Shapes) -> tuple[Masked, Binding, Variant]:

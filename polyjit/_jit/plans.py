@@ -145,7 +145,8 @@ class Plan:
 
   def borrow_from(self, borrow: Borrow) -> None:
     """Runs in a larger bucket than its own: each call pays into `borrow`'s
-    accounts, and the plan is superseded once one of them has compiled."""
+    accounts, and the plan is superseded once a smaller bucket that may hold
+    it has compiled (one of those accounts' buckets, say: `Borrow`)."""
     self.borrow = self.provisional = borrow
 
   @property
