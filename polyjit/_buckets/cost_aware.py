@@ -164,6 +164,11 @@ class Account:
   def add(self, seconds: float) -> None:
     """A call ran elsewhere and wasted `seconds`; compile once it adds up."""
     self.waste += seconds
+    self.settle()
+
+  def settle(self) -> None:
+    """Compiles the bucket once the waste has paid its price (and no other
+    compile of this rental is running)."""
     rental = self.rental
     if self.future is None and self.waste >= rental.price(self.env) and not rental.busy:
       with rental.lock:
@@ -213,8 +218,13 @@ class Borrow:
       charges = self.charges = self.rental.charges(self.running, self.candidates, self.key)
       if charges is None:
         return
+    # `Account.add`, inlined (every call in a larger bucket comes here): no
+    # price is below a load's, so until then an account has nothing to settle.
+    rental = self.rental
     for account, seconds in charges:
-      account.add(seconds)
+      account.waste += seconds
+      if account.future is None and account.waste >= rental.compile_estimate * LOAD_FRACTION:
+        account.settle()
 
 
 class Rental:

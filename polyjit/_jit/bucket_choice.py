@@ -78,15 +78,15 @@ class BucketChoice:
     if struct.on_mesh:
       return bucket_key(self.tight(struct, logical))
     grids = self._grids
-    tight = []
-    for v, n in logical.items():
-      grid = grids.get(v)
-      if grid is None:
-        policy = self.policy(v)
-        grid = grids[v] = policy.grid.bucket if isinstance(policy, CostAware) else policy.bucket
-      tight.append((v, grid(n)))
-    tight.sort()
+    tight = [(v, (grids.get(v) or self._grid(v))(n)) for v, n in logical.items()]
+    if len(tight) > 1:
+      tight.sort()
     return tuple(tight)
+
+  def _grid(self, dim: str) -> Callable[[int], int]:
+    policy = self.policy(dim)
+    grid = self._grids[dim] = policy.grid.bucket if isinstance(policy, CostAware) else policy.bucket
+    return grid
 
   def _bucket(self, struct: Structure, dim: str, size: int) -> int:
     policy = self._policies.get(dim) or self.policy(dim)  # (every new size comes here)
@@ -178,7 +178,8 @@ class BucketChoice:
     rental.observe(logical)
     if plan.key.bucket == tight_key:
       return
-    key: tuple[Any, ...] | None = (variant.key, tight_key, plan.key.bucket)
+    # (`plan.key.variant` is `variant.key`, already built)
+    key: tuple[Any, ...] | None = (plan.key.variant, tight_key, plan.key.bucket)
     accounts = rental.borrow_accounts.get(key) if not variant.constraints else None
     if accounts is None:
       accounts = []
