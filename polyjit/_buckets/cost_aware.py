@@ -287,9 +287,13 @@ class Rental:
             if all(env.get(v, 0) >= n for v, n in logical.items())]
 
   def smallest(self, logical: dict[str, int]) -> list[BucketKey]:
-    """`candidates(logical)[:1]`, without looking further (every call with a new size)."""
+    """`candidates(logical)[:1]`, without looking further (every call with a
+    new size: plain loops, no generator per bucket)."""
     for key, env in self._by_volume:
-      if all(env.get(v, 0) >= n for v, n in logical.items()):
+      for v, n in logical.items():
+        if env.get(v, 0) < n:
+          break
+      else:
         return [key]
     return []
 

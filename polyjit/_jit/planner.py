@@ -206,7 +206,7 @@ class Planner:
     logical = struct.template_sizes(shapes)
     if logical is None:
       return None
-    rental = self.buckets.rental(struct, logical)
+    rental = struct.rental or self.buckets.rental(struct, logical)  # (once started, as it is)
     tight = self.buckets.tight_key(struct, logical)
     # Under a cost-aware policy: the smallest compiled bucket, or the full path.
     buckets = [tight] if rental is None else rental.smallest(logical)

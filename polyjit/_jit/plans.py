@@ -270,7 +270,11 @@ class Template:
     return logical
 
   def fits(self, shapes: Any) -> bool:
-    return all(shapes[i][a] == n for (i, a), n in self.fixed)
+    """Whether the fixed axes of `shapes` are this template's."""
+    for (i, a), n in self.fixed:  # (a plain loop: every never-seen size)
+      if shapes[i][a] != n:
+        return False
+    return True
 
   def plan_at(self, shapes: Any, logical: dict[str, int]) -> Plan:
     """The plan of this template's program for `shapes` (that it `fits`)
