@@ -78,10 +78,10 @@ class BucketChoice:
     if struct.on_mesh:
       return bucket_key(self.tight(struct, logical))
     grids = self._grids
-    tight = [(v, (grids.get(v) or self._grid(v))(n)) for v, n in logical.items()]
-    if len(tight) > 1:
-      tight.sort()
-    return tuple(tight)
+    if len(logical) == 1:  # (the common case, without a list to sort)
+      (v, n), = logical.items()
+      return ((v, (grids.get(v) or self._grid(v))(n)),)
+    return tuple(sorted([(v, (grids.get(v) or self._grid(v))(n)) for v, n in logical.items()]))
 
   def _grid(self, dim: str) -> Callable[[int], int]:
     policy = self.policy(dim)
