@@ -10,6 +10,7 @@ import pytest
 
 import polyjit as pj
 from polyjit._jit import plans as _jit_plans
+from polyjit._jit.args import call_signature
 from test_jit import assert_same
 
 
@@ -74,3 +75,35 @@ def test_a_new_size_under_the_default_policy_reuses_the_roomy_bucket():
   for n, g in zip(sizes, got, strict=True):
     np.testing.assert_allclose(g, ref(data[:n], mu, ls), rtol=1e-5)
   assert _jit_plans.plans_built == built
+
+
+
+def test_a_new_program_rebuilds_only_the_borrowing_plans_it_may_hold():
+  # Cost-aware default: 30 and 150 borrow the headroom bucket (512). A new
+  # program that holds neither (2048) leaves both plans as they are; once a
+  # bucket that holds 30 is compiled (32), 30 moves there and 150 stays.
+  f = pj.jit(loglik, polymorphic_shapes=["n", None, None])
+  rng = np.random.default_rng(3)
+  data = rng.standard_normal(3000).astype(np.float32)
+  mu, ls = np.float32(0.2), np.float32(-0.1)
+  call = lambda n: f(data[:n], mu, ls)
+  plan = lambda n: f._hot[call_signature((data[:n], mu, ls))]
+  call(200)
+  assert list(f.stats.bucket_hits) == [(("n", 512),)]
+  call(30), call(150)
+  before = {n: plan(n) for n in (30, 150)}
+  assert all(p.borrow is not None for p in before.values())
+  call(1000)                                     # a new program: bucket 2048
+  assert len(f.stats.compile_events) == 2
+  for n in (30, 150):
+    assert_same(call(n), jax.jit(loglik)(data[:n], mu, ls))
+    assert plan(n) is before[n], f"{n}: its plan was rebuilt"
+  f.precompile(jax.ShapeDtypeStruct((8,), jnp.float32), mu, ls, sizes={"n": [30]},
+               progress=False)                   # bucket 32, noticed with the
+  call(3000)                                     # next new program (8192)
+  assert len(f.stats.compile_events) == 4
+  for n in (30, 150):
+    assert_same(call(n), jax.jit(loglik)(data[:n], mu, ls))
+  assert plan(150) is before[150]
+  assert plan(30) is not before[30] and plan(30).bucket == (("n", 32),)
+  assert f.stats.bucket_hits[(("n", 32),)] == 1

@@ -164,6 +164,11 @@ class Account:
   def add(self, seconds: float) -> None:
     """A call ran elsewhere and wasted `seconds`; compile once it adds up."""
     self.waste += seconds
+    self.settle()
+
+  def settle(self) -> None:
+    """Compiles the bucket once the waste has paid its price (and no other
+    compile of this rental is running)."""
     rental = self.rental
     if self.future is None and self.waste >= rental.price(self.env) and not rental.busy:
       with rental.lock:
@@ -178,10 +183,14 @@ class Borrow:
   """A plan's stay in a larger bucket than its own (`Plan.provisional`).
 
   Each call pays what it wastes into the accounts of the smaller buckets
-  that would have held it; the plan is given up (`done()`) whenever the
-  structure gets a new program, so the next call looks for a tighter one.
+  that would have held it; the plan is given up (`done()`) when the
+  structure gets a new program that may be a tighter fit for it, so the
+  next call looks for that one (`Rental.bump`). A shared borrow (with a
+  `key`) stays while no compiled bucket smaller than `running` holds the
+  smallest sizes it serves (`low`): its plans' bucket is then still the
+  smallest that holds them, and rebuilding them would change nothing.
   """
-  __slots__ = ("rental", "generation", "running", "candidates", "charges", "key")
+  __slots__ = ("rental", "generation", "running", "candidates", "charges", "key", "low")
 
   def __init__(self, rental: Rental, running: BucketKey, candidates: list[Account],
                key: Any) -> None:
@@ -191,9 +200,17 @@ class Borrow:
     self.candidates = candidates
     self.charges: Charges | None = None  # [(account, seconds per call)], once times are known
     self.key = key              # (variant, tight bucket, running bucket): shared charges
+    self.low: dict[str, int] = {}  # per dimension, the smallest size of its plans
 
   def done(self) -> bool:
     return self.generation != self.rental.generation
+
+  def serve(self, logical: dict[str, int]) -> None:
+    """A plan with sizes `logical` borrows through this one."""
+    low = self.low
+    for v, n in logical.items():
+      if n < low.get(v, n + 1):
+        low[v] = n
 
   def pay(self) -> None:
     charges = self.charges
@@ -201,8 +218,13 @@ class Borrow:
       charges = self.charges = self.rental.charges(self.running, self.candidates, self.key)
       if charges is None:
         return
+    # `Account.add`, inlined (every call in a larger bucket comes here): no
+    # price is below a load's, so until then an account has nothing to settle.
+    rental = self.rental
     for account, seconds in charges:
-      account.add(seconds)
+      account.waste += seconds
+      if account.future is None and account.waste >= rental.compile_estimate * LOAD_FRACTION:
+        account.settle()
 
 
 class Rental:
@@ -265,9 +287,13 @@ class Rental:
             if all(env.get(v, 0) >= n for v, n in logical.items())]
 
   def smallest(self, logical: dict[str, int]) -> list[BucketKey]:
-    """`candidates(logical)[:1]`, without looking further (every call with a new size)."""
+    """`candidates(logical)[:1]`, without looking further (every call with a
+    new size: plain loops, no generator per bucket)."""
     for key, env in self._by_volume:
-      if all(env.get(v, 0) >= n for v, n in logical.items()):
+      for v, n in logical.items():
+        if env.get(v, 0) < n:
+          break
+      else:
         return [key]
     return []
 
@@ -317,8 +343,30 @@ class Rental:
       self.compile_estimate = sum(self.compile_seconds) / len(self.compile_seconds)
 
   def bump(self) -> None:
-    """A new program is ready: borrowing plans look again."""
-    self.generation += 1
+    """A new program is ready: borrowing plans that it may fit better look
+    again. Shared borrows (`borrows`) that no compiled bucket smaller than
+    their own may hold (`_beaten`) carry over into the new generation, their
+    plans still current; their charges are worked out again on their next
+    call, as a new borrow's would be (measured run times may have changed).
+    Every other borrow is done: its plans look again."""
+    old = self.generation
+    self.generation = old + 1
+    for borrow in list(self.borrows.values()):
+      if borrow.generation == old and not self._beaten(borrow):
+        borrow.charges = None
+        borrow.generation = old + 1
+
+  def _beaten(self, borrow: Borrow) -> bool:
+    """Whether a compiled bucket before `borrow.running` (in `smallest`'s
+    order) holds the smallest sizes it serves, so may hold some of its plans
+    (one that does not holds none of them)."""
+    low = borrow.low
+    for key, env in list(self._by_volume):
+      if key == borrow.running:
+        return False
+      if all(env.get(v, 0) >= n for v, n in low.items()):
+        return True
+    return True  # (its bucket is not among the compiled ones: look again)
 
   def finished(self, _future: concurrent.futures.Future[Any]) -> None:
     self.busy = False
@@ -387,15 +435,18 @@ class Rental:
       self.charge_cache[key] = out
     return out
 
-  def borrow(self, running: BucketKey, accounts: list[Account], key: Any) -> Borrow:
-    """The `Borrow` of plans in bucket `running` that pay into `accounts`:
-    one per `key` (variant, tight bucket, running bucket) and generation,
-    shared by every size with that key (None: a new one)."""
+  def borrow(self, running: BucketKey, accounts: list[Account], key: Any,
+             logical: dict[str, int]) -> Borrow:
+    """The `Borrow` of a plan with sizes `logical` in bucket `running` that
+    pays into `accounts`: one per `key` (variant, tight bucket, running
+    bucket) until it is done, shared by every size with that key (None: a
+    new one)."""
     if key is None:
       return Borrow(self, running, accounts, None)
     borrow = self.borrows.get(key)
     if borrow is None or borrow.done():
       borrow = self.borrows[key] = Borrow(self, running, accounts, key)
+    borrow.serve(logical)
     return borrow
 
   def account(self, env: dict[str, int], start: Callable[..., Any]) -> Account:

@@ -277,9 +277,20 @@ def rank_signature(key: tuple[Any, ...]) -> tuple[Any, ...]:
   return tuple(k[:-1] + (len(k[-1]),) if type(k) is tuple else k for k in key)
 
 
-def signature_shapes(key: tuple[Any, ...]) -> tuple[tuple[int, ...], ...]:
-  """Each argument's shape in a `call_signature` (scalars: ())."""
-  return tuple(k[-1] if type(k) is tuple else () for k in key)
+def split_signature(key: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[tuple[int, ...], ...]]:
+  """(`rank_signature(key)`, each argument's shape (scalars: ())), in one
+  pass: every never-seen size needs both."""
+  ranks: list[Any] = []
+  shapes: list[tuple[int, ...]] = []
+  for k in key:
+    if type(k) is tuple:
+      shape = k[-1]
+      ranks.append(k[:-1] + (len(shape),))
+      shapes.append(shape)
+    else:
+      ranks.append(k)
+      shapes.append(())
+  return tuple(ranks), tuple(shapes)
 
 
 # --- leaves --------------------------------------------------------------------

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Callable
 
 import jax
 
@@ -53,6 +53,8 @@ class BucketChoice:
     self.spec = spec
     self._compiler = compiler
     self._policies: dict[str, BucketPolicy] = {}  # dim -> its policy (`policy`)
+    # dim -> its policy's `bucket`, the grid's for a cost-aware one (`tight_key`)
+    self._grids: dict[str, Callable[[int], int]] = {}
 
   def policy(self, dim: str) -> BucketPolicy:
     """The bucket policy that pads the dimension `dim` (made once per dimension)."""
@@ -69,6 +71,22 @@ class BucketChoice:
     rounded up to a multiple of the number of shards along it where it is a
     sharded axis."""
     return {v: self._bucket(struct, v, n) for v, n in logical.items()}
+
+  def tight_key(self, struct: Structure, logical: dict[str, int]) -> tuple[Any, ...]:
+    """`bucket_key` of `tight`: every never-seen size asks (`Planner.fast_plan`),
+    so off a mesh each dimension goes straight to its grid's `bucket`."""
+    if struct.on_mesh:
+      return bucket_key(self.tight(struct, logical))
+    grids = self._grids
+    if len(logical) == 1:  # (the common case, without a list to sort)
+      (v, n), = logical.items()
+      return ((v, (grids.get(v) or self._grid(v))(n)),)
+    return tuple(sorted([(v, (grids.get(v) or self._grid(v))(n)) for v, n in logical.items()]))
+
+  def _grid(self, dim: str) -> Callable[[int], int]:
+    policy = self.policy(dim)
+    grid = self._grids[dim] = policy.grid.bucket if isinstance(policy, CostAware) else policy.bucket
+    return grid
 
   def _bucket(self, struct: Structure, dim: str, size: int) -> int:
     policy = self._policies.get(dim) or self.policy(dim)  # (every new size comes here)
@@ -133,7 +151,7 @@ class BucketChoice:
       plan = plan_in(struct, key, fut.result(), binding, variant, logical, shapes)
       if not variant.constraints and struct.templates.get(bucket) is None:
         struct.keep_template(plan, binding, variant)
-    self.rent(struct, rental, plan, logical, tight, binding, variant)
+    self.rent(struct, rental, plan, logical, bucket_key(tight), binding, variant)
     return plan
 
   def _compiled_bucket(self, struct: Structure, rental: Rental, binding: Binding,
@@ -152,15 +170,16 @@ class BucketChoice:
     return None
 
   def rent(self, struct: Structure, rental: Rental, plan: Plan, logical: dict[str, int],
-           tight: dict[str, int], binding: Binding, variant: Variant) -> None:
-    """When `plan` runs in a larger bucket than its own, its calls pay what
-    they waste into the accounts of the smaller buckets that would hold
-    them; an account compiles its bucket once it has paid for it."""
+           tight_key: tuple[Any, ...], binding: Binding, variant: Variant) -> None:
+    """When `plan` runs in a larger bucket than its own (`tight_key`: the
+    `bucket_key` of its own), its calls pay what they waste into the
+    accounts of the smaller buckets that would hold them; an account
+    compiles its bucket once it has paid for it."""
     rental.observe(logical)
-    tight_key = bucket_key(tight)
     if plan.key.bucket == tight_key:
       return
-    key: tuple[Any, ...] | None = (variant.key, tight_key, plan.key.bucket)
+    # (`plan.key.variant` is `variant.key`, already built)
+    key: tuple[Any, ...] | None = (plan.key.variant, tight_key, plan.key.bucket)
     accounts = rental.borrow_accounts.get(key) if not variant.constraints else None
     if accounts is None:
       accounts = []
@@ -173,7 +192,7 @@ class BucketChoice:
         rental.borrow_accounts[key] = accounts
       else:
         key = None
-    plan.borrow_from(rental.borrow(plan.key.bucket, accounts, key))
+    plan.borrow_from(rental.borrow(plan.key.bucket, accounts, key, logical))
 
   def _compile_for_waste(self, struct: Structure, binding: Binding, variant: Variant,
                          env: dict[str, int], wasted: float,

@@ -78,7 +78,7 @@ from .._masking import verify as _verify
 from .._masking.padding import Padded
 from .._sharding import placement as _sharding
 from . import annotations as _annotations, aot as _jit_aot
-from .args import ArgLayout, call_signature, rank_signature, signature_shapes, strip_padded
+from .args import ArgLayout, call_signature, rank_signature, split_signature, strip_padded
 from .auto import sanitize
 from .bucket_choice import BucketChoice
 from .compile import Compiler
@@ -232,10 +232,10 @@ class JitFunction:
     same argument types and ranks), when its sizes fall in a compiled bucket
     with a template: that bucket's plan, resized (`Plan.resized`). None sends
     the call down the general path (`_execute`)."""
-    struct = self._by_rank.get(rank_signature(key))
+    ranks, shapes = split_signature(key)
+    struct = self._by_rank.get(ranks)
     if struct is None or (struct.rental is not None and struct.rental.measured):
       return None  # (measured estimates time a new shape's first run: `_execute`)
-    shapes = signature_shapes(key)
     plan = struct.plan(shapes)
     if plan is None:
       plan = self._planner.fast_plan(struct, shapes)

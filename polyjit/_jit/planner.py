@@ -43,7 +43,7 @@ from .args import ArgLayout, aval_key, note_fixed_kwargs
 from .auto import DimTracker, fit_to_constraints
 from .bucket_choice import BucketChoice
 from .compile import Compiler
-from .plans import (Plan, ProgramKey, Shapes, Structure, StructureKey, bucket_key, exact_body,
+from .plans import (Plan, ProgramKey, Shapes, Structure, StructureKey, exact_body,
                     logical_values, plan_in, waste, zero_sized)
 from .stats import Cause, CauseKind, Stats
 
@@ -198,22 +198,21 @@ class Planner:
     reused, and only the logical sizes and output shapes are computed. The
     full path (`_masked_plan`) runs for anything else, and is the only one
     that records templates: no constraints or guards to check, no background
-    compile, and a program still in the cache. Under a cost-aware policy the
-    bucket is the smallest compiled one that holds the sizes.
+    compile. A template's program is compiled and still in the cache (an
+    evicted program's templates are dropped: `Structure.forget`), so it is
+    not looked up again here. Under a cost-aware policy the bucket is the
+    smallest compiled one that holds the sizes.
     """
     logical = struct.template_sizes(shapes)
     if logical is None:
       return None
-    rental = self.buckets.rental(struct, logical)
-    tight = self.buckets.tight(struct, logical)
+    rental = struct.rental or self.buckets.rental(struct, logical)  # (once started, as it is)
+    tight = self.buckets.tight_key(struct, logical)
     # Under a cost-aware policy: the smallest compiled bucket, or the full path.
-    buckets = [bucket_key(tight)] if rental is None else rental.smallest(logical)
+    buckets = [tight] if rental is None else rental.smallest(logical)
     for bucket in buckets:
       template = struct.template(shapes, bucket)
-      if template is None:
-        continue
-      fut = self.compiler.cache.peek(template.plan.key)
-      if fut is None or not fut.done() or not template.variant.holds(logical):
+      if template is None or not template.variant.holds(logical):
         continue
       self._stats.record_sizes(template.binding, struct.leaf_names, logical)
       plan = template.plan_at(shapes, logical)
@@ -265,7 +264,7 @@ class Planner:
     if rental is not None:
       rental.observe(logical)
       if len(self._stats.compile_events) > compiles:
-        rental.bump()  # a new program: plans borrowing a larger one look again
+        rental.bump()  # a new program: plans borrowing a larger one it may hold look again
     return plan
 
   def variant(self, struct: Structure, shapes: Shapes) -> tuple[Masked, Binding, Variant]:

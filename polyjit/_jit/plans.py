@@ -121,32 +121,23 @@ class Plan:
   def padded_shapes(self) -> Shapes:
     return self.key.padded_shapes
 
-  def resized(self, shapes: Any, logical: tuple[np.ndarray[Any, Any], ...],
-              out_shapes: Any) -> Plan:
+  def resized(self, logical: tuple[np.ndarray[Any, Any], ...], out_shapes: Any,
+              pads: tuple[Any, ...], waste: float, dynamic_outputs: bool) -> Plan:
     """This bucket's plan for other logical shapes in the same bucket: the
     program, padded shapes and output layout are shared; only the padding
-    regions, the size scalars and the output shapes are new. Nothing is
-    compiled, traced or put on the device here (the sizes go as host int32
-    scalars, a few microseconds per call): a never-seen size costs little."""
+    regions, the size scalars, the output shapes and the waste are new
+    (`Template.plan_at` works them out). Nothing is compiled, traced or put
+    on the device here (the sizes go as host int32 scalars, a few
+    microseconds per call): a never-seen size costs little."""
     new = object.__new__(Plan)
-    padded = self.key.padded_shapes
     new.key, new.program, new.dtypes = self.key, self.program, self.dtypes
     new.fallback, new.bucket, new.padded_out = self.fallback, self.bucket, self.padded_out
     new.shardings, new.unpad_leaf = self.shardings, self.unpad_leaf
     new.logical = logical
     new.out_shapes = out_shapes
-    pads = []
-    logical_elems = padded_elems = 0
-    for i, s in enumerate(shapes):
-      p = padded[i]
-      logical_elems += math.prod(s)
-      padded_elems += math.prod(p)
-      if s != p:
-        pads.append((i, p, self.dtypes[i], tuple([slice(0, n) for n in s])))
-    new.pads = tuple(pads)
-    new.waste = 1.0 - logical_elems / padded_elems if padded_elems else 0.0
-    new.dynamic_outputs = out_shapes is not None and any(
-        tuple(o) != tuple(p) for o, p in zip(out_shapes, self.padded_out, strict=True))
+    new.pads = pads
+    new.waste = waste
+    new.dynamic_outputs = dynamic_outputs
     new.live = True
     new.borrow = None
     new.provisional = None
@@ -154,7 +145,8 @@ class Plan:
 
   def borrow_from(self, borrow: Borrow) -> None:
     """Runs in a larger bucket than its own: each call pays into `borrow`'s
-    accounts, and the plan is superseded once one of them has compiled."""
+    accounts, and the plan is superseded once a smaller bucket that may hold
+    it has compiled (one of those accounts' buckets, say: `Borrow`)."""
     self.borrow = self.provisional = borrow
 
   @property
@@ -216,8 +208,14 @@ def program_out_shapes(program: Any) -> list[tuple[int, ...]]:
 
 class Template:
   """A bucket's plan, kept so that a new size in that bucket needs no binding,
-  tracing or constraint solving: only its logical sizes change."""
-  __slots__ = ("plan", "binding", "variant", "out_dims", "places", "fixed")
+  tracing or constraint solving: only its logical sizes change.
+
+  What a resized plan needs that depends only on the bucket is worked out
+  here once (`plan_at` runs for every never-seen size): which leaves can
+  differ from the padded shapes, the elements of the others, the dtype and
+  order of the size scalars, and which output dims are sizes."""
+  __slots__ = ("plan", "binding", "variant", "out_dims", "places", "fixed", "dims",
+               "size_dtype", "dynamic_leaves", "fixed_elems", "padded_elems", "out_sizes")
 
   def __init__(self, plan: Plan, binding: Any, variant: Any, out_dims: Any,
                places: dict[str, list[tuple[int, int]]], fixed: Any) -> None:
@@ -227,6 +225,18 @@ class Template:
     self.out_dims = out_dims            # per output leaf, its symbolic shape
     self.places = places                # dim -> [(leaf, axis)] where it is the axis size
     self.fixed = fixed                  # [((leaf, axis), size)] of the fixed axes
+    self.dims = tuple(binding.dim_names)  # the order of the program's size arguments
+    self.size_dtype = jc.dim_value_dtype()  # theirs, as when the program was built
+    padded = plan.key.padded_shapes
+    # Leaves without a dimension have their padded shape (`fits`): constant elements.
+    self.dynamic_leaves = tuple(sorted({leaf for ps in places.values() for leaf, _ in ps}))
+    self.fixed_elems = sum(math.prod(p) for i, p in enumerate(padded)
+                           if i not in self.dynamic_leaves)
+    self.padded_elems = sum(math.prod(p) for p in padded)
+    # Per output leaf, each dim as an int, a dimension's name (a bare size) or
+    # its expression; None when no output has a dynamic dim (the plan's own then).
+    sizes = tuple(tuple(_out_size(d) for d in dims) for dims in out_dims)
+    self.out_sizes = sizes if any(type(d) is not int for o in sizes for d in o) else None
 
   @classmethod
   def of(cls, plan: Plan, binding: Any, variant: Any, out_dims: Any) -> Template | None:
@@ -260,12 +270,45 @@ class Template:
     return logical
 
   def fits(self, shapes: Any) -> bool:
-    return all(shapes[i][a] == n for (i, a), n in self.fixed)
+    """Whether the fixed axes of `shapes` are this template's."""
+    for (i, a), n in self.fixed:  # (a plain loop: every never-seen size)
+      if shapes[i][a] != n:
+        return False
+    return True
 
   def plan_at(self, shapes: Any, logical: dict[str, int]) -> Plan:
-    """The plan of this template's program for `shapes` with sizes `logical`."""
-    return self.plan.resized(shapes, logical_values(self.binding, logical),
-                             out_shapes(self.out_dims, logical))
+    """The plan of this template's program for `shapes` (that it `fits`)
+    with sizes `logical`."""
+    plan = self.plan
+    padded = plan.key.padded_shapes
+    pads = []
+    elems = self.fixed_elems
+    for i in self.dynamic_leaves:
+      s = shapes[i]
+      elems += math.prod(s)
+      if s != padded[i]:
+        pads.append((i, padded[i], plan.dtypes[i], tuple([slice(0, n) for n in s])))
+    waste = 1.0 - elems / self.padded_elems if self.padded_elems else 0.0
+    dtype = self.size_dtype
+    values = tuple([np.asarray(logical[v], dtype) for v in self.dims])
+    sizes = self.out_sizes
+    if sizes is None:  # no output has a dynamic dim: the template's shapes
+      return plan.resized(values, plan.out_shapes, tuple(pads), waste, plan.dynamic_outputs)
+    outs = tuple(tuple([d if type(d) is int else logical[d] if type(d) is str
+                        else _dims.evaluate_dim(d, logical) for d in o]) for o in sizes)
+    dynamic = any(o != p for o, p in zip(outs, plan.padded_out, strict=True))
+    return plan.resized(values, outs, tuple(pads), waste, dynamic)
+
+
+def _out_size(d: Any) -> Any:
+  """An output dim for `Template.plan_at`: an int, a dimension's name when it
+  is that size alone, else the expression."""
+  if not jc.is_symbolic_dim(d):
+    return int(d)
+  form = _dims.linear_form(d)
+  if form is not None and form[1] == 0 and len(form[0]) == 1 and set(form[0].values()) == {1}:
+    return next(iter(form[0]))
+  return d
 
 
 class Structure:
