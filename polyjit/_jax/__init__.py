@@ -58,7 +58,8 @@ from .frames import (
     user_line_of as user_line_of)
 from .primitives import (
     all_primitives as all_primitives, bind_params as bind_params, primitive as primitive,
-    required_primitive as required_primitive, size_primitive as size_primitive)
+    required_primitive as required_primitive, size_primitive as size_primitive,
+    uncached_calls as uncached_calls)
 from .calls import (CallNode as CallNode, bind_call as bind_call,
                     set_lowering_order as set_lowering_order)
 from .patches import (

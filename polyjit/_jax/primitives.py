@@ -1,11 +1,16 @@
 """JAX's primitives by name, and polyjit's own size primitives."""
 from __future__ import annotations
 
+import contextlib
 import functools
+import itertools
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any, Callable
 
 from jax._src import ad_util as _ad_util
+from jax._src import config as _config
 from jax._src import core as _core
 from jax._src.interpreters import ad as _ad
 from jax._src.interpreters import batching as _batching
@@ -84,3 +89,49 @@ def size_primitive(name: str, abstract_eval: Callable[..., Any],
 
   _ad.primitive_jvps[prim] = jvp
   return prim
+
+
+# --- traces that replay no cached sub-trace -----------------------------------------
+#
+# JAX caches the jaxpr of a `jax.jit` function (and of custom_vjp/custom_jvp
+# functions) by its avals and `config.trace_context()`, and replays it on the
+# next call at those avals. A replayed jaxpr that creates a data-dependent
+# size repeats that size's name, so two selections would share one size
+# (`_masking/data_dependent.py`). A config state of polyjit's own, included in
+# the trace context, makes every cache miss while its value is one no earlier
+# trace used: `uncached_calls()` gives a fresh value on entry and on each
+# `renew()`.
+
+_epoch_lock = threading.Lock()
+_epoch_state: Any = None
+_epochs = itertools.count(1)   # 0: the default, under which JAX caches as usual
+
+
+def _epoch() -> Any:
+  global _epoch_state
+  with _epoch_lock:
+    if _epoch_state is None:  # registered at first use: a JAX option of polyjit's own
+      from .registry import SIZES, require  # (its probe, at its first use)
+      require(SIZES)
+      _epoch_state = _config.int_state(
+          "polyjit_trace_epoch", 0,
+          "polyjit: a value other than 0 keeps JAX's trace caches from replaying "
+          "a sub-trace traced under another value (data-dependent sizes).",
+          include_in_trace_context=True)
+    return _epoch_state
+
+
+@contextlib.contextmanager
+def uncached_calls() -> Iterator[Callable[[], None]]:
+  """Within the block, no jaxpr JAX cached before it (or before the last call
+  of the `renew` it yields) is replayed: each traced function is traced again."""
+  state = _epoch()
+
+  def renew() -> None:
+    state.set_local(next(_epochs))
+
+  previous = state.swap_local(next(_epochs))
+  try:
+    yield renew
+  finally:
+    state.set_local(previous)

@@ -19,6 +19,7 @@ import jax
 import numpy as np
 from jax import export as _export
 from jax._src import ad_util as _ad_util
+from jax._src import config as _config
 from jax._src import core as _core
 from jax._src import effects as _effects
 from jax._src import source_info_util as _siu
@@ -200,6 +201,30 @@ def _batchers() -> None:
   table = _batching.primitive_batchers
   add = primitive("add")
   assert callable(getattr(table, "__setitem__", None)) and add is not None
+
+
+@internal("config.int_state(include_in_trace_context=), State.swap_local/set_local, "
+          "config.trace_context in jax.jit's trace cache key", SIZES, "read",
+          "a retrace of a function whose jax.jit helpers create data-dependent sizes "
+          "replays no cached sub-trace (`primitives.uncached_calls`)",
+          versions="0.10.2 (the others not yet audited)")
+def _trace_epoch() -> None:
+  assert "include_in_trace_context" in _params(_config.int_state)
+  assert all(hasattr(_config.State, m) for m in ("swap_local", "set_local"))
+  traced: list[int] = []
+
+  @jax.jit
+  def helper(v: Any) -> Any:
+    traced.append(1)
+    return v + 1
+
+  def twice(v: Any) -> Any:  # a state in the trace context: a cache miss
+    helper(v)
+    with _config.numpy_rank_promotion("allow" if _config.numpy_rank_promotion.value == "raise"
+                                      else "raise"):
+      return helper(v)
+  jax.make_jaxpr(twice)(np.float32(1.0))
+  assert len(traced) == 2, traced
 
 
 # --- jaxprs (reads) -----------------------------------------------------------------

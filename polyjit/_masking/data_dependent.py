@@ -19,6 +19,15 @@ machinery:
   bound), and adds both to the `MaskEnv` (`MaskEnv.bind_size`). From there on
   `pj_ddK` is a size like any other: reductions, elementwise ops, gathers,
   sorts, cumulative ops and gradients mask on it with the ordinary rules.
+* **One size per selection.** Names come from a per-trace counter, so a
+  jaxpr JAX replays from its trace cache (a `jax.jit` helper called again at
+  the same avals, here or in another function traced earlier) would repeat a
+  name another selection has, and both would read one count. `trace_own_sizes`
+  checks that each selection's size is this trace's and no other selection's;
+  if not, it traces again with JAX's caches missing from the start and after
+  each new size (`jc.uncached_calls`), so every helper call traces anew. Where
+  that still replays one, a `MaskingError` names the helper: never one size
+  for two selections.
 * **Spellings.** While polyjit traces, boolean-mask indexing (the function
   behind `Array.__getitem__`), `jnp.nonzero`, `flatnonzero`, `argwhere`,
   one-argument `where`, `compress`, `extract` and `unique` (without `size=`)
@@ -58,7 +67,7 @@ import functools
 import re
 import threading
 from collections.abc import Iterator
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -81,24 +90,88 @@ _local = threading.local()
 
 
 class _TraceState:
-  def __init__(self, scope: jc.SymbolicScope):
+  def __init__(self, scope: jc.SymbolicScope, renew: Callable[[], None] | None):
     self.scope = scope
     self.count = 0
+    self.created: set[str] = set()
+    self.renew = renew   # in an uncached trace: JAX's caches miss from here on
 
 
 @contextlib.contextmanager
-def tracing(avals: Sequence[Any]) -> Iterator[None]:
+def tracing(avals: Sequence[Any], *, uncached: bool = False) -> Iterator[None]:
   """Within the block (one symbolic trace), new sizes are created in the
   scope of `avals`' symbolic dims (so that they combine with them) and named
-  pj_dd0, pj_dd1, ... in order, the same in every trace of one function."""
+  pj_dd0, pj_dd1, ... in order, the same in every trace of one function.
+  `uncached`: no jaxpr JAX cached before the block or before the last size
+  was created is replayed (`trace_own_sizes`)."""
   scope = next((jc.dim_scope(d) for a in avals for d in getattr(a, "shape", ())
                 if jc.is_symbolic_dim(d)), None)
   previous = getattr(_local, "state", None)
-  _local.state = _TraceState(scope if scope is not None else jc.SymbolicScope())
-  try:
-    yield
-  finally:
-    _local.state = previous
+  with contextlib.ExitStack() as stack:
+    renew = stack.enter_context(jc.uncached_calls()) if uncached else None
+    _local.state = _TraceState(scope if scope is not None else jc.SymbolicScope(), renew)
+    try:
+      yield
+    finally:
+      _local.state = previous
+
+
+def trace_own_sizes(make: Callable[[], jc.ClosedJaxpr], avals: Sequence[Any], *,
+                    replay: bool = False) -> jc.ClosedJaxpr:
+  """`make()`, a trace of the user's function at `avals` within `tracing()`,
+  where every selection in the jaxpr has a size of its own.
+
+  JAX replays the cached jaxpr of a `jax.jit` (or `eqx.filter_jit`) helper
+  called again at the same avals, in this trace or in another function's;
+  a selection inside it then repeats a size this trace or that one already
+  created, and two selections would read one count. Such a trace is traced
+  again with JAX's caches missing from the start and after each new size
+  (`tracing(uncached=True)`), so each call traces the helper anew and its
+  selection gets the next name. `replay`: a derivative trace, which evaluates
+  an earlier trace's jaxpr (its sizes are that trace's, and a VJP evaluates
+  a selection twice on purpose): nothing to check.
+  """
+  with tracing(avals):
+    closed = make()
+    if replay or not _replayed_sizes(closed.jaxpr):
+      return closed
+  with tracing(avals, uncached=True):
+    closed = make()
+    replayed = _replayed_sizes(closed.jaxpr)
+  if replayed:  # a cache JAX keys without the trace context: refuse, never share
+    raise MaskingError(
+        f"a data-dependent size (boolean indexing, nonzero, unique) created {replayed[0]} "
+        "is shared by two selections: JAX replayed a cached trace of the function "
+        "that creates it, and polyjit could not make JAX trace it again.\nWhat to "
+        "do: call that helper without jax.jit inside the polyjit function (polyjit "
+        "compiles the whole function anyway), or give the selection a fixed bound: "
+        "pj.nonzero(..., size=k) / pj.boolean_mask(..., size=k).")
+  return closed
+
+
+def _replayed_sizes(jaxpr: jc.Jaxpr) -> list[str]:
+  """Where each selection of `jaxpr` sits whose size another selection of
+  it has too (a sub-jaxpr used twice counts twice), or which this trace did
+  not create: 'at file:line (in `helper`)'. Empty when each has its own."""
+  state: _TraceState = _local.state
+  seen: set[str] = set()
+  replayed: list[str] = []
+
+  def visit(j: jc.Jaxpr, call: Any) -> None:
+    for eqn in j.eqns:
+      if eqn.primitive is compact_p:
+        name = size_variable(eqn.params["size"])
+        if name in seen or name not in state.created:
+          where = jc.source_line(eqn)
+          if call is not None:
+            where += f" (in `{call.params.get('name', call.primitive.name)}`, called "
+            where += f"{jc.source_line(call)})"
+          replayed.append(where)
+        seen.add(name)
+      for sub in jc.subjaxprs_in_params(eqn.params):
+        visit(sub, call if call is not None else eqn)
+  visit(jaxpr, None)
+  return replayed
 
 
 def _fresh_dim() -> Any:
@@ -118,6 +191,9 @@ def _fresh_dim() -> Any:
   _scopes.creating_size(state.scope)   # never in a shared scope (`scopes.py`)
   name = f"{PREFIX}{state.count}"
   state.count += 1
+  state.created.add(name)
+  if state.renew is not None:  # a helper called from here on is traced again
+    state.renew()
   return jc.symbolic_shape(name, scope=state.scope)[0] - 1
 
 

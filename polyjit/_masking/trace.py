@@ -139,7 +139,7 @@ def _trace_split_vjp(traced: SymbolicTrace) -> SplitVJP | None:
     return [*outs, *[leaves[k] for k in dynamic]]
 
   try:
-    fwd = trace_flat(fwd_fun, traced.in_avals, traced.dim_names)
+    fwd = trace_flat(fwd_fun, traced.in_avals, traced.dim_names, replay=True)
     tree, leaves, dynamic = box[0]
     res_avals = fwd.out_avals[len(traced.out_avals):]
     n_res = len(res_avals)
@@ -153,7 +153,7 @@ def _trace_split_vjp(traced: SymbolicTrace) -> SplitVJP | None:
 
     ct_avals = [jc.shaped(traced.out_avals[j].shape, traced.out_avals[j].dtype)
                 for j in diff_out]
-    bwd = trace_flat(bwd_fun, [*res_avals, *ct_avals], traced.dim_names)
+    bwd = trace_flat(bwd_fun, [*res_avals, *ct_avals], traced.dim_names, replay=True)
   except Exception:
     return None  # the VJP that replays the forward pass explains the failure
   if jc.replay_unsafe_effects(bwd.jaxpr) or fwd.size_names or bwd.size_names:
@@ -166,10 +166,13 @@ def _inexact(aval: Any) -> bool:
 
 
 def trace_flat(flat_fun: Callable[..., list[Any]], avals: Sequence[Any],
-               dim_names: Sequence[str], out_tree: Any = None) -> SymbolicTrace:
-  """Traces `flat_fun(*leaves) -> list` at symbolic `avals`."""
-  with jc.trace_spellings(), _data_dependent.tracing(avals):
-    closed = jc.make_closed_jaxpr(flat_fun, list(avals))
+               dim_names: Sequence[str], out_tree: Any = None, *,
+               replay: bool = False) -> SymbolicTrace:
+  """Traces `flat_fun(*leaves) -> list` at symbolic `avals` (`replay`: a
+  derivative, which evaluates an earlier trace's jaxpr)."""
+  with jc.trace_spellings():
+    closed = _data_dependent.trace_own_sizes(
+        lambda: jc.make_closed_jaxpr(flat_fun, list(avals)), avals, replay=replay)
   consts = list(closed.consts)
   const_avals = [jc.typeof(c) for c in consts]
   return SymbolicTrace(
@@ -210,7 +213,7 @@ def _trace_jvp(traced: SymbolicTrace) -> SymbolicTrace:
 
   t_avals = [jc.shaped(traced.in_avals[i].shape, traced.in_avals[i].dtype) for i in diff_in]
   try:
-    tangent_map = trace_flat(jvp_fun, [*traced.in_avals, *t_avals], traced.dim_names)
+    tangent_map = trace_flat(jvp_fun, [*traced.in_avals, *t_avals], traced.dim_names, replay=True)
   except MaskingError:
     raise
   except Exception as e:
@@ -250,7 +253,7 @@ def _trace_vjp(traced: SymbolicTrace) -> VJP:
   ct_avals = [jc.shaped(traced.out_avals[j].shape, traced.out_avals[j].dtype)
               for j in diff_out]
   try:
-    vjp_traced = trace_flat(vjp_fun, [*traced.in_avals, *ct_avals], traced.dim_names)
+    vjp_traced = trace_flat(vjp_fun, [*traced.in_avals, *ct_avals], traced.dim_names, replay=True)
   except MaskingError:
     raise
   except Exception as e:
