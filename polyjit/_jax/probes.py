@@ -207,7 +207,7 @@ def _batchers() -> None:
           "config.trace_context in jax.jit's trace cache key", SIZES, "read",
           "a retrace of a function whose jax.jit helpers create data-dependent sizes "
           "replays no cached sub-trace (`primitives.uncached_calls`)",
-          versions="0.10.2 (the others not yet audited)")
+          versions="0.9.2, 0.10.2 (the others not yet audited)")
 def _trace_epoch() -> None:
   assert "include_in_trace_context" in _params(_config.int_state)
   assert all(hasattr(_config.State, m) for m in ("swap_local", "set_local"))
