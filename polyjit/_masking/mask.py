@@ -402,8 +402,7 @@ def _apply_selected(variants: Sequence[_variants.Variant], binding: _spec.Bindin
   env = dict(zip(binding.dim_names, logical, strict=True))
   if len(variants) == 1:
     return _apply_variant(variants[0], padded, leaves, env)
-  for v in variants:
-    _spec.check_constraints(padded, v.scope, what="padded")
+  envs = [_padded_for(padded, v) for v in variants]
   selected = [v.holds_traced(env) for v in variants]
   index = jnp.argmax(jnp.stack(selected)).astype(np.int32)
 
@@ -411,12 +410,77 @@ def _apply_selected(variants: Sequence[_variants.Variant], binding: _spec.Bindin
     def run(leaves: list[Any], env: dict[str, Any]) -> list[Any]:
       guarded = [jnp.where(selected[i], x, jax.lax.stop_gradient(x))
                  if jnp.issubdtype(jnp.result_type(x), jnp.inexact) else x for x in leaves]
-      return _apply_variant(variants[i], padded, guarded, env)
+      if envs[i] is not padded:
+        guarded = [_pad_to(x, _padded_shape(leaf.symbolic_shape, envs[i]))
+                   for x, leaf in zip(guarded, binding.leaves, strict=True)]
+      return _apply_variant(variants[i], envs[i], guarded, env)
     return run
 
-  outs: list[Any] = jax.lax.switch(index, [branch(i) for i in range(len(variants))],
-                                   list(leaves), env)
+  branches = [branch(i) for i in range(len(variants))]
+  if any(e is not padded for e in envs):
+    # Variants padded differently: their outputs, padded to one shape (each
+    # dim the largest; the padding of an output is unspecified anyway).
+    shapes = [[np.shape(o) for o in jax.eval_shape(b, list(leaves), env)] for b in branches]
+    common = [tuple(max(dims) for dims in zip(*per_out, strict=True))
+              for per_out in zip(*shapes, strict=True)]
+
+    def widened(run: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
+      return lambda leaves, env: [_pad_to(o, s) for o, s in zip(run(leaves, env), common,
+                                                                 strict=True)]
+    branches = [widened(b) for b in branches]
+  outs: list[Any] = jax.lax.switch(index, branches, list(leaves), env)
   return outs
+
+
+def _padded_for(padded: dict[str, int], variant: _variants.Variant) -> dict[str, int]:
+  """Padded sizes for running `variant` with traced sizes: the arguments'
+  own where they satisfy its constraints, else one of them raised to the
+  nearest size that does ('n - m <= -1', settled for `min(n, m)`, at n = m =
+  16: m = 17). Raised, never lowered: every logical size up to the arguments'
+  padded ones still fits; the arguments are padded to it."""
+  scope = variant.scope
+  if _spec.violated_constraint(padded, scope) is None:
+    return padded
+  best: dict[str, int] | None = None
+  for var in sorted(padded):
+    size = _raised(padded, var, scope)
+    if size is not None and (best is None or size - padded[var] < best[var] - padded[var]):
+      best = {**padded, var: size}
+  if best is None:
+    _spec.check_constraints(padded, scope, what="padded")   # raises
+  assert best is not None
+  return best
+
+
+def _raised(padded: dict[str, int], var: str, scope: Any) -> int | None:
+  """The smallest size above `padded[var]` (the others kept) that satisfies
+  the constraints, or None (searched up to 4 times the largest padded size)."""
+  def ok(size: int) -> bool:
+    return _spec.violated_constraint({**padded, var: size}, scope) is None
+  base = padded[var]
+  limit = base + 4 * max(max(padded.values()), 1)
+  lo, hi, step = base, base + 1, 1
+  while not ok(hi):   # up by one for 16 sizes, then by doubling steps
+    if hi >= limit:
+      return None
+    lo, step = hi, (step * 2 if hi - base >= 16 else 1)
+    hi = min(hi + step, limit)
+  while hi - lo > 1:  # the smallest in (lo, hi] (linear constraints: an interval)
+    mid = (lo + hi) // 2
+    lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+  return hi
+
+
+def _padded_shape(shape: Sequence[Any], env: dict[str, int]) -> tuple[int, ...]:
+  return tuple(int(_dims.evaluate_dim(d, env)) for d in shape)
+
+
+def _pad_to(x: Any, shape: Sequence[int]) -> Any:
+  """`x` padded with zeros at the end of each axis up to `shape`."""
+  have = np.shape(x)
+  if tuple(have) == tuple(shape):
+    return x
+  return jnp.pad(x, [(0, s - h) for h, s in zip(have, shape, strict=True)])
 
 
 def _apply_variant(variant: _variants.Variant, padded: dict[str, int], leaves: Sequence[Any],

@@ -20,6 +20,11 @@ rules can use it.
   enumerating the sizes the padded arrays allow), and the program selects the
   variant at run time from the traced sizes (`_masking/mask.py`: `lax.switch`, a
   select under `vmap`). A mixed ragged batch is then right in one program.
+  An inequality between sizes (`n >= m`) is answered freely first; only if
+  that trace fails (`x[:min(n, m)] * y[:min(n, m)]` needs JAX to know which is
+  smaller) is it settled as a constraint, both sides traced
+  (`_settle_between_sizes`); such a side runs at padded sizes raised to
+  satisfy it (`mask._padded_for`).
 
 A variant whose trace fails (a side where `fun` raises, like `jax.jit` would
 on those sizes) keeps its error: it is raised for the sizes that select it, or
@@ -379,6 +384,9 @@ def explore(trace: TraceFn, constraints: tuple[str, ...], domain: Domain) -> lis
           stack.append((cons + (side,), settled, other))
       continue
     except Exception as e:
+      if len(cons) - len(constraints) < MAX_GUARDS and _settle_between_sizes(
+          stack, cons, forced, oracle, domain):
+        continue
       _push_flips(stack, cons, forced, oracle, domain)
       variants.append(Variant(cons, oracle.decisions(), error=e, other_side=other_side))
       continue
@@ -387,6 +395,41 @@ def explore(trace: TraceFn, constraints: tuple[str, ...], domain: Domain) -> lis
     _push_flips(stack, cons, forced, oracle, domain)
     variants.append(Variant(cons, oracle.decisions(), traced))
   return variants
+
+
+def _settle_between_sizes(stack: list[_Pending], cons: tuple[str, ...],
+                          forced: dict[tuple[str, str], bool], oracle: _Oracle,
+                          domain: Domain) -> bool:
+  """A trace that failed after an inequality between two or more sizes was
+  answered without JAX knowing it (`min(n, m)`: `x[:min(n, m)] * y[:min(n, m)]`
+  does not type-check unless JAX knows which is smaller): that comparison is
+  settled as a constraint instead, each feasible side traced again ('n - m >= 0'
+  and 'n - m <= -1'; concrete sizes do this at once, `_Oracle`). The answers
+  before it are kept, and the other sides of the free ones before it walked.
+  False: no such comparison (the failure is the variant's error).
+
+  Only after a failure: a comparison whose answer no shape needs (`jnp.sum(a)
+  if n >= m else jnp.sum(b)`) keeps its free answers, and so one padded
+  environment for every side."""
+  asked = oracle.asked
+  at = next((i for i, (d, _, _) in enumerate(asked)
+             if d.kind == "ge" and len(jc.symbolic_vars(d.expr)) >= 2), None)
+  if at is None:
+    return False
+  d = asked[at][0]
+  before = tuple((e, a) for e, a, _ in asked[:at])
+  prefix = {**forced, **{e.key: a for e, a in before}}
+  sides = [c for c in (f"{d.expr} >= 0", f"{d.expr} <= -1")
+           if c not in cons and domain.feasible(before, cons + (c,))]
+  if not sides:
+    return False
+  inner = _Oracle(forced=forced, feasible=oracle.feasible)
+  inner.asked = list(asked[:at])
+  _push_flips(stack, cons, forced, inner, domain)
+  opposite = {f"{d.expr} >= 0": f"{d.expr} <= -1", f"{d.expr} <= -1": f"{d.expr} >= 0"}
+  for side in sides:   # (the tag: the constraint that would exclude this side)
+    stack.append((cons + (side,), dict(prefix), opposite[side]))
+  return True
 
 
 def _push_flips(stack: list[_Pending], cons: tuple[str, ...],
