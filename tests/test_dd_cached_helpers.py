@@ -149,3 +149,24 @@ def test_a_cache_that_cannot_be_missed_refuses(monkeypatch):
   f = lambda x: (jnp.sum(positives(x)), jnp.sum(positives(-x)))
   with pytest.raises(pj.MaskingError, match="(?s)in `positives_helper`.*without jax.jit"):
     pj.mask(f, ["n"])([padded(X)], {"n": 6})
+
+
+def test_a_replayed_selection_that_reaches_plain_jax_is_refused_with_advice():
+  # (review 3) Functions at one exact shape share a jax.jit helper that
+  # selects: an exact program may lower the helper's cached trace as plain
+  # JAX, which cannot run a selection. Each call is exact or says what to do.
+  pos = jax.jit(lambda x: x[x > 0])
+  x = np.array([1., -2., 3., -4., -5., -6.], np.float32)
+  f = lambda v: (jnp.sum(pos(v)), jnp.sum(pos(-v)))
+  g = lambda v: jnp.sum(pos(v)) + jnp.sum(pos(v * 3))
+  refused = 0
+  for fun, want in ((f, (x[x > 0].sum(), (-x)[x < 0].sum())), (g, 4 * x[x > 0].sum()),
+                    (f, (x[x > 0].sum(), (-x)[x < 0].sum()))):
+    try:
+      out = pj.jit(fun)(x)
+    except pj.MaskingError as e:
+      assert "without jax.jit" in str(e) and "size=k" in str(e)
+      refused += 1
+    else:
+      np.testing.assert_allclose(out, want)
+  assert refused < 3  # the first call of a fresh helper always traces exactly

@@ -14,6 +14,7 @@ from jax._src import config as _config
 from jax._src import core as _core
 from jax._src.interpreters import ad as _ad
 from jax._src.interpreters import batching as _batching
+from jax._src.interpreters import mlir as _mlir
 
 from .core import JAX_VERSION, JaxprEqn, Primitive
 
@@ -65,16 +66,24 @@ def bind_params(eqn: JaxprEqn) -> dict[str, Any]:
 # --- data-dependent sizes (issue 14) ------------------------------------------------
 
 def size_primitive(name: str, abstract_eval: Callable[..., Any],
-                   refuse_batching: Callable[[], Exception]) -> Primitive:
+                   refuse_batching: Callable[[], Exception],
+                   refuse_lowering: Callable[[], Exception]) -> Primitive:
   """A primitive whose output shape holds a size computed from its operand's
   data (a fresh symbolic dimension passed as a param). It has no
-  implementation and no lowering: only polyjit's masking interpreter
-  evaluates it, so an equation of it anywhere else fails loudly. Its output is
-  integer, so its derivative is zero. `jax.vmap` inside the traced function
-  would need one size per example: it raises `refuse_batching()`."""
+  implementation: only polyjit's masking interpreter evaluates it, so an
+  equation of it anywhere else fails loudly; reaching a lowering (a jaxpr JAX
+  cached inside a polyjit trace, compiled by plain JAX) raises
+  `refuse_lowering()`. Its output is integer, so its derivative is zero.
+  `jax.vmap` inside the traced function would need one size per example: it
+  raises `refuse_batching()`."""
   prim = Primitive(name)
   # Primitive's methods are unannotated in JAX (a stub gap).
   prim.def_abstract_eval(abstract_eval)  # type: ignore[no-untyped-call, unused-ignore]
+
+  def lower(ctx: Any, *args: Any, **params: Any) -> Any:
+    raise refuse_lowering()
+
+  _mlir.register_lowering(prim, lower)
 
   def batch(*args: Any, **params: Any) -> Any:
     raise refuse_batching()

@@ -303,7 +303,19 @@ def _refuse_batching() -> MaskingError:
       primitive="polyjit_compact")
 
 
-compact_p = jc.size_primitive("polyjit_compact", _compact_abstract, _refuse_batching)
+def _refuse_lowering() -> MaskingError:
+  return MaskingError(
+      "a data-dependent size (boolean indexing, nonzero, unique) made inside a function "
+      "JAX caches (a jax.jit helper) reached a program polyjit does not mask: JAX "
+      "replayed that helper's trace from an earlier polyjit trace (at exact shapes, in "
+      "a lax.scan body, or under jax.grad inside the function).\nWhat to do: call that "
+      "helper without jax.jit inside polyjit functions (polyjit compiles the whole "
+      "function anyway), or give the selection a fixed bound: pj.nonzero(..., size=k) / "
+      "pj.boolean_mask(..., size=k, fill_value=...).", primitive="polyjit_compact")
+
+
+compact_p = jc.size_primitive("polyjit_compact", _compact_abstract, _refuse_batching,
+                              _refuse_lowering)
 
 
 def compact(flat_mask: Any) -> jax.Array:
