@@ -57,9 +57,10 @@ from .frames import (
     static_size_user as static_size_user,
     user_line_of as user_line_of)
 from .primitives import (
-    all_primitives as all_primitives, bind_params as bind_params, primitive as primitive,
-    required_primitive as required_primitive, size_primitive as size_primitive,
-    uncached_calls as uncached_calls)
+    EVAL_JAXPR_IS_THE_CALL as EVAL_JAXPR_IS_THE_CALL, all_primitives as all_primitives, bind_params as bind_params, primitive as primitive,
+    required_primitive as required_primitive, scan_counts as scan_counts,
+    size_primitive as size_primitive, uncached_calls as uncached_calls,
+    with_scan_counts as with_scan_counts)
 from .calls import (CallNode as CallNode, bind_call as bind_call,
                     set_lowering_order as set_lowering_order)
 from .patches import (

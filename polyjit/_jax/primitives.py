@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import itertools
 import sys
 import threading
@@ -144,3 +145,34 @@ def uncached_calls() -> Iterator[Callable[[], None]]:
     yield renew
   finally:
     state.set_local(previous)
+
+
+#: After JAX 0.11.0 `closed_call` and `call` are one primitive, `eval_jaxpr`.
+EVAL_JAXPR_IS_THE_CALL = getattr(getattr(_core, "closed_call_p", None), "name", None) == "eval_jaxpr"
+
+
+# --- scan's operand groups ----------------------------------------------------------
+#
+# JAX up to 0.11.0 names a scan's operand groups in its params (`num_consts`,
+# `num_carry`); later JAX packs them into `ft_in`, a FlatTree of (consts,
+# carry, xs) (`jax._src.flattree`). The masking rule reads and rewrites them here.
+
+def scan_counts(params: dict[str, Any]) -> tuple[int, int]:
+  """(number of consts, number of carries) of a scan equation's params."""
+  ft_in = params.get("ft_in")
+  if ft_in is None:
+    return int(params["num_consts"]), int(params["num_carry"])
+  consts, carry, _ = ft_in.unpack()
+  return len(consts), len(carry)
+
+
+def with_scan_counts(params: dict[str, Any], num_consts: int, num_carry: int,
+                     num_xs: int) -> dict[str, Any]:
+  """`params` (without `jaxpr` and `length`) for a scan with these operand groups."""
+  new = dict(params)
+  if "ft_in" in new:
+    _ft = importlib.import_module("jax._src.flattree")  # (JAX after 0.11.0 only)
+    new["ft_in"] = _ft.pack((_ft.nones(num_consts), _ft.nones(num_carry), _ft.nones(num_xs)))
+  else:
+    new["num_consts"], new["num_carry"] = num_consts, num_carry
+  return new

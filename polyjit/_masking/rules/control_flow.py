@@ -1,6 +1,6 @@
 """Control flow: recurse into sub-jaxprs with the same sizes.
 
-Call-like primitives (`jit`, `closed_call`, `custom_jvp_call`,
+Call-like primitives (`jit`, `closed_call` or `eval_jaxpr`, `custom_jvp_call`,
 `custom_vjp_call`) are evaluated inline: the masked program is one program
 anyway, and the custom derivative rules they carry are not needed here,
 because gradients of a masked function come from masking `fun`'s own VJP
@@ -33,12 +33,17 @@ def _jit(ctx: RuleContext, *args: Any, jaxpr: Any, name: Any=None, **_: Any) -> 
     return ctx.eval_jaxpr(jaxpr, *args)
 
 
-@register("closed_call", "custom_jvp_call", "custom_vjp_call")
+# After JAX 0.11.0 `closed_call` and `call` are one primitive, `eval_jaxpr`,
+# with a closed `call_jaxpr` (an older `eval_jaxpr`, with a `jaxpr` param, is
+# staged out as `closed_call` and never reaches a jaxpr: it gets no rule).
+@register(*(("eval_jaxpr",) if jc.EVAL_JAXPR_IS_THE_CALL else ()))
+@register("custom_jvp_call", "custom_vjp_call")
+@register("closed_call", optional=True)
 def _call(ctx: RuleContext, *args: Any, call_jaxpr: Any, **_: Any) -> list[Any]:
   return ctx.eval_jaxpr(call_jaxpr, *args)
 
 
-@register("call")
+@register("call", optional=True)
 def _open_call(ctx: RuleContext, *args: Any, call_jaxpr: Any, **_: Any) -> list[Any]:
   return eval_jaxpr_masked(call_jaxpr, (), args, ctx.env)
 
@@ -74,8 +79,8 @@ def _while(ctx: RuleContext, *args: Any, cond_jaxpr: Any, body_jaxpr: Any, cond_
 
 
 @register("scan")
-def _scan(ctx: RuleContext, *args: Any, jaxpr: Any, length: Any, num_consts: Any, num_carry: Any,
-          **params: Any) -> list[Any]:
+def _scan(ctx: RuleContext, *args: Any, jaxpr: Any, length: Any, **params: Any) -> list[Any]:
+  num_consts, num_carry = jc.scan_counts(params)
   dynamic_length = jc.is_symbolic_dim(length)
   body = _masked_scan_body(ctx, jaxpr, num_consts, num_carry, length)
   logical = ctx.logical_operands()
@@ -88,9 +93,9 @@ def _scan(ctx: RuleContext, *args: Any, jaxpr: Any, length: Any, num_consts: Any
     linear = params["linear"]
     params["linear"] = ((False,) * k + tuple(linear[:num_consts + num_carry])
                         + (False,) * len(steps) + tuple(linear[num_consts + num_carry:]))
+  params = jc.with_scan_counts(params, num_consts + k, num_carry, len(steps) + len(xs))
   return ctx.bind(*logical, *consts, *carry, *steps, *xs,
-                  jaxpr=body, length=padded_length, num_consts=num_consts + k,
-                  num_carry=num_carry, **params)
+                  jaxpr=body, length=padded_length, **params)
 
 
 def _masked_scan_body(ctx: RuleContext, closed: Any, num_consts: Any, num_carry: Any,

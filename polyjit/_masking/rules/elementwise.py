@@ -35,5 +35,6 @@ ELEMENTWISE = UNARY + BINARY + NARY
 
 
 @register(*ELEMENTWISE)
+@register("one_minus_square", optional=True)  # (1 - x**2: tanh's derivative, JAX after 0.11.0)
 def _elementwise(ctx: RuleContext, *args: Any, **params: Any) -> list[Any]:
   return ctx.bind(*args, **params)
