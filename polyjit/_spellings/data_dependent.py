@@ -7,6 +7,9 @@ function behind `Array.__getitem__`), `jnp.nonzero`, `flatnonzero`,
 with the one primitive of `_masking/data_dependent.py`, `compact`, and public
 jnp/lax ops. Given `size=`, a concrete operand, or arguments they do not handle,
 they call JAX's own function, so nothing changes where JAX already works.
+Basic slices with a step (`y[::2]`, `y[::-1]`) of an axis whose size is
+data-dependent go through `_strided_slices`, so that an empty selection gives
+NumPy's empty result rather than failing JAX's `size >= 1` gather check.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import numpy as np
 from jax import lax
 
 from .. import _jax as jc
-from .._masking.data_dependent import compact, in_trace, provably_equal, tracing_now
+from .._masking.data_dependent import (compact, in_trace, mentions_size, provably_equal,
+                                       tracing_now)
 from .._masking.errors import MaskingError
 
 def boolean_select(arr: Any, mask: Any, axis: int = 0) -> jax.Array:
@@ -69,8 +73,81 @@ def _bool_mask_index(idx: Any) -> Any:
 def getitem(original: Callable[..., Any], arr: Any, idx: Any, **kwargs: Any) -> Any:
   mask = _bool_mask_index(idx) if tracing_now() else None
   if mask is None:
+    if tracing_now() and not kwargs:
+      arr, idx = _strided_slices(arr, idx)
     return original(arr, idx, **kwargs)
   return boolean_select(arr, mask, 0)
+
+
+def _int_or_none(v: Any) -> bool:
+  return v is None or (isinstance(v, (int, np.integer)) and not isinstance(v, bool))
+
+
+def _clamp(i: int, d: Any) -> Any:
+  """A slice bound `i` (step > 0) as an index in [0, d], as `slice.indices`."""
+  return jc.min_dim(d, i) if i >= 0 else jc.max_dim(0, d + i)
+
+
+def _strided_slices(arr: Any, idx: Any) -> tuple[Any, Any]:
+  """`arr[idx]` for a basic index (slices, ints, None, Ellipsis) whose slices
+  with a step other than 1 on an axis of data-dependent size are done here
+  (`lax.rev` and a gather, below); returns the array and the index that
+  remains (those slices replaced by `:`, for JAX's own indexing).
+
+  JAX spells such a slice at a symbolic size as a gather of slice size 1,
+  whose shape rule asks `size >= 1`; a selection may be empty, where NumPy
+  gives an empty result, so that question would become a check failing at
+  run time. Here the same gather (`start + step * iota(count)`, every index
+  in bounds, none where the count is 0) reads the axis padded with one entry,
+  a size provably >= 1. (A strided `lax.slice` would need no padding, but its
+  transpose pads to a size JAX cannot prove equal to the operand's when the
+  count may be 0.) A negative step is a positive one on the reversed axis:
+  `x[a:b:-s] == x[::-1][~a:~b:s]` (`~None` is None). Anything else (array or
+  traced entries, symbolic bounds) is left to JAX.
+  """
+  entries = idx if isinstance(idx, tuple) else (idx,)
+  if not any(isinstance(e, slice) and e.step not in (None, 1) for e in entries):
+    return arr, idx
+  if not all(e is None or e is Ellipsis or isinstance(e, slice) or
+             (isinstance(e, (int, np.integer)) and not isinstance(e, bool)) for e in entries):
+    return arr, idx
+  if any(isinstance(e, slice) and not all(map(_int_or_none, (e.start, e.stop, e.step)))
+         for e in entries):
+    return arr, idx
+  ndim = np.ndim(arr)
+  consumed = sum(1 for e in entries if e is not None and e is not Ellipsis)
+  if sum(1 for e in entries if e is Ellipsis) > 1 or consumed > ndim:
+    return arr, idx   # JAX's error
+  shape = np.shape(arr)
+  axis, rest, changed = 0, [], False
+  for e in entries:
+    if e is Ellipsis:
+      axis += ndim - consumed
+    elif e is not None:
+      if (isinstance(e, slice) and e.step not in (None, 1) and e.step != 0
+          and mentions_size(shape[axis])):
+        if not changed:
+          arr, changed = jnp.asarray(arr), True
+        start, stop, step = e.start, e.stop, int(e.step)
+        if step < 0:
+          arr = lax.rev(arr, (axis,))
+          start, stop, step = (None if start is None else ~start,
+                               None if stop is None else ~stop, -step)
+        d = arr.shape[axis]
+        lo = 0 if start is None else _clamp(int(start), d)
+        hi = d if stop is None else _clamp(int(stop), d)
+        size = (jc.max_dim(lo, hi) - lo + step - 1) // step
+        index = lo + step * lax.iota(jc.dim_value_dtype(), size)
+        pad = [(0, 0, 0)] * arr.ndim
+        pad[axis] = (0, 1, 0)   # one entry more: the gather's operand is never empty
+        arr = jnp.take(lax.pad(arr, jnp.zeros((), arr.dtype), pad), index, axis=axis,
+                       mode="clip")
+        e = slice(None)
+      axis += 1
+    rest.append(e)
+  if not changed:
+    return arr, idx
+  return arr, tuple(rest) if isinstance(idx, tuple) else rest[0]
 
 
 def nonzero_indices(a: Any) -> tuple[jax.Array, ...]:
