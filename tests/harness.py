@@ -309,3 +309,16 @@ def _check_jvp(case: Case, masked, unpadded, padded, sizes, rng):
     what = f"{case.name} jvp sizes={sizes} output {k}"
     np.testing.assert_allclose(valid(t, s), e, rtol=max(case.rtol, 1e-4),
                                atol=max(case.atol, 1e-4), equal_nan=True, err_msg=what)
+
+
+def nan_padded(x, padded):
+  """`x` with its leading axis padded to `padded` with NaN (the padding must not matter)."""
+  out = np.full((padded,) + x.shape[1:], np.nan, x.dtype)
+  out[:x.shape[0]] = x
+  return out
+
+
+def unpad_outputs(outs, shapes):
+  """Masked outputs cut to the logical `shapes` that came with them (a pytree of both)."""
+  return jax.tree.map(lambda o, s: np.asarray(o)[tuple(slice(0, int(d)) for d in s)],
+                      outs, shapes)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import polyjit as pj
+from harness import nan_padded, unpad_outputs
 from polyjit._spellings import data_dependent as _data_dependent
 from polyjit import _jax as jc
 
@@ -75,17 +76,6 @@ def _close(got, want):
     np.testing.assert_allclose(g, w, rtol=1e-6)
 
 
-def _padded(x, padded):
-  out = np.full((padded,) + x.shape[1:], np.nan, x.dtype)
-  out[:x.shape[0]] = x
-  return out
-
-
-def _unpad(outs, shapes):
-  return jax.tree.map(lambda o, s: np.asarray(o)[tuple(slice(0, int(d)) for d in s)],
-                      outs, shapes)
-
-
 def _rows_of_rank(rank, xp):
   """Every row of that rank, as one function (one program for all of them)."""
   return lambda x: {name: fun(xp, x) for name, (fun, r) in ROWS.items() if r == rank}
@@ -112,7 +102,7 @@ def test_rows_under_jit_and_mask(rank):
         x = _data(n, count, rank)
         want = _reference(_rows_of_rank(rank, np), x)
         _close_rows(jitted(x), want)
-        _close_rows(_unpad(*run_masked(_padded(x, 8), n)), want)
+        _close_rows(unpad_outputs(*run_masked(nan_padded(x, 8), n)), want)
   # pj.jit: the exact first call and bucket 16; pj.mask: one program. The
   # counts never enter a program's key.
   assert len(compiles) == 3, compiles
@@ -140,7 +130,7 @@ def test_gradients():
   np.testing.assert_allclose(pj.jit(jax.grad(loss))(x), _grad_reference(x))
   # The gradient of pj.mask, NaN padding: zeros in the padding, exact in the data.
   masked = pj.mask(loss, ["n"])
-  g = jax.jit(jax.grad(lambda x, n: masked([x], {"n": n})[0]))(_padded(x, 8), 6)
+  g = jax.jit(jax.grad(lambda x, n: masked([x], {"n": n})[0]))(nan_padded(x, 8), 6)
   np.testing.assert_allclose(np.asarray(g)[:6], _grad_reference(x))
   assert np.all(np.asarray(g)[6:] == 0)
   # Through pj.vmap over a Ragged (per-example counts differ).
@@ -159,9 +149,9 @@ def test_empty_reduction_without_identity_raises():
     f(_data(6, 0, 1))
   masked = pj.mask(lambda x: jnp.argmin(x[x > 0]), ["n"])
   with pytest.raises(ValueError, match="zero-size array"):
-    masked([_padded(_data(5, 0, 1), 8)], {"n": 5})
+    masked([nan_padded(_data(5, 0, 1), 8)], {"n": 5})
   out, _ = jax.jit(lambda x, n: pj.mask(lambda x: jnp.min(x[x > 0]), ["n"])([x], {"n": n}))(
-      _padded(_data(5, 0, 1), 8), 5)
+      nan_padded(_data(5, 0, 1), 8), 5)
   assert np.isnan(out)  # traced sizes cannot raise: NaN, never a number
   # Reading an element of an empty selection: NumPy's IndexError; slicing: empty.
   first = pj.jit(lambda x: (x[x > 0][0], x[x > 0][1:]))
@@ -222,7 +212,7 @@ def test_unsupported_forms_raise_clear_errors():
   masked = pj.mask(lambda x: jax.lax.dynamic_slice(x[x > 0], (jnp.int32(1),), (2,)), ["n"])
   for padded in (8, 60_000):
     with pytest.raises(pj.MaskingError, match="slice_sizes"):
-      jax.jit(lambda x, n: masked([x], {"n": n}))(_padded(_data(5, 3, 1), padded), 5)
+      jax.jit(lambda x, n: masked([x], {"n": n}))(nan_padded(_data(5, 3, 1), padded), 5)
 
 
 # --- the JAX functions polyjit intercepts ---------------------------------------------

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import polyjit as pj
+from harness import nan_padded, unpad_outputs
 
 
 def _rows(xp, x):
@@ -61,17 +62,6 @@ def _data(n, count, rank=1, seed=0):
   return mag * sign
 
 
-def _padded(x, padded):
-  out = np.full((padded,) + x.shape[1:], np.nan, x.dtype)
-  out[:x.shape[0]] = x
-  return out
-
-
-def _unpad(outs, shapes):
-  return jax.tree.map(lambda o, s: np.asarray(o)[tuple(slice(0, int(d)) for d in s)],
-                      outs, shapes)
-
-
 def _close(got, want):
   assert got.keys() == want.keys()
   for name in want:
@@ -97,8 +87,8 @@ def test_strided_slices_of_selections(rows, rank):
     want = rows(np, x)
     _close(auto(x), want)
     _close(poly(x), want)
-    _close(_unpad(*masked([_padded(x, 8)], {"n": n})), want)
-    _close(_unpad(*traced(_padded(x, 8), n)), want)
+    _close(unpad_outputs(*masked([nan_padded(x, 8)], {"n": n})), want)
+    _close(unpad_outputs(*traced(nan_padded(x, 8), n)), want)
 
 
 def test_every_bound_and_step_matches_numpy():
@@ -128,7 +118,7 @@ def test_gradient_through_a_strided_selection():
   for n, count in CASES:
     x = _data(n, count)
     np.testing.assert_allclose(grad(x), reference(x))
-    g = np.asarray(masked_grad(_padded(x, 8), n))
+    g = np.asarray(masked_grad(nan_padded(x, 8), n))
     np.testing.assert_allclose(g[:n], reference(x))
     assert np.all(g[n:] == 0)
 
@@ -160,5 +150,5 @@ def test_what_numpy_refuses_still_raises():
     pj.jit(lambda x: x[x > 0][::-1][-1])(x_empty)
   # Under traced sizes nothing can raise: NaN, as for jnp.min of a selection.
   masked = pj.mask(lambda x: jnp.max(x[x > 0][::2]), ["n"])
-  out, _ = jax.jit(lambda x, n: masked([x], {"n": n}))(_padded(x_empty, 8), 6)
+  out, _ = jax.jit(lambda x, n: masked([x], {"n": n}))(nan_padded(x_empty, 8), 6)
   assert np.isnan(out)
