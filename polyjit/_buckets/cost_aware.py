@@ -161,11 +161,6 @@ class Account:
     self.future: concurrent.futures.Future[Any] | None = None
     self.start = start          # start(waste, compile_estimate) -> Future
 
-  def add(self, seconds: float) -> None:
-    """A call ran elsewhere and wasted `seconds`; compile once it adds up."""
-    self.waste += seconds
-    self.settle()
-
   def settle(self) -> None:
     """Compiles the bucket once the waste has paid its price (and no other
     compile of this rental is running)."""

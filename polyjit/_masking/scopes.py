@@ -31,9 +31,9 @@ scope.**
 * Derivatives of a trace made in a shared scope (`SymbolicTrace.jvp/vjp`) run
   user code again only in custom_jvp/custom_vjp rules; they are traced under
   `refusing_questions()`, which raises MaskingError for a size question asked
-  (or a data-dependent size made) there (outside polyjit's traces JAX would answer `==` False for sizes it
-  cannot prove equal: a silent answer for one side), so those traces cannot
-  leave an answer in the shared caches either.
+  (or a data-dependent size made) there (outside polyjit's traces JAX would
+  answer `==` False for sizes it cannot prove equal: a silent answer for one
+  side), so those traces cannot leave an answer in the shared caches either.
 """
 
 from __future__ import annotations

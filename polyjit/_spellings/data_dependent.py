@@ -79,8 +79,12 @@ def getitem(original: Callable[..., Any], arr: Any, idx: Any, **kwargs: Any) -> 
   return boolean_select(arr, mask, 0)
 
 
+def _is_int(v: Any) -> bool:
+  return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
 def _int_or_none(v: Any) -> bool:
-  return v is None or (isinstance(v, (int, np.integer)) and not isinstance(v, bool))
+  return v is None or _is_int(v)
 
 
 def _clamp(i: int, d: Any) -> Any:
@@ -108,8 +112,7 @@ def _strided_slices(arr: Any, idx: Any) -> tuple[Any, Any]:
   entries = idx if isinstance(idx, tuple) else (idx,)
   if not any(isinstance(e, slice) and e.step not in (None, 1) for e in entries):
     return arr, idx
-  if not all(e is None or e is Ellipsis or isinstance(e, slice) or
-             (isinstance(e, (int, np.integer)) and not isinstance(e, bool)) for e in entries):
+  if not all(e is None or e is Ellipsis or isinstance(e, slice) or _is_int(e) for e in entries):
     return arr, idx
   if any(isinstance(e, slice) and not all(map(_int_or_none, (e.start, e.stop, e.step)))
          for e in entries):
