@@ -34,7 +34,7 @@ compiles), are cached by JAX's cache if and only if the user turned it on.
 Bucket memory: the buckets a traced program converged to are kept in
 `buckets/<hash>.json`, keyed by a hash of the traced jaxpr, its specs, the
 JAX version and the platform (never a function name), so a second run of the
-same program starts in those buckets (`_policy.Rental.remember`) and a
+same program starts in those buckets (`_buckets.cost_aware.Rental.remember`) and a
 remembered bucket costs a load, not a compile, in the cost-aware policy.
 A remembered bucket is a hint from a file: entries that are not positive
 integers below `MAX_REMEMBERED_SIZE` are dropped here, and the policy uses one

@@ -7,7 +7,7 @@ by JAX when a size they depend on is symbolic; `jnp.nonzero`, `jnp.where`,
 `_spellings/replacements.py` and `_masking/data_dependent.py` have exact replacements, registered
 *keyed by the JAX function object they replace* (`register_spellings({
 jnp.searchsorted: searchsorted, ...})`). `trace_spellings()` puts them in
-place for the duration of polyjit's symbolic trace (`_mask.trace_flat`) at
+place for the duration of polyjit's symbolic trace (`_masking.trace.trace_flat`) at
 the module attributes `SWAP_SITES`: the public names, plus the module globals
 through which JAX's own functions reach them (`Array.searchsorted` and
 `jnp.digitize` call `lax_numpy.searchsorted`). Each site must hold one of the
