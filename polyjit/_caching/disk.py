@@ -311,7 +311,7 @@ def load_or_compile(lowered: Any, name: str, keep: bool) -> Any:
   cache: DiskCache | None = _state["programs"]
   # (a device chosen with `jax_default_device` may be on another backend than
   # the one a load would put the program on: such programs are not kept)
-  if cache is None or not keep or cache.failed or jax.config.jax_default_device is not None:
+  if cache is None or not keep or cache.failed or jc.default_device_chosen():
     return lowered.compile()
   entry = _entry_name(name, jc.program_key(lowered))
   data = cache.get(entry)

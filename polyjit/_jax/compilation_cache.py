@@ -31,6 +31,7 @@ from jax.experimental import serialize_executable as _serialize
 #: Environment variables that change what XLA compiles.
 _XLA_ENV = ("XLA_FLAGS", "LIBTPU_INIT_ARGS", "TPU_ACCELERATOR_TYPE")
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_JAXLIB_VERSION = str(getattr(jaxlib, "__version__", ""))  # (not in jaxlib's stubs)
 
 
 def _require() -> None:
@@ -51,11 +52,17 @@ def config_values() -> dict[str, str]:
   return out
 
 
+def default_device_chosen() -> bool:
+  """Whether `jax_default_device` names a device (a program compiled for it may
+  live on another backend than the one a load would put it on)."""
+  return getattr(jax.config, "jax_default_device", None) is not None
+
+
 def program_key(lowered: Any) -> str:
   """The hash under which the program `lowered` compiles to is stored."""
   _require()
   devices = jax.devices()
-  parts = [lowered.as_text(), jax.__version__, jaxlib.__version__,
+  parts = [lowered.as_text(), jax.__version__, _JAXLIB_VERSION,
            devices[0].platform, devices[0].client.platform_version,
            ",".join(sorted({d.device_kind for d in devices})), str(len(devices))]
   parts += [f"{k}={os.environ.get(k, '')}" for k in _XLA_ENV]
