@@ -115,3 +115,33 @@ def test_a_sane_remembered_bucket_is_still_used(bucket_memory):
   for n in (30, 200, 40):  # another order: the buckets the first run converged to
     again(np.ones(n, np.float32))
   assert _padded_sizes(again) <= _padded_sizes(first)
+
+
+# --- programs compiled and loaded in threads -------------------------------------------
+
+def test_programs_compiled_in_threads_are_kept_and_loaded_in_threads(tmp_path, monkeypatch):
+  import jax
+  monkeypatch.setitem(_disk_cache._state, "decided", True)
+  monkeypatch.setitem(_disk_cache._state, "disabled", False)
+  monkeypatch.setitem(_disk_cache._state, "dir", str(tmp_path))
+  monkeypatch.setitem(_disk_cache._state, "programs",
+                      _disk_cache.DiskCache(str(tmp_path / "xla"), 1 << 30))
+  (tmp_path / "buckets").mkdir()
+  example = jax.ShapeDtypeStruct((10,), jnp.float32)
+  sizes = {"n": [16, 32, 64, 128, 256, 512]}
+
+  def build():
+    f = pj.jit(lambda x: jnp.cumsum(x) * 2.0, polymorphic_shapes=["n"],
+               buckets=pj.buckets.PowersOfTwo())
+    with pj.diagnostics.count_compiles() as log:
+      f.precompile(example, sizes=sizes, progress=False)  # in the compile pool's threads
+    return f, log
+
+  first, cold = build()
+  assert len(cold) == len(sizes["n"]) and not cold.cache_loads
+  assert len(os.listdir(tmp_path / "xla")) == len(sizes["n"])
+  again, warm = build()
+  assert len(warm) == 0 and len(warm.cache_loads) == len(sizes["n"])
+  for n in (5, 100, 300):
+    data = np.arange(n, dtype=np.float32)
+    np.testing.assert_allclose(again(data), np.cumsum(data) * 2.0, rtol=1e-6)
