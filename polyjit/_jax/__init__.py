@@ -11,6 +11,8 @@ polyjit imports this package as `jc` and uses the names re-exported here.
 This subpackage imports nothing of polyjit's outside it.
 
 Modules (dependencies point up the list):
+  registry    one row per JAX internal polyjit relies on, with its probe (imports
+              nothing); `JaxBoundaryError`
   core        JAX's version, jaxpr data structures, the call path, jaxpr helpers
   dims        symbolic dimension accessors (`jax.export`'s `_DimExpr`)
   frames      source locations; which frames are the user's
@@ -21,8 +23,7 @@ Modules (dependencies point up the list):
   messages    parsers of JAX's texts (cache misses, compile events, errors)
   swaps       JAX functions replaced for the duration of a symbolic trace
   compilation_cache  polyjit's programs as bytes: their key, serialization and load
-  registry    one row per JAX internal polyjit relies on, with its probe
-  probes      the probes of those rows (run once, before use)
+  probes      the probes of the registry's rows (run once, before use)
 
 Tested against JAX 0.10.2 (full suite), 0.11.2 once, and 0.9.2 in part (see
 `core` for the version differences, docs/jax-boundary.md for the audit).

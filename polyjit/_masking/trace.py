@@ -11,9 +11,10 @@ one `polyjit_masked_call` equation (`calls.py`); `mask.py` builds the user
 facing `pj.mask` on top. This module knows nothing of either.
 
 The replacements `jc.trace_spellings()` puts in place are registered by
-`polyjit._spellings`, which builds on this package (so it cannot be imported at
-the top of this module): `trace_flat` imports it itself before the first trace,
-so a trace never runs without them, whatever imported polyjit's modules first.
+`polyjit._spellings`, which builds on this package (so nothing here imports
+it): `polyjit/__init__.py` imports it first, by name, and `trace_spellings`
+refuses to trace (a `LookupError` saying so) when it has not been imported,
+rather than tracing without them.
 """
 
 from __future__ import annotations
@@ -170,24 +171,11 @@ def _inexact(aval: Any) -> bool:
   return jnp.issubdtype(aval.dtype, jnp.inexact)
 
 
-_spellings_registered = False
-
-
-def _require_spellings() -> None:
-  """Registers the exact replacements of JAX spellings (once): importing
-  `polyjit._spellings` registers them (see the module docstring)."""
-  global _spellings_registered
-  if not _spellings_registered:
-    import polyjit._spellings  # noqa: F401  (its import registers the replacements)
-    _spellings_registered = True
-
-
 def trace_flat(flat_fun: Callable[..., list[Any]], avals: Sequence[Any],
                dim_names: Sequence[str], out_tree: Any = None, *,
                replay: bool = False) -> SymbolicTrace:
   """Traces `flat_fun(*leaves) -> list` at symbolic `avals` (`replay`: a
   derivative, which evaluates an earlier trace's jaxpr)."""
-  _require_spellings()
   with jc.trace_spellings():
     closed = _data_dependent.trace_own_sizes(
         lambda: jc.make_closed_jaxpr(flat_fun, list(avals)), avals, replay=replay)
