@@ -36,7 +36,7 @@ class Compiler:
 
   def __init__(self, name: str, label: str, args: ArgLayout, stats: Stats, cache: ExecutableCache,
                *, out_shardings: Any = None, background: bool = False) -> None:
-    self.name = name            # the programs' name for JAX (and the persistent cache's key)
+    self.name = name            # the programs' name for JAX (and in their on-disk entries' names)
     self.label = label          # the function, in messages: "pj.jit(f)"
     self.cache = cache
     self.background = background
