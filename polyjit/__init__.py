@@ -5,6 +5,10 @@ returns the exact unpadded result, with logical sizes as runtime values.
 See docs/DESIGN.md for the approach and the invariant.
 """
 
+# First, by name: importing `_spellings` registers the exact replacements of JAX
+# spellings that every symbolic trace (`_masking.trace`) needs; `_masking` cannot
+# import it (it builds on `_masking`), and a trace refuses to run without them.
+from . import _spellings  # noqa: F401
 from . import buckets, diagnostics
 from ._caching.executables import disable_persistent_cache, enable_persistent_cache
 from ._masking.errors import (CacheWarning, CompileLimitError, FallbackWarning, MaskingError,

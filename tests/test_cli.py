@@ -31,3 +31,17 @@ def test_the_demo_plot_starts_its_axes_at_zero_and_writes_the_speedup():
       assert [t.get_text() for t in ax.texts] == ["pj.jit: 3.0x faster than jax.jit"]
   finally:
     plt.close(fig)
+
+
+def test_the_demo_says_which_programs_were_loaded_from_disk_not_compiled():
+  from polyjit._caching.compiles import CompileEvent, CompileLog
+  loaded = CompileLog()
+  loaded.append(CompileEvent("jit_f", 0.0, 0.0))
+  loaded.cache_loads += [CompileEvent("jit_f", 0.0, 0.0)] * 2
+  results = {"seed log-likelihood": {
+      "calls": 3, "shapes": 3, "max_diff": 0.0, "polyjit_name": "pj.jit",
+      "jax.jit": (np.array([2.0, 4.0, 6.0]), CompileLog()), "polyjit": (np.array([1.0, 1.1, 1.2]), loaded)}}
+  text = _demo.table(results)
+  row = text.splitlines()[3].split()
+  assert row[:6] == ["pj.jit", "3", "3", "1", "2", "0.00"], row
+  assert "2 program(s) loaded from disk" in text

@@ -18,16 +18,17 @@ WORKER = os.path.join(os.path.dirname(__file__), "disk_cache_worker.py")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def env_for(cache_dir) -> dict[str, str]:
+def env_for(cache_dir, extra=None) -> dict[str, str]:
   env = {k: v for k, v in os.environ.items() if k != "POLYJIT_NO_CACHE"}
   env["POLYJIT_CACHE_DIR"] = str(cache_dir)
+  env.update(extra or {})
   env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
   return env
 
 
-def start(cache_dir, body, sizes):
+def start(cache_dir, body, sizes, extra=None):
   return subprocess.Popen([sys.executable, WORKER, body, ",".join(map(str, sizes))],
-                          env=env_for(cache_dir), stdout=subprocess.PIPE,
+                          env=env_for(cache_dir, extra), stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True)
 
 
@@ -39,8 +40,8 @@ def finish(proc) -> dict:
   return report
 
 
-def run(cache_dir, body, sizes) -> dict:
-  return finish(start(cache_dir, body, sizes))
+def run(cache_dir, body, sizes, extra=None) -> dict:
+  return finish(start(cache_dir, body, sizes, extra))
 
 
 SIZES = [40, 17, 33, 90, 41, 200, 5, 64]
@@ -61,11 +62,20 @@ def test_a_second_process_compiles_nothing_for_sizes_the_first_run_saw(tmp_path)
   assert os.listdir(tmp_path / "buckets")
 
 
-def test_pj_vmap_programs_are_kept_too(tmp_path):
+def test_pj_vmap_programs_are_left_to_jaxs_own_cache(tmp_path):
+  # pj.vmap's programs are compiled by the user's jax.jit: polyjit keeps none of them
   first = run(tmp_path, "ragged", SIZES)
   assert first["compiles"] > 0 and first["loads"] == 0
   second = run(tmp_path, "ragged", SIZES)
-  assert second["compiles"] == 0 and second["loads"] > 0
+  assert second["compiles"] == first["compiles"] and second["loads"] == 0
+  assert not (tmp_path / "xla").exists() or not os.listdir(tmp_path / "xla")
+  # ... and JAX's own cache, configured by the user, keeps them warm
+  jax_env = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax"),
+             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+             "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+  run(tmp_path, "ragged", SIZES, extra=jax_env)
+  warm = run(tmp_path, "ragged", SIZES, extra=jax_env)
+  assert warm["compiles"] == 0 and warm["loads"] > 0
 
 
 def test_a_changed_function_body_gets_a_new_program(tmp_path):
@@ -114,7 +124,8 @@ def test_a_write_that_fails_later_warns_once_and_turns_the_cache_off(tmp_path):
 
 
 def test_the_size_bound_evicts_least_recently_used_entries(tmp_path):
-  cache = _disk_cache.DiskCache(str(tmp_path), max_bytes=250)
+  header = len(_disk_cache.MAGIC) + 32  # each entry: a header, then its 100 bytes
+  cache = _disk_cache.DiskCache(str(tmp_path), max_bytes=250 + 2 * header)
   for i, key in enumerate("abc"):
     cache.put(key, bytes([i]) * 100)
     os.utime(tmp_path / f"{key}-cache", ns=(i * 10**9, i * 10**9))
@@ -125,7 +136,17 @@ def test_the_size_bound_evicts_least_recently_used_entries(tmp_path):
   cache.put("d", b"d" * 100)
   assert sorted(os.listdir(tmp_path)) == ["b-cache", "d-cache"]
   assert cache.get("b") == b"\x01" * 100 and cache.get("c") is None
-  assert sum(os.path.getsize(tmp_path / n) for n in os.listdir(tmp_path)) <= 250
+  assert sum(os.path.getsize(tmp_path / n) for n in os.listdir(tmp_path)) <= 250 + 2 * header
+
+
+def test_a_damaged_entry_is_a_miss_and_is_deleted(tmp_path):
+  cache = _disk_cache.DiskCache(str(tmp_path), max_bytes=1 << 20)
+  cache.put("a", b"program bytes")
+  entry = tmp_path / "a-cache"
+  data = bytearray(entry.read_bytes())
+  data[-1] ^= 1
+  entry.write_bytes(bytes(data))
+  assert cache.get("a") is None and not entry.exists()
 
 
 def test_the_size_bound_holds_for_programs_of_a_real_run(tmp_path):

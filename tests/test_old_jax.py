@@ -25,7 +25,7 @@ VERSION = "0.9.2"
 REQUIREMENTS = [f"jax=={VERSION}", f"jaxlib=={VERSION}", "numpy>=1.26", "pytest>=8",
                 "hypothesis>=6.100"]
 SUBSET = ["tests/test_spec.py", "tests/test_mask_api.py", "tests/test_jit.py",
-          "tests/test_errors.py", "tests/test_jax_boundary.py", "tests/test_dd_cached_helpers.py"]
+          "tests/test_errors.py", "tests/test_jax_boundary.py", "tests/test_data_dependent_cached_helpers.py"]
 
 
 def _python() -> Path:

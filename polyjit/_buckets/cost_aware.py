@@ -46,7 +46,10 @@ Across processes (`_caching/disk.py`): the buckets a traced program compiled
 are remembered on disk, keyed by that program; a later run starts in the
 tightest remembered bucket that holds a call (instead of the headroom
 bucket), and a remembered bucket's price is a load (`LOAD_FRACTION` of a
-compile). The choices are then deterministic given the history and the
+compile). A remembered bucket is a hint read from a file: it is used only
+when no dimension of it exceeds the headroom bucket or `REMEMBERED_SLACK`
+times the largest size seen, whichever is larger (a file that says 10**12
+must not allocate terabytes). The choices are then deterministic given the history and the
 cache's contents; with the cache off (`POLYJIT_NO_CACHE=1`), given the history.
 
 Exactness does not depend on the bucket: masking gives the unpadded result
@@ -70,6 +73,7 @@ SAMPLE_EVERY = 64    # then one sample every this many new shapes
 MAX_ACCOUNTS = 8     # smaller buckets a borrowing call pays into
 ROOMY_CALLS = 32     # headroom must not waste a compile's run time in fewer calls
 LOAD_FRACTION = 0.1  # a program on disk: loading it costs this part of a compile
+REMEMBERED_SLACK = 16  # a remembered bucket: at most this times the largest size seen
 
 #: A bucket's key (hashable; built by the caller).
 BucketKey = tuple[Any, ...]
@@ -265,11 +269,15 @@ class Rental:
     the measurements say the headroom would waste a compile's worth of run
     time within `ROOMY_CALLS` calls (a costly program gets its tight bucket)."""
     tight = self.tight(logical)
-    known: list[dict[str, int]] = [env for env in self.remembered if env.keys() == logical.keys()
-             and env not in self.envs.values() and all(env[v] >= n for v, n in logical.items())]
-    if known:  # an earlier run converged to these: start in the tightest (a load)
-      return min(known, key=volume).copy()
     roomy = {v: self.policies[v].roomy(n, self.largest.get(v, n)) for v, n in logical.items()}
+    if self.remembered:
+      limit = {v: max(roomy[v], REMEMBERED_SLACK * max(n, self.largest.get(v, n)))
+               for v, n in logical.items()}
+      known = [env for env in self.remembered if env.keys() == logical.keys()
+               and env not in self.envs.values()
+               and all(n <= env[v] <= limit[v] for v, n in logical.items())]
+      if known:  # an earlier run converged to these: start in the tightest (a load)
+        return min(known, key=volume).copy()
     have, want = self.estimate(roomy), self.estimate(tight)
     if have is not None and want is not None and \
         (have - want) * ROOMY_CALLS > self.compile_estimate:

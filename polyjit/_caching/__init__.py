@@ -1,6 +1,6 @@
 """Compiled programs: built once, kept in memory and on disk, and counted.
 
 `executables` is the thread-safe compile-once cache, `disk` the warm on-disk cache
-(JAX persistent cache and remembered buckets), `compiles` counts compiles with
-`jax.monitoring`.
+(polyjit's own serialized programs and remembered buckets; no JAX setting is
+changed), `compiles` counts compiles (with `jax.monitoring`) and loads.
 """

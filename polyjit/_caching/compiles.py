@@ -5,7 +5,9 @@ JAX reports each XLA backend compile as a duration event
 event also wraps a load from the persistent compilation cache, which JAX
 announces just before, in the same thread, with another event
 (`_jax.CACHE_HIT_EVENT`): such loads are recorded apart
-(`CompileLog.cache_loads`), since nothing was compiled. One listener pair is
+(`CompileLog.cache_loads`), since nothing was compiled; so are the programs
+polyjit loads from its own on-disk cache (`record_load`, called by
+`_caching/disk.py`, as no JAX event announces them). One listener pair is
 registered for the process (listeners cannot be scoped); it forwards events to
 the recorders active at that moment.
 
@@ -65,6 +67,17 @@ def _on_duration(event: str, duration_secs: float, **kwargs: Any) -> None:
     for log, only in _recorders:
       if only is None or only == thread:
         (log.cache_loads if loaded else log).append(record)
+
+
+def record_load(fun_name: str, seconds: float) -> None:
+  """polyjit loaded the program `fun_name` from its own on-disk cache (no JAX
+  event announces it): recorded as a load by the recorders active now."""
+  record = CompileEvent(fun_name, float(seconds), time.time())
+  thread = threading.get_ident()
+  with _lock:
+    for log, only in _recorders:
+      if only is None or only == thread:
+        log.cache_loads.append(record)
 
 
 def _install() -> None:

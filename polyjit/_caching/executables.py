@@ -142,14 +142,16 @@ def wait(futures: Sequence[concurrent.futures.Future[Any]], *, progress: bool, d
 
 def enable_persistent_cache(directory: str | None = None, *,
                             max_bytes: int | None = None) -> str | None:
-  """Turns on polyjit's on-disk cache of compiled programs at `directory`.
+  """Turns on polyjit's on-disk cache of its compiled programs at `directory`.
 
   It is on by default (see `_caching/disk.py`: location `$POLYJIT_CACHE_DIR`,
   else `~/.cache/polyjit`; opt out with `POLYJIT_NO_CACHE=1` or
   `pj.disable_persistent_cache()`); call this to choose another directory or
-  size bound (`max_bytes`, default 1 GiB, least recently used evicted). JAX's
-  persistent compilation cache keeps every program, however quick to compile,
-  so a second process loads each bucket's program instead of compiling it.
+  size bound (`max_bytes`, default 1 GiB, least recently used evicted).
+  polyjit serializes the programs `pj.jit` compiles itself, so a second
+  process loads each bucket's program instead of compiling it; no JAX
+  setting is changed (JAX's own persistent cache, which keeps the programs
+  of the user's `jax.jit`, `pj.vmap`'s included, stays as the user set it).
   Returns the programs' directory, or None (with one `pj.CacheWarning`) when
   it cannot be written.
   """
@@ -157,5 +159,6 @@ def enable_persistent_cache(directory: str | None = None, *,
 
 
 def disable_persistent_cache() -> None:
-  """Turns polyjit's on-disk cache off in this process (as `POLYJIT_NO_CACHE=1`)."""
+  """Turns polyjit's on-disk cache off in this process (as `POLYJIT_NO_CACHE=1`).
+  JAX's own persistent cache is not polyjit's to turn off: it stays as set."""
   _disk_cache.disable()

@@ -11,6 +11,8 @@ polyjit imports this package as `jc` and uses the names re-exported here.
 This subpackage imports nothing of polyjit's outside it.
 
 Modules (dependencies point up the list):
+  registry    one row per JAX internal polyjit relies on, with its probe (imports
+              nothing); `JaxBoundaryError`
   core        JAX's version, jaxpr data structures, the call path, jaxpr helpers
   dims        symbolic dimension accessors (`jax.export`'s `_DimExpr`)
   frames      source locations; which frames are the user's
@@ -20,9 +22,11 @@ Modules (dependencies point up the list):
   patches     the permanent patches, installed once by `install_patches()`
   messages    parsers of JAX's texts (cache misses, compile events, errors)
   swaps       JAX functions replaced for the duration of a symbolic trace
+  compilation_cache  polyjit's programs as bytes: their key, serialization and load
+  probes      the probes of the registry's rows (run once, before use)
 
-Tested against JAX 0.10.2, and 0.9.2 in part (see `core` for the version
-differences).
+Tested against JAX 0.10.2 (full suite), 0.11.2 once, and 0.9.2 in part (see
+`core` for the version differences, docs/jax-boundary.md for the audit).
 """
 from __future__ import annotations
 
@@ -82,10 +86,9 @@ from .swaps import (
     register_spellings as register_spellings, replacement_of as replacement_of,
     spellings_active as spellings_active, trace_spellings as trace_spellings)
 from .compilation_cache import (
-    CompilationCacheBase as CompilationCacheBase,
-    install_compilation_cache as install_compilation_cache, pathlib_path as pathlib_path,
-    uninstall_compilation_cache as uninstall_compilation_cache,
-    user_compilation_cache_dir as user_compilation_cache_dir)
+    config_values as config_values, default_device_chosen as default_device_chosen,
+    load_program as load_program,
+    program_key as program_key, serialize_program as serialize_program)
 from .registry import (
     AUDITED as AUDITED, NEWEST_TESTED as NEWEST_TESTED, TESTED as TESTED,
     JaxBoundaryError as JaxBoundaryError, require as require)

@@ -1,47 +1,88 @@
-"""JAX's persistent compilation cache, as polyjit's on-disk cache uses it.
+"""polyjit's compiled programs as bytes: the key, the serialization, the load.
 
-JAX reads its process-global cache object `compilation_cache._cache`, built
-from `jax_compilation_cache_dir` on first use; polyjit installs its own
-(atomic writes, a size bound without the `filelock` package;
-`polyjit/_caching/disk.py`). Relied on: the module has `_cache`,
-`_cache_initialized`, `_cache_initialized_mutex`, `reset_cache`, and
-`compilation_cache_interface.CacheInterface` (JAX 0.4.30 to 0.10).
+polyjit keeps its own programs on disk (`_caching/disk.py`); it never turns
+on, reconfigures or replaces JAX's persistent compilation cache, and writes no
+`jax.config` value. This module only reads:
+
+* `program_key(lowered)`: a hash of everything that decides what a lowered
+  program compiles to: the StableHLO text (without locations: a moved source
+  line is the same program), the JAX and jaxlib versions, the platform and its
+  version, the devices' kinds and count, the XLA flags in the environment, and
+  every `jax.config` value at this moment (conservative: a changed option is a
+  miss, never a stale program). polyjit's own trace-epoch option is left out.
+* `serialize_program` / `load_program`: `jax.experimental.serialize_executable`
+  (public, experimental). The pytrees are not stored: a load takes them from
+  the `Lowered` the key was computed from, so they always match the call.
+
+Loading runs what the bytes say (pickle and an XLA executable): the cache
+directory must be as trusted as JAX's own cache directory would be.
 """
 from __future__ import annotations
 
-import pathlib
+import hashlib
+import os
+import re
 from typing import Any
 
 import jax
-from jax._src import compilation_cache as _cc
-from jax._src import compilation_cache_interface as _cci
-from jax._src import config as _config
+import jaxlib
+from jax.experimental import serialize_executable as _serialize
 
-CompilationCacheBase: Any = _cci.CacheInterface
-
-
-def pathlib_path(path: str) -> Any:
-  return pathlib.Path(path)
+#: Environment variables that change what XLA compiles.
+_XLA_ENV = ("XLA_FLAGS", "LIBTPU_INIT_ARGS", "TPU_ACCELERATOR_TYPE")
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_JAXLIB_VERSION = str(getattr(jaxlib, "__version__", ""))  # (not in jaxlib's stubs)
 
 
-def user_compilation_cache_dir() -> str | None:
-  """JAX's cache directory when the user (not polyjit) set one."""
-  value: str | None = _config.compilation_cache_dir.value
-  return value
+def _require() -> None:
+  from .registry import PROGRAMS, require  # (their probe, at their first use)
+  require(PROGRAMS)
 
 
-def install_compilation_cache(cache: Any, path: str) -> None:
-  """Makes `cache` JAX's persistent compilation cache (at `path`), for every
-  program from now on, however small or quick to compile."""
-  _cc.reset_cache()  # forget "no cache" decided by compiles before this one
-  jax.config.update("jax_compilation_cache_dir", path)  # type: ignore[no-untyped-call, unused-ignore]
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # type: ignore[no-untyped-call, unused-ignore]
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)  # type: ignore[no-untyped-call, unused-ignore]
-  with _cc._cache_initialized_mutex:
-    _cc._cache = cache
-    _cc._cache_initialized = True
+def config_values() -> dict[str, str]:
+  """Every `jax.config` option and its current value (as text), JAX's own
+  options only (polyjit's registered trace epoch varies by design)."""
+  values: dict[str, Any] = dict(jax.config.values)
+  out: dict[str, str] = {}
+  for name in sorted(values):
+    if name.startswith("polyjit_"):
+      continue
+    # the thread's value where the option has one (a context manager's), else the global
+    out[name] = _ADDRESS.sub("", repr(getattr(jax.config, name, values[name])))
+  return out
 
 
-def uninstall_compilation_cache() -> None:
-  _cc.reset_cache()
-  jax.config.update("jax_compilation_cache_dir", None)  # type: ignore[no-untyped-call, unused-ignore]
+def default_device_chosen() -> bool:
+  """Whether `jax_default_device` names a device (a program compiled for it may
+  live on another backend than the one a load would put it on)."""
+  return getattr(jax.config, "jax_default_device", None) is not None
+
+
+def program_key(lowered: Any) -> str:
+  """The hash under which the program `lowered` compiles to is stored."""
+  _require()
+  devices = jax.devices()
+  parts = [lowered.as_text(), jax.__version__, _JAXLIB_VERSION,
+           devices[0].platform, devices[0].client.platform_version,
+           ",".join(sorted({d.device_kind for d in devices})), str(len(devices))]
+  parts += [f"{k}={os.environ.get(k, '')}" for k in _XLA_ENV]
+  parts += [f"{k}={v}" for k, v in config_values().items()]
+  return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:40]
+
+
+def serialize_program(compiled: Any) -> bytes | None:
+  """The bytes of `compiled`, or None where JAX cannot serialize it (closed-over
+  constants, a backend without serialization): such a program is not kept."""
+  _require()
+  try:
+    data, _, _ = _serialize.serialize(compiled)
+  except Exception:  # (ValueError, NotImplementedError, XLA's own errors)
+    return None
+  return bytes(data)
+
+
+def load_program(data: bytes, lowered: Any) -> Any:
+  """The compiled program `data` holds, for the calls `lowered` was lowered for
+  (raises on bytes that do not load)."""
+  _require()
+  return _serialize.deserialize_and_load(data, lowered.in_tree, lowered.out_tree)

@@ -35,8 +35,8 @@ from .core import (InconclusiveDimensionOperation, Tracer, default_sharding, hos
                    is_dropvar, max_dim, replay_unsafe_effects, shaped, subjaxprs_in_params)
 from .messages import inconclusive_comparison, needs_concrete_size, trace_refusal_unchecked
 from .primitives import bind_params, primitive
-from .registry import (AD, CALL, DECISIONS, DIMS, JAXPRS, REFUSALS, SIZES, SOURCE, SWAPS, TEXTS,
-                       internal)
+from .registry import (AD, CALL, DECISIONS, DIMS, JAXPRS, PROGRAMS, REFUSALS, SIZES, SOURCE, SWAPS,
+                       TEXTS, internal)
 from .swaps import ARRAY_GETITEM, site_plan
 
 
@@ -329,17 +329,19 @@ def _concrete_size_texts() -> None:
     raise AssertionError(f"{use.__name__}(n) accepted a symbolic size")
 
 
-@internal("jax._src.compilation_cache: _cache, _cache_initialized(_mutex), reset_cache; "
-          "compilation_cache_interface.CacheInterface", CALL, "patch",
-          "polyjit's on-disk cache is installed as JAX's persistent cache object "
-          "(`compilation_cache.py`, `_caching/disk.py`)")
-def _compilation_cache() -> None:
-  from jax._src import compilation_cache as cc
-  from jax._src import compilation_cache_interface as cci
-  for name in ("_cache", "_cache_initialized", "_cache_initialized_mutex", "reset_cache"):
-    assert hasattr(cc, name), name
-  for name in ("get", "put"):
-    assert callable(getattr(cci.CacheInterface, name, None)), name
+@internal("jax.experimental.serialize_executable.serialize/deserialize_and_load; "
+          "Lowered.as_text/in_tree/out_tree; jax.config.values", PROGRAMS, "read",
+          "polyjit's programs are kept on disk as serialized executables, keyed by the "
+          "lowered text and the configuration (`compilation_cache.py`, `_caching/disk.py`)")
+def _serialized_programs() -> None:
+  from jax.experimental import serialize_executable as se
+  assert "in_tree" in _params(se.deserialize_and_load), _params(se.deserialize_and_load)
+  assert isinstance(jax.config.values, dict) and "jax_enable_x64" in jax.config.values
+  assert _params(se.serialize) == ["compiled"], _params(se.serialize)
+  # (no compile here: a probe must not show up in the user's compile counts)
+  lowered = jax.jit(lambda x: x * 2).lower(np.float32(1))
+  assert "func.func" in lowered.as_text()
+  assert lowered.in_tree is not None and lowered.out_tree is not None
 
 
 @internal("mlir.core_call_lowering, ad.primitive_jvps/primitive_transposes, "

@@ -40,6 +40,7 @@ CALL = "the call path"
 SIZES = "data-dependent sizes"
 TEXTS = "explanations of JAX's errors"
 REFUSALS = "explanations of JAX's refusals"
+PROGRAMS = "the on-disk programs"
 
 
 class JaxBoundaryError(RuntimeError):

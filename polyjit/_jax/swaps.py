@@ -7,7 +7,7 @@ by JAX when a size they depend on is symbolic; `jnp.nonzero`, `jnp.where`,
 `_spellings/replacements.py` and `_masking/data_dependent.py` have exact replacements, registered
 *keyed by the JAX function object they replace* (`register_spellings({
 jnp.searchsorted: searchsorted, ...})`). `trace_spellings()` puts them in
-place for the duration of polyjit's symbolic trace (`_mask.trace_flat`) at
+place for the duration of polyjit's symbolic trace (`_masking.trace.trace_flat`) at
 the module attributes `SWAP_SITES`: the public names, plus the module globals
 through which JAX's own functions reach them (`Array.searchsorted` and
 `jnp.digitize` call `lax_numpy.searchsorted`). Each site must hold one of the
@@ -29,6 +29,8 @@ import threading
 from typing import Any, Callable, Iterator
 
 from jax._src.numpy import indexing as _indexing
+
+from .registry import JaxBoundaryError
 
 #: The function behind `Array.__getitem__` (boolean masks: `x[x > 0]`).
 ARRAY_GETITEM: Callable[..., Any] = _indexing.rewriting_take
@@ -129,12 +131,27 @@ def site_plan() -> list[tuple[Any, str, Any, Callable[..., Any], Callable[..., A
     replacement = _spelling_replacements.get(original)
     if replacement is None:
       raise LookupError(f"{module_name}.{attr} is {original!r}, which is not a function "
-                        "polyjit replaces (JAX changed it, or `_spellings` is not imported)")
+                        "polyjit replaces (JAX changed it)")
     plan.append((module, attr, current, original, replacement))
   return plan
 
 
+class SpellingsNotRegistered(JaxBoundaryError):
+  """No replacement is registered: `polyjit._spellings` was not imported (an
+  import order, not a change in JAX). A `JaxBoundaryError`, so that it reaches
+  the user as it is instead of as an error of their function."""
+
+
+def _check_registered() -> None:
+  if not _spelling_replacements:  # nothing registered: an import order, not JAX's change
+    raise SpellingsNotRegistered("polyjit's exact replacements of JAX spellings are not registered: "
+                      "`polyjit._spellings` registers them when imported, and "
+                      "`polyjit/__init__.py` imports it first; import polyjit (the "
+                      "package), not a module of it alone")
+
+
 def _install_spellings() -> None:
+  _check_registered()  # (before the probe, which would blame JAX)
   from .registry import SWAPS, require
   require(SWAPS)
   # Resolve every site before patching any: a missing one raises with

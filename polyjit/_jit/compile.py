@@ -36,7 +36,7 @@ class Compiler:
 
   def __init__(self, name: str, label: str, args: ArgLayout, stats: Stats, cache: ExecutableCache,
                *, out_shardings: Any = None, background: bool = False) -> None:
-    self.name = name            # the programs' name for JAX (and the persistent cache's key)
+    self.name = name            # the programs' name for JAX (and in their on-disk entries' names)
     self.label = label          # the function, in messages: "pj.jit(f)"
     self.cache = cache
     self.background = background
@@ -78,13 +78,17 @@ class Compiler:
     """Compiles `body` at `key`'s padded shapes (plus `n_dims` logical sizes)
     for the structure's placement, and records it."""
     donate = self.donated(struct)
-    _disk_cache.ensure()  # the on-disk cache, on by default (once per process)
     t0 = time.perf_counter()
     if struct.on_mesh:  # (outside count_compiles: the check runs a collective)
       _sharding.agree_on_program(key.padded_shapes, key.bucket, self.label)
     with count_compiles(this_thread_only=True) as log:
-      program = _sharding.lower_and_compile(body, self.name, key.padded_shapes, struct.avals,
-                                            n_dims, donate, struct.shardings, self._out_shardings)
+      lowered = _sharding.lower(body, self.name, key.padded_shapes, struct.avals, n_dims,
+                                donate, struct.shardings, self._out_shardings)
+      # polyjit's own on-disk programs: one device only (a mesh program compiles
+      # in each process)
+      program = _disk_cache.load_or_compile(
+          lowered, jc.jit_program_name(self.name),
+          keep=struct.shardings is None and self._out_shardings is None)
     seconds = time.perf_counter() - t0
     self._stats.record_compile(key, cause, log, program_name=jc.jit_program_name(self.name),
                                wall_seconds=seconds)

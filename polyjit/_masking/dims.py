@@ -4,7 +4,7 @@ A dimension expression (`2*n + 1`, `n - floordiv(n, 2)`, `max(n, m)`) comes
 from `jax.export`; polyjit needs more of it than JAX offers: its value at
 concrete sizes in Python ints (no int32 overflow), its linear form (to solve
 padded sizes from argument shapes), whether it is monotone (whether a value's
-data fits in its padded buffer, see `_core.MaskEnv`), and an upper bound over
+data fits in its padded buffer, see `_masking.core.MaskEnv`), and an upper bound over
 a box of sizes (for sizes that are not monotone). This module computes them.
 
 It reads the structure of an expression (a sum of terms `coeff * product of

@@ -10,7 +10,7 @@ the pj.mask and Ragged guides document). Under the checking mode
 (`POLYJIT_VERIFY=1` or `pj.verify(True)`, `_masking/verify.py`) the call raises
 `pj.SizeRangeError` instead, from a host callback.
 
-Concrete sizes never get here: `_spec.logical_values` refuses them with the
+Concrete sizes never get here: `_masking.spec.logical_values` refuses them with the
 size and the bound.
 """
 

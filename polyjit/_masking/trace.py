@@ -9,6 +9,12 @@ the two parts JAX splits it into (forward with residuals, backward), so a
 gradient runs the forward computation once. The masked evaluation of each is
 one `polyjit_masked_call` equation (`calls.py`); `mask.py` builds the user
 facing `pj.mask` on top. This module knows nothing of either.
+
+The replacements `jc.trace_spellings()` puts in place are registered by
+`polyjit._spellings`, which builds on this package (so nothing here imports
+it): `polyjit/__init__.py` imports it first, by name, and `trace_spellings`
+refuses to trace (a `LookupError` saying so) when it has not been imported,
+rather than tracing without them.
 """
 
 from __future__ import annotations

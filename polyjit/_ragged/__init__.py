@@ -4,8 +4,9 @@ Modules (each imports only those above it):
   host       examples on the host: validated once, padded with NumPy
   ragged     `Ragged`, the pytree of padded data, lengths and example count
   arguments  the flat arguments of a `pj.vmap` call: axes, paths, batch size
-  sharing    which Ragged arguments share their size variables, and the check
-             that their lengths agree
+  sharing    which Ragged arguments share their size variables
+  plan       one argument structure's masked function, padded sizes, and the
+             check that shared lengths agree
   vmap       `RaggedVmapped` and `pj.vmap` over Ragged arguments
   groups     `LengthGroups`, `GroupedRagged`: a batch in blocks by length,
              and the `pj.vmap` that also runs them

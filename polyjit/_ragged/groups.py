@@ -71,7 +71,6 @@ import numpy as np
 from jax import lax
 
 from .._buckets import fixed as _buckets
-from .._caching import disk as _disk_cache
 from .._masking.errors import ShapeError
 from .arguments import broadcast, describe, leaf_axes
 from .host import HostExamples
@@ -452,7 +451,6 @@ class GroupedVmapped(RaggedVmapped):
 
 
 def vmap(fun: Callable[..., Any], in_axes: InAxes = 0, out_axes: OutAxes = 0) -> GroupedVmapped:
-  _disk_cache.ensure()  # its programs (compiled by the caller's jax.jit) go to disk too
   return shared_vmap(GroupedVmapped, fun, in_axes, out_axes)
 
 

@@ -5,7 +5,7 @@ Design
 There is one path for compiling, padding and unpadding, whatever the
 placement: a structure's per-leaf shardings (`ShardingLayout.leaf_shardings`),
 where None for a leaf means "not on a mesh" and None for the whole structure
-means one device. `lower_and_compile`, `run` and `unpad` take that placement;
+means one device. `lower`, `run` and `unpad` take that placement;
 with one device they reduce to compiling for unplaced arguments, padding on
 the host and slicing on the host (the call path's hot path, `Plan.run_plain`,
 only ever serves one device and never comes here).
@@ -278,14 +278,13 @@ def round_up(size: int, multiple: int) -> int:
 
 # --- compile and run -----------------------------------------------------------
 
-def lower_and_compile(body: Callable[..., Any], name: str, padded_shapes: Any, avals: Any,
-                      n_dims: int, donate: tuple[int, ...],
-                      shardings: Sequence[Sharding | None] | None = None,
-                      out_shardings: Any = None) -> Any:
-  """`jax.jit(body)` compiled for the leaves at `padded_shapes` placed with
+def lower(body: Callable[..., Any], name: str, padded_shapes: Any, avals: Any,
+          n_dims: int, donate: tuple[int, ...],
+          shardings: Sequence[Sharding | None] | None = None,
+          out_shardings: Any = None) -> Any:
+  """`jax.jit(body)` lowered for the leaves at `padded_shapes` placed with
   `shardings` (each fitted to its shape; None: one device), and `n_dims`
-  logical sizes (replicated on a mesh); `name` names it for JAX (and the
-  persistent cache's key)."""
+  logical sizes (replicated on a mesh); `name` names it for JAX."""
   body.__name__ = name
   if shardings is None:
     shardings = (None,) * len(padded_shapes)
@@ -298,7 +297,7 @@ def lower_and_compile(body: Callable[..., Any], name: str, padded_shapes: Any, a
   sizes = tuple(jax.ShapeDtypeStruct((), jc.dim_value_dtype(), sharding=replicated)  # type: ignore[no-untyped-call, unused-ignore]
                 for _ in range(n_dims))
   options: dict[str, Any] = {} if out_shardings is None else {"out_shardings": out_shardings}
-  return jax.jit(body, donate_argnums=donate, **options).lower(*leaves, sizes).compile()
+  return jax.jit(body, donate_argnums=donate, **options).lower(*leaves, sizes)
 
 
 def run(program: Any, leaves: Sequence[Any], padded_shapes: Any, dtypes: Any, logical: Any,

@@ -20,7 +20,7 @@ computation they describe is perfectly well defined at every size:
   Python ints, and otherwise a `while_loop`, which it cannot differentiate in
   reverse mode.
 
-While polyjit traces a function symbolically (`_mask.trace_flat`), the public
+While polyjit traces a function symbolically (`_masking.trace.trace_flat`), the public
 names `jnp.searchsorted`, `jnp.interp`, `jnp.linspace`, `jnp.diff` and
 `lax.fori_loop` (and the few module globals JAX's own functions call them
 through, e.g. `Array.searchsorted` and `jnp.digitize`) are swapped for the

@@ -7,7 +7,7 @@ because gradients of a masked function come from masking `fun`'s own VJP
 (`_masking/mask.py`), traced with JAX's rules in place.
 
 Primitives that must stay primitives (`cond`, `while`, `scan`, `remat`) get
-their sub-jaxprs masked (`_core.mask_closed_jaxpr`, cached per padded size),
+their sub-jaxprs masked (`_masking.core.mask_closed_jaxpr`, cached per padded size),
 with the logical sizes passed in as extra leading operands.
 
 A `scan` over a dynamic length runs over the padded length; after the logical

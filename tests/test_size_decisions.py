@@ -1,4 +1,4 @@
-"""Issue 22: size decisions that cannot be replayed, missed or go out of range.
+"""Size decisions that cannot be replayed, are missed, or go out of range.
 
 One test per class of silent wrong answer the adversarial pass found, each run
 through every way polyjit takes sizes: `pj.jit` (automatic and explicit),
@@ -135,7 +135,7 @@ def test_a_size_compared_with_a_traced_value_is_a_traced_comparison():
 @pytest.mark.parametrize("convert", [int, float, lambda n: list(range(n))])
 def test_a_size_as_a_python_number_is_refused_with_the_line(convert):
   f = pj.jit(lambda x: x * len([convert(x.shape[0])]), polymorphic_shapes=["n"], fallback="error")
-  with pytest.raises(pj.SizeValueError, match="(?s)test_trust.py:.*What to do"):
+  with pytest.raises(pj.SizeValueError, match="(?s)test_size_decisions.py:.*What to do"):
     f(_x(3))
 
 
