@@ -51,6 +51,9 @@ class StructureKey(NamedTuple):
   avals: tuple[Any, ...]  # per leaf: (dtype, weak_type)
   ranks: tuple[int, ...]  # per leaf: its rank
   shardings: tuple[Any, ...] | None = None  # per leaf on a mesh; None: one device
+  # What jax.jit keys on besides the arguments (`jc.trace_context()`: x64, dtype
+  # promotion, matmul precision, ...): a trace under one is wrong under another.
+  context: tuple[Any, ...] | None = None
 
 
 class ProgramKey(NamedTuple):
