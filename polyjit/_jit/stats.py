@@ -5,8 +5,10 @@ first call, an axis that changed and became dynamic, a new bucket, a fallback
 to exact shapes, an empty dynamic axis, `precompile`), and the backend compiles
 `jax.monitoring` reported for it (`_caching/compiles.py`), so the counts are measured,
 never assumed. Every call adds to the bucket it ran in and to the padding it
-carried; every logical size of a dimension is kept with the argument axis it
-came from. `pj.stats` and `pj.explain` (`diagnostics/_explain.py`) read these
+carried; the distinct logical sizes of a dimension are kept with the argument
+axis they came from, exactly up to `SizeRecord.LIMIT` of them and as a
+bounded sketch past that. Every record is O(1) per call: a long run of
+never-seen sizes does not grow it. `pj.stats` and `pj.explain` (`diagnostics/_explain.py`) read these
 records; nothing here writes text.
 """
 
@@ -14,7 +16,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any, Literal, Sequence
+import heapq
+from typing import Any, Collection, Iterable, Iterator, Literal, Sequence
 
 from .._masking import dims as _dims
 from .._caching.compiles import CompileLog
@@ -63,11 +66,94 @@ class CompileRecord:
     return self.key.exact
 
 
+class SizeRecord(Collection[int]):
+  """The distinct sizes a dimension took, in bounded memory.
+
+  Exact up to `LIMIT` distinct sizes; past that a bottom-k sketch (k-minimum
+  values): the `LIMIT` sizes whose hashes are smallest, a uniform sample of
+  the distinct sizes whatever their order or repetition, and the largest of
+  those hashes, which estimates how many there are (relative error about
+  1/sqrt(LIMIT), 3%). The smallest and largest sizes stay exact. `pj.explain`'s
+  bucket advice (one program per bucket, padding per distinct size) reads the
+  sample as it read the set, so a long run of never-seen sizes holds a few
+  tens of kilobytes, not 33 bytes per size forever. Two records merge by
+  adding one's sample to the other (`update`): same hash, same sketch.
+  """
+  __slots__ = ("_hashes", "_heap", "low", "high", "exact")
+  LIMIT = 1024
+
+  def __init__(self, sizes: Iterable[int] = ()) -> None:
+    self._hashes: dict[int, int] = {}        # sampled size -> its hash
+    self._heap: list[tuple[int, int]] = []   # (-hash, size): the largest hash on top
+    self.low: int | None = None
+    self.high: int | None = None
+    self.exact = True                        # every distinct size is in the sample
+    self.update(sizes)
+
+  def add(self, n: int) -> None:
+    hashes = self._hashes
+    if n in hashes:
+      return
+    if self.low is None or n < self.low:
+      self.low = n
+    if self.high is None or n > self.high:
+      self.high = n
+    if self.exact:
+      if len(hashes) < self.LIMIT:
+        hashes[n] = 0  # (hashed only once the sketch starts: a plain set until then)
+        return
+      self._start_sketch()
+      hashes = self._hashes
+    h = _mix(n)
+    heap = self._heap
+    if h < -heap[0][0]:  # among the smallest hashes: it replaces the largest
+      del hashes[heapq.heapreplace(heap, (-h, n))[1]]
+      hashes[n] = h
+
+  def _start_sketch(self) -> None:
+    self.exact = False
+    self._hashes = {n: _mix(n) for n in self._hashes}
+    self._heap = [(-h, n) for n, h in self._hashes.items()]
+    heapq.heapify(self._heap)
+
+  def update(self, sizes: Iterable[int]) -> None:
+    for n in sizes:
+      self.add(int(n))
+
+  def __len__(self) -> int:
+    """The number of distinct sizes (an estimate once not `exact`)."""
+    if self.exact:
+      return len(self._hashes)
+    kth = -self._heap[0][0]
+    return max(len(self._hashes) + 1, round((self.LIMIT - 1) * _SPAN / max(kth, 1)))
+
+  def __iter__(self) -> Iterator[int]:
+    """The sampled sizes, and the smallest and largest."""
+    yield from self._hashes
+    for n in {self.low, self.high} - self._hashes.keys():
+      if n is not None:
+        yield n
+
+  def __contains__(self, n: object) -> bool:
+    return n in self._hashes or n == self.low or n == self.high
+
+
+_SPAN = 1 << 64
+
+
+def _mix(n: int) -> int:
+  """A 64-bit hash of a size (splitmix64's finalizer): uniform, the same in every process."""
+  z = (n + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+  z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+  z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+  return z ^ (z >> 31)
+
+
 @dataclasses.dataclass
 class DimRecord:
   """The logical sizes a dimension took, and where it first appears."""
   where: tuple[str, int] | None   # (argument name, axis) whose size is exactly the dim
-  sizes: set[int]
+  sizes: SizeRecord
 
 
 class Stats:
@@ -121,7 +207,7 @@ class Stats:
     for dim, size in logical.items():
       entry = self.dims.get(dim)
       if entry is None:
-        entry = self.dims[dim] = DimRecord(_where(binding, leaf_names, dim), set())
+        entry = self.dims[dim] = DimRecord(_where(binding, leaf_names, dim), SizeRecord())
       entry.sizes.add(size)
 
 
