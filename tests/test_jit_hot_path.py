@@ -130,3 +130,26 @@ def test_size_record_is_exact_below_its_limit_and_a_sketch_above():
   merged = SizeRecord(sizes[:7000])
   merged.update(SizeRecord(sizes[7000:]))
   assert merged._hashes.keys() == record._hashes.keys()
+
+
+def test_a_size_repeated_in_a_bucket_over_twice_its_size_gets_its_own():
+  # Issue 35: once seen REPEATS times, no size runs in a bucket more than
+  # LOOSE x its size, even where the estimated waste has not paid a compile.
+  from polyjit._buckets.cost_aware import LOOSE, REPEATS
+  f = pj.jit(loglik, polymorphic_shapes=["n", None, None])
+  f(DATA[:3000], MU, LS)                       # the headroom bucket: 8192
+  (first,) = [dict(e.key.bucket)["n"] for e in f.stats.compile_events]
+  assert first > LOOSE * 300
+  with pj.diagnostics.count_compiles() as compiles:
+    for _ in range(REPEATS - 1):
+      f(DATA[:300], MU, LS)
+  assert len(compiles) == 0                    # the account alone has not paid
+  with pj.diagnostics.count_compiles() as compiles:
+    got = [f(DATA[:300], MU, LS) for _ in range(3)]
+  assert len(compiles) == 1
+  bought = dict(f.stats.compile_events[-1].key.bucket)["n"]
+  assert 300 <= bought <= LOOSE * 300
+  assert f.stats.bucket_hits[(("n", bought),)] >= 2
+  assert f"n=300 ran {REPEATS} times in bucket n={first}" in pj.explain(f)
+  for g in got:
+    np.testing.assert_allclose(g, jax.jit(loglik)(DATA[:300], MU, LS), rtol=1e-5)

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import jax
 
-from .._buckets.cost_aware import CostAware, Rental
+from .._buckets.cost_aware import LOOSE, CostAware, Rental
 from .._buckets.fixed import BucketPolicy, PerDimBucketSpec, PowersOfTwo, as_policy
 from .._caching import disk as _disk_cache
 from .._masking.errors import PolyjitError
@@ -193,18 +193,24 @@ class BucketChoice:
       else:
         key = None
     plan.borrow_from(rental.borrow(plan.key.bucket, accounts, key, logical))
+    running = dict(plan.key.bucket)
+    if any(running[v] > LOOSE * n for v, n in logical.items()):
+      # more than LOOSE x its size: buys its own bucket after REPEATS calls (`Plan.pay`)
+      tight = dict(tight_key)
+      account = next((a for a in accounts if a.env == tight), None)
+      plan.loose = None if account is None else (account, dict(logical))
 
   def _compile_for_waste(self, struct: Structure, binding: Binding, variant: Variant,
                          env: dict[str, int], wasted: float,
-                         compile_cost: float) -> Future[Any]:
-    """Compiles the bucket `env`, whose account has paid for it: here, under
-    deterministic estimates (so that the next call's bucket never depends on
-    when a thread finishes), else in the background."""
+                         compile_cost: float, why: str | None = None) -> Future[Any]:
+    """Compiles the bucket `env`, whose account has paid for it (or insists:
+    `why`): here, under deterministic estimates (so that the next call's
+    bucket never depends on when a thread finishes), else in the background."""
     rental = struct.rental
     assert rental is not None  # (an account of this structure's rental paid)
     what = "" if rental.measured else "estimated "
     cause = Cause("bucket", bucket=dict(env),
-                  reason=f"{what}waste {wasted:.3g} s > compile {compile_cost:.3g} s")
+                  reason=why or f"{what}waste {wasted:.3g} s > compile {compile_cost:.3g} s")
     assert struct.masked is not None  # (a bucket of a masked plan)
     key, build = self._compiler.masked(struct, struct.masked, binding, variant, env, cause)
     if self._compiler.background or rental.measured:

@@ -196,14 +196,14 @@ class JitFunction:
       if plan is not None and plan.current:
         self.stats.record_call(plan.bucket, plan.waste, plan.fallback)
         if plan.borrow is not None:  # in a larger bucket than its own: pay for it
-          plan.borrow.pay()
+          plan.pay()
         return plan.unpad_outputs(plan.run_plain(args))
       if key is not None:  # a never-seen size in a compiled bucket: the bucket's plan, resized
         plan = self._resized_plan(calls, key)
         if plan is not None:
           self.stats.record_call(plan.bucket, plan.waste, plan.fallback)
           if plan.borrow is not None:
-            plan.borrow.pay()
+            plan.pay()
           return plan.unpad_outputs(plan.run_plain(args))
     if jc.jit_disabled():  # jax.disable_jit(): run `fun` eagerly, as jax.jit does
       return self._inline(*strip_padded(args), **strip_padded(kwargs))
@@ -248,7 +248,7 @@ class JitFunction:
       calls.by_rank[rank_signature(hot_key)] = struct
     self.stats.record_call(plan.bucket, plan.waste, plan.fallback)
     if plan.borrow is not None:
-      plan.borrow.pay()
+      plan.pay()
     rental = struct.rental  # (None on a mesh: fixed buckets there)
     if rental is None or plan.bucket is None or not rental.wants_sample(plan.bucket):
       return plan, plan.run(leaves)

@@ -135,7 +135,8 @@ def _describe(cause: Cause) -> str:
     became = "; now dynamic: " + ", ".join(cause.became_dynamic)
   variant = f"; the side where {cause.variant}" if cause.variant else ""
   if cause.shapes is None:  # bought by a cost-aware policy's account
-    where = "" if (cause.reason or "").startswith("estimated") else " in the background"
+    # (measured estimates compile in the background: their reason is "waste ...")
+    where = " in the background" if (cause.reason or "").startswith("waste") else ""
     return f"bucket {_bucket(cause)}{where}{variant} ({cause.reason})"
   reason = f" ({cause.reason})" if cause.reason else ""
   return (f"{_changes(cause) or 'new sizes'}{became}; bucket {_bucket(cause)} for "
