@@ -173,12 +173,13 @@ def worker(contender: str, calls: int, distribution: str, cache_dir: str) -> dic
       cumulative[i] = time.perf_counter() - t0
   steady_sizes = list(dict.fromkeys(int(n) for n in ns))[:STEADY_SIZES]
   rounds, floors = [], []
-  floor = [floor_call(_PJ[0], data[:n], mu, ls) for n in steady_sizes] if _PJ else []
   for _ in range(7):
     t = time.perf_counter()
     for n in steady_sizes:
       fn(data[:n], mu, ls)
     rounds.append((time.perf_counter() - t) / len(steady_sizes))
+    # the programs the calls just ran (a bucket bought meanwhile replaces a plan)
+    floor = [floor_call(_PJ[0], data[:n], mu, ls) for n in steady_sizes] if _PJ else []
     if floor:
       t = time.perf_counter()
       for call in floor:

@@ -44,6 +44,7 @@ from .stats import Cause
 
 DEFAULT_BUCKETS = CostAware()  # pj.jit's policy when `buckets` is not given
 MESH_BUCKETS = PowersOfTwo()   # in place of a cost-aware policy on a mesh
+GRID_MEMO = 1 << 16            # sizes whose tight bucket is remembered, per dimension
 
 
 class BucketChoice:
@@ -55,6 +56,8 @@ class BucketChoice:
     self._policies: dict[str, BucketPolicy] = {}  # dim -> its policy (`policy`)
     # dim -> its policy's `bucket`, the grid's for a cost-aware one (`tight_key`)
     self._grids: dict[str, Callable[[int], int]] = {}
+    # dimensions (in a call's order) -> True where some policy is fixed: no rental
+    self._fixed: dict[tuple[str, ...], bool] = {}
 
   def policy(self, dim: str) -> BucketPolicy:
     """The bucket policy that pads the dimension `dim` (made once per dimension)."""
@@ -85,7 +88,9 @@ class BucketChoice:
 
   def _grid(self, dim: str) -> Callable[[int], int]:
     policy = self.policy(dim)
-    grid = self._grids[dim] = policy.grid.bucket if isinstance(policy, CostAware) else policy.bucket
+    bucket = policy.grid.bucket if isinstance(policy, CostAware) else policy.bucket
+    # (a policy is a pure function of the size: memoized, bounded, for never-seen sizes)
+    grid = self._grids[dim] = functools.lru_cache(maxsize=GRID_MEMO)(bucket)
     return grid
 
   def _bucket(self, struct: Structure, dim: str, size: int) -> int:
@@ -107,9 +112,13 @@ class BucketChoice:
       return None
     rental = struct.rental
     if rental is None:
+      dims = tuple(logical)
+      if self._fixed.get(dims):  # (known: every never-seen size of a fixed policy asks)
+        return None
       policies = {v: self.policy(v) for v in logical}
       cost_aware = {v: p for v, p in policies.items() if isinstance(p, CostAware)}
       if not policies or len(cost_aware) != len(policies):
+        self._fixed[dims] = True
         return None
       rental = struct.start_rental(Rental(cost_aware))
       if struct.tracker is not None and struct.masked is not None:
@@ -193,12 +202,14 @@ class BucketChoice:
       else:
         key = None
     plan.borrow_from(rental.borrow(plan.key.bucket, accounts, key, logical))
-    running = dict(plan.key.bucket)
-    if any(running[v] > LOOSE * n for v, n in logical.items()):
-      # more than LOOSE x its size: buys its own bucket after REPEATS calls (`Plan.pay`)
-      tight = dict(tight_key)
-      account = next((a for a in accounts if a.env == tight), None)
-      plan.loose = None if account is None else (account, dict(logical))
+    for v, b in plan.key.bucket:
+      if b > LOOSE * logical[v]:
+        # more than LOOSE x its size: buys its own bucket after REPEATS calls
+        # (`Plan.pay`), through its tight bucket's account (keyed by `tight_key`)
+        account = rental.accounts.get(tight_key)
+        if account is not None and account.future is None:
+          plan.loose = (account, dict(logical))
+        break
 
   def _compile_for_waste(self, struct: Structure, binding: Binding, variant: Variant,
                          env: dict[str, int], wasted: float,

@@ -169,6 +169,8 @@ class Plan:
       if self.calls >= REPEATS:
         account, sizes = loose
         account.insist(sizes, dict(self.key.bucket))
+        if account.future is not None:  # bought (else another compile runs: next call)
+          self.loose = None
 
   @property
   def superseded(self) -> bool:

@@ -139,14 +139,14 @@ class SizeRecord(Collection[int]):
 
 
 _SPAN = 1 << 64
+_MASK = _SPAN - 1
+_SALT = 0x2545F4914F6CDD1D
 
 
 def _mix(n: int) -> int:
-  """A 64-bit hash of a size (splitmix64's finalizer): uniform, the same in every process."""
-  z = (n + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
-  z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
-  z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
-  return z ^ (z >> 31)
+  """A 64-bit hash of a size, spread uniformly enough for the sketch (CPython's
+  tuple hash mixes its items xxHash-style; an int alone hashes to itself)."""
+  return hash((n, _SALT)) & _MASK
 
 
 @dataclasses.dataclass
