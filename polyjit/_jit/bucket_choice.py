@@ -44,7 +44,6 @@ from .stats import Cause
 
 DEFAULT_BUCKETS = CostAware()  # pj.jit's policy when `buckets` is not given
 MESH_BUCKETS = PowersOfTwo()   # in place of a cost-aware policy on a mesh
-GRID_MEMO = 1 << 16            # sizes whose tight bucket is remembered, per dimension
 
 
 class BucketChoice:
@@ -88,9 +87,7 @@ class BucketChoice:
 
   def _grid(self, dim: str) -> Callable[[int], int]:
     policy = self.policy(dim)
-    bucket = policy.grid.bucket if isinstance(policy, CostAware) else policy.bucket
-    # (a policy is a pure function of the size: memoized, bounded, for never-seen sizes)
-    grid = self._grids[dim] = functools.lru_cache(maxsize=GRID_MEMO)(bucket)
+    grid = self._grids[dim] = policy.grid.bucket if isinstance(policy, CostAware) else policy.bucket
     return grid
 
   def _bucket(self, struct: Structure, dim: str, size: int) -> int:
@@ -208,7 +205,7 @@ class BucketChoice:
         # (`Plan.pay`), through its tight bucket's account (keyed by `tight_key`)
         account = rental.accounts.get(tight_key)
         if account is not None and account.future is None:
-          plan.loose = (account, dict(logical))
+          plan.loose = (account, logical)  # (the caller's dict, made for this plan)
         break
 
   def _compile_for_waste(self, struct: Structure, binding: Binding, variant: Variant,

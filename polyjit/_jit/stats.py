@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import heapq
+import operator
 from typing import Any, Collection, Iterable, Iterator, Literal, Sequence
 
 from .._masking import dims as _dims
@@ -69,25 +70,27 @@ class CompileRecord:
 class SizeRecord(Collection[int]):
   """The distinct sizes a dimension took, in bounded memory.
 
-  Exact up to `LIMIT` distinct sizes; past that a bottom-k sketch (k-minimum
-  values): the `LIMIT` sizes whose hashes are smallest, a uniform sample of
-  the distinct sizes whatever their order or repetition, and the largest of
-  those hashes, which estimates how many there are (relative error about
-  1/sqrt(LIMIT), 3%). The smallest and largest sizes stay exact. `pj.explain`'s
-  bucket advice (one program per bucket, padding per distinct size) reads the
-  sample as it read the set, so a long run of never-seen sizes holds a few
-  tens of kilobytes, not 33 bytes per size forever. Two records merge by
+  Exact up to `2 * LIMIT` distinct sizes; past that a bottom-k sketch
+  (k-minimum values, k = `LIMIT`): the sizes whose hashes are below a
+  threshold, at least `LIMIT` and at most `2 * LIMIT` of them (pruned back to
+  the `LIMIT` smallest when full), a uniform sample of the distinct sizes
+  whatever their order or repetition; the `LIMIT`-th smallest hash estimates
+  how many there are (relative error about 1/sqrt(LIMIT), 3%). The smallest
+  and largest sizes stay exact. `pj.explain`'s bucket advice (one program per
+  bucket, padding per distinct size) reads the sample as it read the set, so
+  a long run of never-seen sizes holds tens of kilobytes, not 33 bytes per
+  size forever; a size costs a hash and a comparison. Two records merge by
   adding one's sample to the other (`update`): same hash, same sketch.
   """
-  __slots__ = ("_hashes", "_heap", "low", "high", "exact")
+  __slots__ = ("_hashes", "_top", "low", "high", "exact")
   LIMIT = 1024
 
   def __init__(self, sizes: Iterable[int] = ()) -> None:
-    self._hashes: dict[int, int] = {}        # sampled size -> its hash
-    self._heap: list[tuple[int, int]] = []   # (-hash, size): the largest hash on top
+    self._hashes: dict[int, int] = {}   # sampled size -> its hash (0 while exact)
+    self._top = _SPAN                   # sizes whose hash is not below it are not kept
     self.low: int | None = None
     self.high: int | None = None
-    self.exact = True                        # every distinct size is in the sample
+    self.exact = True                   # every distinct size is in the sample
     self.update(sizes)
 
   def add(self, n: int) -> None:
@@ -99,24 +102,40 @@ class SizeRecord(Collection[int]):
     if self.high is None or n > self.high:
       self.high = n
     if self.exact:
-      if len(hashes) < self.LIMIT:
+      if len(hashes) < 2 * self.LIMIT:
         hashes[n] = 0  # (hashed only once the sketch starts: a plain set until then)
         return
-      self._start_sketch()
-      hashes = self._hashes
+      self.exact = False
+      self._hashes = {m: _mix(m) for m in hashes}
+      self._prune()
     h = _mix(n)
-    heap = self._heap
-    if h < -heap[0][0]:  # among the smallest hashes: it replaces the largest
-      del hashes[heapq.heapreplace(heap, (-h, n))[1]]
+    if h < self._top:
+      hashes = self._hashes  # (`_prune` replaces the dict)
       hashes[n] = h
+      if len(hashes) >= 2 * self.LIMIT:
+        self._prune()
 
-  def _start_sketch(self) -> None:
-    self.exact = False
-    self._hashes = {n: _mix(n) for n in self._hashes}
-    self._heap = [(-h, n) for n, h in self._hashes.items()]
-    heapq.heapify(self._heap)
+  def _prune(self) -> None:
+    """Keeps the `LIMIT` smallest hashes; the largest of them is the new threshold."""
+    kept = heapq.nsmallest(self.LIMIT, self._hashes.items(), key=operator.itemgetter(1))
+    self._hashes = dict(kept)
+    self._top = kept[-1][1]
 
   def update(self, sizes: Iterable[int]) -> None:
+    if isinstance(sizes, SizeRecord) and not sizes.exact:  # a sketch: merge thresholds
+      for n in (sizes.low, sizes.high):
+        if n is not None:
+          self.add(n)
+      if self.exact:
+        self.exact = False
+        self._hashes = {m: _mix(m) for m in self._hashes}
+      # each sample holds every size it saw below its threshold: below the lower
+      # one, the union of the two samples is the sample of the union
+      self._top = top = min(self._top, sizes._top)
+      self._hashes = {m: h for m, h in (self._hashes | sizes._hashes).items() if h < top}
+      if len(self._hashes) >= 2 * self.LIMIT:
+        self._prune()
+      return
     for n in sizes:
       self.add(int(n))
 
@@ -124,8 +143,8 @@ class SizeRecord(Collection[int]):
     """The number of distinct sizes (an estimate once not `exact`)."""
     if self.exact:
       return len(self._hashes)
-    kth = -self._heap[0][0]
-    return max(len(self._hashes) + 1, round((self.LIMIT - 1) * _SPAN / max(kth, 1)))
+    kth = heapq.nsmallest(self.LIMIT, self._hashes.values())[-1]
+    return max(self.LIMIT + 1, round((self.LIMIT - 1) * _SPAN / max(kth, 1)))
 
   def __iter__(self) -> Iterator[int]:
     """The sampled sizes, and the smallest and largest."""
