@@ -6,7 +6,7 @@ to exact shapes, an empty dynamic axis, `precompile`), and the backend compiles
 `jax.monitoring` reported for it (`_caching/compiles.py`), so the counts are measured,
 never assumed. Every call adds to the bucket it ran in and to the padding it
 carried; the distinct logical sizes of a dimension are kept with the argument
-axis they came from, exactly up to `SizeRecord.LIMIT` of them and as a
+axis they came from, exactly up to `2 * SizeRecord.LIMIT` (2,048) of them and as a
 bounded sketch past that. Every record is O(1) per call: a long run of
 never-seen sizes does not grow it. `pj.stats` and `pj.explain` (`diagnostics/_explain.py`) read these
 records; nothing here writes text.

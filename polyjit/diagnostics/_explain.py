@@ -91,7 +91,7 @@ def axis_sizes(f: JitFunction) -> dict[tuple[str, int], SizeRecord]:
   its bucketed calls; the sizes of calls made at exact shapes before the axis
   became dynamic (the first call's) are known from the compile causes. With
   both, `explain` counts the sizes `pj.watch` counts for the same calls
-  (past `SizeRecord.LIMIT` distinct sizes, an estimate from a sample)."""
+  (past `2 * SizeRecord.LIMIT` distinct sizes, an estimate from a sample)."""
   out: dict[tuple[str, int], SizeRecord] = {}
   for event in f.stats.compile_events:
     for name, axis, old, new in event.cause.changed:
