@@ -1,7 +1,8 @@
 """Every horizon of the seed workload in one run: first calls, long runs, steady state, warm.
 
 The seed log-likelihood over vectors whose length changes every call (uniform
-or log-uniform in [100, 10000]). Each contender runs in fresh processes with
+or log-uniform in [100, 10000], or `loguniform-wide`: log-uniform in [50, 20000],
+issue 35's long run). Each contender runs in fresh processes with
 its own fresh cache directory: first *cold* (empty cache), then *warm* (a
 second process on the cache the cold one left, as when a script is run
 again). Contenders:
@@ -24,11 +25,17 @@ again). Contenders:
 Each process reports the cumulative time after 1, 10, 100, 300, 1000, ...
 calls (blocking on each result, as a user reading a float does), and the
 steady state: the first 50 distinct lengths of its run, everything compiled,
-interleaved over rounds, median per call. Ratios are taken within one run of
-this script; on a shared machine the absolute times are noisy.
+interleaved over rounds, median per call. For `pj.jit` (15 rounds) the same
+rounds also time its *floor*: the compiled bucket program of each of those sizes called
+directly with a freshly padded NumPy buffer and its size scalars (what a call
+cannot avoid), so `steady / floor` (the median of the per-round ratios) is
+polyjit's own cost per call. Ratios are
+taken within one run of this script; on a shared machine the absolute times
+are noisy.
 
     python benchmarks/horizons.py [--calls 20000] [--jax-calls 300]
-        [--distribution uniform|loguniform] [--only pj.jit,torch] [--json out.json]
+        [--distribution uniform|loguniform|loguniform-wide] [--only pj.jit,torch]
+        [--json out.json]
         [--plot out.png]
     python benchmarks/horizons.py --from-json out.json --plot out.png   # plot an earlier run
     python benchmarks/horizons.py --workload rnn --calls 60   # ragged RNN training steps
@@ -52,12 +59,41 @@ CONTENDERS = ("numpy", "jax.jit", "jax.jit+cache", "jax.jit+sync", "pj.jit", "pj
               "torch.compile", "tf.function")
 
 
+#: distribution -> (kind, smallest, largest length)
+DISTRIBUTIONS = {"uniform": ("uniform", 100, 10000), "loguniform": ("log", 100, 10000),
+                 "loguniform-wide": ("log", 50, 20000)}
+
+
 def lengths(calls: int, distribution: str, seed: int = 0):
   import numpy as np
   rng = np.random.default_rng(seed)
-  if distribution == "loguniform":
-    return np.exp(rng.uniform(np.log(100), np.log(10000), calls)).astype(int)
-  return rng.integers(100, 10001, calls)
+  kind, low, high = DISTRIBUTIONS[distribution]
+  if kind == "log":
+    return np.exp(rng.uniform(np.log(low), np.log(high), calls)).astype(int)
+  return rng.integers(low, high + 1, calls)
+
+
+def describe(distribution: str) -> str:
+  kind, low, high = DISTRIBUTIONS[distribution]
+  return f"{'log-uniform' if kind == 'log' else 'uniform'} in [{low}, {high}]"
+
+
+def floor_call(f, x, mu, ls):
+  """A call of `f`'s compiled program for `x`'s size, as `pj.jit` makes it
+  (a fresh padded buffer, the plan's size scalars), reading the result."""
+  import numpy as np
+  from polyjit._jit.args import call_signature
+  plan = f._hot[call_signature((x, mu, ls))]
+  program, logical, pads = plan.program, plan.logical, plan.pads
+
+  def call():
+    leaves = [x, mu, ls]
+    for i, padded, dtype, region in pads:
+      buf = np.zeros(padded, dtype)
+      buf[region] = leaves[i]
+      leaves[i] = buf
+    return float(program(*leaves, logical))
+  return call
 
 
 # --- one contender in this process ---------------------------------------------------
@@ -126,7 +162,7 @@ def worker(contender: str, calls: int, distribution: str, cache_dir: str) -> dic
   import numpy as np
   fn = make(contender, cache_dir)
   rng = np.random.default_rng(1)
-  data = rng.standard_normal(10000).astype(np.float32)
+  data = rng.standard_normal(DISTRIBUTIONS[distribution][2]).astype(np.float32)
   mu, ls = np.float32(0.1), np.float32(0.3)
   ns = lengths(calls, distribution)
   cumulative = {}
@@ -137,12 +173,19 @@ def worker(contender: str, calls: int, distribution: str, cache_dir: str) -> dic
     if i in CHECKPOINTS or i == calls:
       cumulative[i] = time.perf_counter() - t0
   steady_sizes = list(dict.fromkeys(int(n) for n in ns))[:STEADY_SIZES]
-  rounds = []
-  for _ in range(7):
+  rounds, floors = [], []
+  for _ in range(15 if _PJ else 7):
     t = time.perf_counter()
     for n in steady_sizes:
       fn(data[:n], mu, ls)
     rounds.append((time.perf_counter() - t) / len(steady_sizes))
+    # the programs the calls just ran (a bucket bought meanwhile replaces a plan)
+    floor = [floor_call(_PJ[0], data[:n], mu, ls) for n in steady_sizes] if _PJ else []
+    if floor:
+      t = time.perf_counter()
+      for call in floor:
+        call()
+      floors.append((time.perf_counter() - t) / len(floor))
   ref = [float(np.sum(-0.5 * ((data[:n].astype(np.float64) - 0.1) * np.exp(-0.3)) ** 2 - 0.3)
                - 0.5 * n * np.log(2 * np.pi)) for n in ns[:50]]
   err = max(abs(a - b) / max(abs(b), 1.0) for a, b in zip(results[:50], ref, strict=True))
@@ -150,6 +193,9 @@ def worker(contender: str, calls: int, distribution: str, cache_dir: str) -> dic
          "max_rel_error": err, "distinct": len(set(int(n) for n in ns))}
   if _PJ:
     import polyjit as pj
+    out["floor_us"] = float(np.median(floors)) * 1e6
+    # per round (the two interleaved), so that a load spike moves both alike
+    out["floor_ratio"] = float(np.median([r / f for r, f in zip(rounds, floors, strict=True)]))
     stats = pj.stats(_PJ[0])
     out["programs"] = stats.compiles + stats.cache_loads
     out["loaded"] = stats.cache_loads
@@ -235,7 +281,7 @@ def main() -> None:
   p = argparse.ArgumentParser()
   p.add_argument("--calls", type=int, default=20000)
   p.add_argument("--jax-calls", type=int, default=300, help="calls for jax.jit (a compile each)")
-  p.add_argument("--distribution", default="uniform", choices=["uniform", "loguniform"])
+  p.add_argument("--distribution", default="uniform", choices=sorted(DISTRIBUTIONS))
   p.add_argument("--only", default=",".join(CONTENDERS))
   p.add_argument("--json")
   p.add_argument("--plot")
@@ -257,7 +303,7 @@ def main() -> None:
     a.jax_calls = a.calls
   import platform
   print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
-        + (f"{a.calls} calls, lengths {a.distribution} in [100, 10000]" if a.workload == "seed"
+        + (f"{a.calls} calls, lengths {describe(a.distribution)}" if a.workload == "seed"
            else f"ragged RNN training, {a.calls} steps"))
   table = {}
   if a.from_json:
@@ -288,6 +334,12 @@ def main() -> None:
           f"{steady(r['cold']):.1f} | {fmt(at(r['warm'], 300))} | "
           f"{fmt(at(r['warm'], a.calls))} |")
   ratios = {}
+  for mine in ("pj.jit", "pj.jit+sync"):  # polyjit's own cost per call: against its floor
+    r = table.get(mine)
+    if r and r["cold"].get("floor_us"):
+      ratios[f"{mine} steady / its compiled program called directly (the floor, "
+             f"{r['cold']['floor_us']:.1f} us), median of per-round ratios"] = r["cold"].get(
+                 "floor_ratio", steady(r["cold"]) / r["cold"]["floor_us"])
   for mine, theirs in (("pj.jit", "jax.jit"), ("pj.jit+sync", "jax.jit+sync")):
     pj, torch_, jx = table.get(mine), table.get("torch.compile"), table.get(theirs)
     if pj and torch_:
@@ -343,7 +395,7 @@ def main() -> None:
     ax.set_yscale("log")
     ax.set_xlabel("calls")
     ax.set_ylabel("cumulative seconds")
-    ax.set_title(f"seed likelihood, lengths {a.distribution} in [100, 10000]")
+    ax.set_title(f"seed likelihood, lengths {describe(a.distribution)}")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(a.plot, dpi=120)

@@ -22,6 +22,12 @@ structure, from cost estimates:
 * Headroom is skipped when the estimates say it would waste a compile's
   worth of run time within `ROOMY_CALLS` calls: costly programs compile
   their tight bucket when nothing holds a call.
+* A size that keeps coming back does not stay loose: a plan that has run
+  `REPEATS` times in a bucket more than `LOOSE` times its size along some
+  dimension buys its tight bucket then (`Account.insist`), whatever the
+  account says (the estimates may be wrong, and a size repeated that often
+  is the run's future more surely than the waste so far says). Counted per
+  plan, deterministic like the rest.
 
 Where the estimates come from (`estimates=`):
 
@@ -74,6 +80,8 @@ MAX_ACCOUNTS = 8     # smaller buckets a borrowing call pays into
 ROOMY_CALLS = 32     # headroom must not waste a compile's run time in fewer calls
 LOAD_FRACTION = 0.1  # a program on disk: loading it costs this part of a compile
 REMEMBERED_SLACK = 16  # a remembered bucket: at most this times the largest size seen
+REPEATS = 100        # a size run this many times in a bucket more than LOOSE x its
+LOOSE = 2.0          # own size gets its own bucket, paid for or not (issue 35)
 
 #: A bucket's key (hashable; built by the caller).
 BucketKey = tuple[Any, ...]
@@ -163,19 +171,30 @@ class Account:
     self.env = env
     self.waste = 0.0
     self.future: concurrent.futures.Future[Any] | None = None
-    self.start = start          # start(waste, compile_estimate) -> Future
+    self.start = start          # start(waste, compile_estimate, why) -> Future
 
-  def settle(self) -> None:
+  def settle(self, why: str | None = None) -> None:
     """Compiles the bucket once the waste has paid its price (and no other
-    compile of this rental is running)."""
+    compile of this rental is running); with `why`, now, paid or not."""
     rental = self.rental
-    if self.future is None and self.waste >= rental.price(self.env) and not rental.busy:
+    if self.future is None and (why is not None or self.waste >= rental.price(self.env)) \
+        and not rental.busy:
       with rental.lock:
         if self.future is None and not rental.busy:
           rental.busy = True  # one at a time: the next is chosen knowing this one
-          future = self.start(self.waste, rental.price(self.env))
+          future = self.start(self.waste, rental.price(self.env), why)
           future.add_done_callback(rental.finished)
           self.future = future
+
+  def insist(self, sizes: dict[str, int], bucket: dict[str, int]) -> None:
+    """Buys this bucket now: calls with `sizes` ran `REPEATS` times in
+    `bucket`, more than `LOOSE` times their size (a no-op once bought; while
+    another compile runs, the next call tries again)."""
+    if self.future is None:
+      self.settle(", ".join(f"{v}={n}" for v, n in sorted(sizes.items()))
+                  + f" ran {REPEATS} times in bucket "
+                  + ", ".join(f"{v}={n}" for v, n in sorted(bucket.items()))
+                  + f", more than {LOOSE:g}x its size")
 
 
 class Borrow:

@@ -11,6 +11,7 @@ import jax.extend.core as jex_core
 import numpy as np
 from jax._src.array import ArrayImpl as _ArrayImpl
 from jax._src.interpreters import pxla as _pxla
+from jax._src import config as _config
 from jax._src import core as _core
 from jax._src import effects as _effects
 from jax._src.numpy import util as _np_util
@@ -57,6 +58,13 @@ InconclusiveDimensionOperation = _InconclusiveDimensionOperation
 # call by `type(x) is ARRAY_TYPE` (an exact type test is much cheaper than
 # `isinstance(x, jax.Array)`, which goes through an ABC).
 ARRAY_TYPE = _ArrayImpl
+
+
+# What `jax.jit` keys its caches on besides the arguments: every configuration
+# state that changes a trace (`jax_enable_x64`, `jax_numpy_dtype_promotion`,
+# `jax_default_matmul_precision`, `jax.disable_jit()`, mesh contexts, ...), as
+# one hashable tuple of the values in effect in this thread (C++, ~0.1 us).
+trace_context: Callable[[], tuple[Any, ...]] = _config.trace_context
 
 
 def jit_disabled() -> bool:

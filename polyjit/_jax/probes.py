@@ -249,10 +249,16 @@ def _jaxprs() -> None:
 
 # --- the call path (reads) ---------------------------------------------------------
 
-@internal("array.ArrayImpl, pxla.batched_device_put(aval, sharding, xs, devices, committed)",
-          CALL, "read", "the exact type of device arrays; a fast host-to-device copy")
+@internal("array.ArrayImpl, pxla.batched_device_put(aval, sharding, xs, devices, committed), "
+          "config.trace_context", CALL, "read",
+          "the exact type of device arrays; a fast host-to-device copy; pj.jit keys "
+          "structures and hot plans by what jax.jit keys on (x64, dtype promotion, ...)")
 def _call_path() -> None:
   assert issubclass(_ArrayImpl, jax.Array)
+  outside = _config.trace_context()
+  with jax.enable_x64(not _config.enable_x64.value):  # x64 is part of it
+    assert _config.trace_context() != outside
+  assert _config.trace_context() == outside and hash(outside) == hash(_config.trace_context())
   assert _params(_pxla.batched_device_put)[:4] == ["aval", "sharding", "xs", "devices"]
   host = np.arange(3, dtype=np.int32)
   out = host_to_device(host, jax.sharding.SingleDeviceSharding(jax.devices()[0]))

@@ -295,14 +295,16 @@ def split_signature(key: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[tuple[
 
 # --- leaves --------------------------------------------------------------------
 
-_canonical_dtypes: dict[Any, np.dtype[Any]] = {}
+_canonical_dtypes: dict[tuple[Any, bool], np.dtype[Any]] = {}
 
 
 def _canonical(dtype: Any) -> np.dtype[Any]:
-  """JAX's dtype for a NumPy dtype (float64 -> float32 without x64), cached."""
-  out = _canonical_dtypes.get(dtype)
+  """JAX's dtype for a NumPy dtype (float64 -> float32 without x64), cached
+  per x64 mode (`jax.enable_x64()` may change it between calls)."""
+  key = (dtype, bool(jax.config.jax_enable_x64))  # type: ignore[attr-defined, unused-ignore]
+  out = _canonical_dtypes.get(key)
   if out is None:
-    out = _canonical_dtypes[dtype] = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
+    out = _canonical_dtypes[key] = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
   return out
 
 

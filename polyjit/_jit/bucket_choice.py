@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import jax
 
-from .._buckets.cost_aware import CostAware, Rental
+from .._buckets.cost_aware import LOOSE, CostAware, Rental
 from .._buckets.fixed import BucketPolicy, PerDimBucketSpec, PowersOfTwo, as_policy
 from .._caching import disk as _disk_cache
 from .._masking.errors import PolyjitError
@@ -55,6 +55,8 @@ class BucketChoice:
     self._policies: dict[str, BucketPolicy] = {}  # dim -> its policy (`policy`)
     # dim -> its policy's `bucket`, the grid's for a cost-aware one (`tight_key`)
     self._grids: dict[str, Callable[[int], int]] = {}
+    # dimensions (in a call's order) -> True where some policy is fixed: no rental
+    self._fixed: dict[tuple[str, ...], bool] = {}
 
   def policy(self, dim: str) -> BucketPolicy:
     """The bucket policy that pads the dimension `dim` (made once per dimension)."""
@@ -107,9 +109,13 @@ class BucketChoice:
       return None
     rental = struct.rental
     if rental is None:
+      dims = tuple(logical)
+      if self._fixed.get(dims):  # (known: every never-seen size of a fixed policy asks)
+        return None
       policies = {v: self.policy(v) for v in logical}
       cost_aware = {v: p for v, p in policies.items() if isinstance(p, CostAware)}
       if not policies or len(cost_aware) != len(policies):
+        self._fixed[dims] = True
         return None
       rental = struct.start_rental(Rental(cost_aware))
       if struct.tracker is not None and struct.masked is not None:
@@ -193,18 +199,26 @@ class BucketChoice:
       else:
         key = None
     plan.borrow_from(rental.borrow(plan.key.bucket, accounts, key, logical))
+    for v, b in plan.key.bucket:
+      if b > LOOSE * logical[v]:
+        # more than LOOSE x its size: buys its own bucket after REPEATS calls
+        # (`Plan.pay`), through its tight bucket's account (keyed by `tight_key`)
+        account = rental.accounts.get(tight_key)
+        if account is not None and account.future is None:
+          plan.loose = (account, logical)  # (the caller's dict, made for this plan)
+        break
 
   def _compile_for_waste(self, struct: Structure, binding: Binding, variant: Variant,
                          env: dict[str, int], wasted: float,
-                         compile_cost: float) -> Future[Any]:
-    """Compiles the bucket `env`, whose account has paid for it: here, under
-    deterministic estimates (so that the next call's bucket never depends on
-    when a thread finishes), else in the background."""
+                         compile_cost: float, why: str | None = None) -> Future[Any]:
+    """Compiles the bucket `env`, whose account has paid for it (or insists:
+    `why`): here, under deterministic estimates (so that the next call's
+    bucket never depends on when a thread finishes), else in the background."""
     rental = struct.rental
     assert rental is not None  # (an account of this structure's rental paid)
     what = "" if rental.measured else "estimated "
     cause = Cause("bucket", bucket=dict(env),
-                  reason=f"{what}waste {wasted:.3g} s > compile {compile_cost:.3g} s")
+                  reason=why or f"{what}waste {wasted:.3g} s > compile {compile_cost:.3g} s")
     assert struct.masked is not None  # (a bucket of a masked plan)
     key, build = self._compiler.masked(struct, struct.masked, binding, variant, env, cause)
     if self._compiler.background or rental.measured:

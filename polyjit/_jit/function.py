@@ -12,6 +12,12 @@ A call goes through these steps, all on the host:
    case has no shardings), run the program with the logical sizes as runtime
    values, slice outputs with dynamic dims back to their logical shapes.
 
+Everything is keyed, as `jax.jit` keys its caches, by the trace context too
+(`jc.trace_context()`: `jax_enable_x64`, dtype promotion, matmul precision,
+`jax.disable_jit()`, ...): a structure's `StructureKey.context`, and the hot
+path's plans per context (`_HotCalls`), so that a trace made under one
+configuration never serves a call under another.
+
 A repeated call skips steps 1-2: positional arrays and scalars are keyed by
 `call_signature` (dtype, weak type, shape each) straight to their plan, which
 pads only the leaves that need it, passes logical sizes already on the device,
@@ -90,6 +96,22 @@ from .stats import Stats
 HOT_PLANS = 16384 # call signatures kept for the hot path (then it starts over)
 
 
+class _HotCalls:
+  """The hot path's state under one trace context."""
+  __slots__ = ("hot", "by_rank")
+
+  def __init__(self) -> None:
+    # call_signature -> plan; None (no signature) is looked up, never stored
+    self.hot: dict[tuple[Any, ...] | None, Plan] = {}
+    # rank_signature -> its structure, for new sizes of hot signatures (`_resized_plan`)
+    self.by_rank: dict[tuple[Any, ...], Structure] = {}
+
+  def keep(self, key: tuple[Any, ...], plan: Plan) -> None:
+    if len(self.hot) >= HOT_PLANS:
+      self.hot.clear()
+    self.hot[key] = plan
+
+
 class JitFunction:
   """A function compiled by `pj.jit`."""
 
@@ -129,16 +151,21 @@ class JitFunction:
                             self.stats, constraints=self.constraints, fallback=self.fallback,
                             specs_may_fall_back=annotated is not None)
     self._structures = self._planner.structures  # (the same dict: tests and benchmarks read it)
-    # call_signature -> plan (the hot path); None (no signature) is looked up, never stored
-    self._hot: dict[tuple[Any, ...] | None, Plan] = {}
-    # rank_signature -> its structure, for new sizes of hot signatures (`_resized_plan`)
-    self._by_rank: dict[tuple[Any, ...], Structure] = {}
+    # trace context (`jc.trace_context()`: x64, dtype promotion, ...) -> the
+    # hot path's plans and structures under it, as jax.jit keys its caches
+    self._contexts: dict[Any, _HotCalls] = {}
     self._inline = jax.jit(fun, static_argnums=self._args.static_argnums or None,
                            static_argnames=self._args.static_argnames or None,
                            keep_unused=default(options, "keep_unused"),
                            inline=default(options, "inline"),
                            **_sharding.jit_options(in_shardings, out_shardings))
     functools.update_wrapper(self, fun, updated=())
+
+  @property
+  def _hot(self) -> dict[tuple[Any, ...] | None, Plan]:
+    """The hot path's plans under the current trace context (tests read it)."""
+    calls = self._contexts.get(jc.trace_context())
+    return {} if calls is None else calls.hot
 
   polymorphic_shapes = property(lambda self: self._args.polymorphic_shapes)
   static_argnums = property(lambda self: self._args.static_argnums)
@@ -158,25 +185,28 @@ class JitFunction:
   # --- calls -----------------------------------------------------------------
 
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
-    if jc.jit_disabled():  # jax.disable_jit(): run `fun` eagerly, as jax.jit does
-      return self._inline(*strip_padded(args), **strip_padded(kwargs))
     if _verify.enabled():  # the checking mode: jax.jit at the exact shapes agrees
       return _verify.checked_call(repr(self), self._reference, self, args, kwargs)
-    # The hot path: positional arrays and scalars whose signature was seen.
+    # The hot path: positional arrays and scalars whose signature was seen
+    # under this trace context (what jax.jit keys on besides the arguments).
+    calls = self._contexts.get(jc.trace_context())
     key = None if kwargs or self._args.has_static else call_signature(args)
-    plan = self._hot.get(key)
-    if plan is not None and plan.current:
-      self.stats.record_call(plan.bucket, plan.waste, plan.fallback)
-      if plan.borrow is not None:  # in a larger bucket than its own: pay for it
-        plan.borrow.pay()
-      return plan.unpad_outputs(plan.run_plain(args))
-    if key is not None:  # a never-seen size in a compiled bucket: the bucket's plan, resized
-      plan = self._resized_plan(key)
-      if plan is not None:
+    if calls is not None:
+      plan = calls.hot.get(key)
+      if plan is not None and plan.current:
         self.stats.record_call(plan.bucket, plan.waste, plan.fallback)
-        if plan.borrow is not None:
-          plan.borrow.pay()
+        if plan.borrow is not None:  # in a larger bucket than its own: pay for it
+          plan.pay()
         return plan.unpad_outputs(plan.run_plain(args))
+      if key is not None:  # a never-seen size in a compiled bucket: the bucket's plan, resized
+        plan = self._resized_plan(calls, key)
+        if plan is not None:
+          self.stats.record_call(plan.bucket, plan.waste, plan.fallback)
+          if plan.borrow is not None:
+            plan.pay()
+          return plan.unpad_outputs(plan.run_plain(args))
+    if jc.jit_disabled():  # jax.disable_jit(): run `fun` eagerly, as jax.jit does
+      return self._inline(*strip_padded(args), **strip_padded(kwargs))
     done = self._execute(args, kwargs, key)
     if done is None:  # under a transformation: inline
       return self._inline(*strip_padded(args), **strip_padded(kwargs))
@@ -211,13 +241,14 @@ class JitFunction:
     if hot_key is not None and plan.current and struct.shardings is None \
         and self._shardings.one_device():
       # Only where no argument can be on a mesh: the hot key has no shardings.
-      if len(self._hot) >= HOT_PLANS:
-        self._hot.clear()
-      self._hot[hot_key] = plan
-      self._by_rank[rank_signature(hot_key)] = struct
+      calls = self._contexts.get(struct.key.context)
+      if calls is None:
+        calls = self._contexts[struct.key.context] = _HotCalls()
+      calls.keep(hot_key, plan)
+      calls.by_rank[rank_signature(hot_key)] = struct
     self.stats.record_call(plan.bucket, plan.waste, plan.fallback)
     if plan.borrow is not None:
-      plan.borrow.pay()
+      plan.pay()
     rental = struct.rental  # (None on a mesh: fixed buckets there)
     if rental is None or plan.bucket is None or not rental.wants_sample(plan.bucket):
       return plan, plan.run(leaves)
@@ -227,13 +258,13 @@ class JitFunction:
     rental.record_time(plan.bucket, time.perf_counter() - t0)
     return plan, outs
 
-  def _resized_plan(self, key: tuple[Any, ...]) -> Plan | None:
+  def _resized_plan(self, calls: _HotCalls, key: tuple[Any, ...]) -> Plan | None:
     """The plan for a call signature not seen before whose structure was (the
-    same argument types and ranks), when its sizes fall in a compiled bucket
-    with a template: that bucket's plan, resized (`Plan.resized`). None sends
-    the call down the general path (`_execute`)."""
+    same argument types and ranks, under this trace context), when its sizes
+    fall in a compiled bucket with a template: that bucket's plan, resized
+    (`Plan.resized`). None sends the call down the general path (`_execute`)."""
     ranks, shapes = split_signature(key)
-    struct = self._by_rank.get(ranks)
+    struct = calls.by_rank.get(ranks)
     if struct is None or (struct.rental is not None and struct.rental.measured):
       return None  # (measured estimates time a new shape's first run: `_execute`)
     plan = struct.plan(shapes)
@@ -243,9 +274,7 @@ class JitFunction:
         return None
       struct.remember(shapes, plan)
     if plan.current:
-      if len(self._hot) >= HOT_PLANS:
-        self._hot.clear()
-      self._hot[key] = plan
+      calls.keep(key, plan)
     return plan
 
   def _forget_program(self, key: ProgramKey) -> None:
@@ -270,8 +299,7 @@ class JitFunction:
     """Drops every compiled program, plan and trace of this function (its
     statistics stay)."""
     self._structures.clear()   # traces, plans and the cost-aware accounts
-    self._hot.clear()
-    self._by_rank.clear()
+    self._contexts.clear()
     self._cache.clear()
 
   def precompile(self, *args: Any, sizes: dict[str, Sequence[int]] | None = None,

@@ -30,6 +30,7 @@ import itertools
 import logging
 from typing import Any, Callable, Sequence, TypeAlias, TypeVar
 
+from .. import _jax as jc
 from .._caching.executables import wait
 from .._masking.data_dependent import plain_jit_trace
 from .._masking.errors import FallbackWarning, MaskingError, PolyjitError, ShapeError, warn_user
@@ -96,7 +97,7 @@ class Planner:
     # Looked up as a plain tuple (equal to, and hashed as, its `StructureKey`,
     # which is made only for a new structure): nothing extra per call.
     key = (static_key, treedef, avals, tuple(len(s) for s in shapes),
-           self._shardings.leaf_shardings(leaves, treedef))
+           self._shardings.leaf_shardings(leaves, treedef), jc.trace_context())
     struct = self.structures.get(key)  # type: ignore[call-overload]
     if struct is None:
       struct = self._new_structure(StructureKey(*key), shapes)

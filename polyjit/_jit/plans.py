@@ -31,7 +31,7 @@ from .. import _jax as jc
 from .auto import DimTracker
 from .._masking.mask import Masked
 from .._masking.padding import pad_into
-from .._buckets.cost_aware import Borrow, Rental
+from .._buckets.cost_aware import REPEATS, Account, Borrow, Rental
 from .._sharding import placement as _placement
 
 #: Per leaf, a shape (padded or logical).
@@ -51,6 +51,9 @@ class StructureKey(NamedTuple):
   avals: tuple[Any, ...]  # per leaf: (dtype, weak_type)
   ranks: tuple[int, ...]  # per leaf: its rank
   shardings: tuple[Any, ...] | None = None  # per leaf on a mesh; None: one device
+  # What jax.jit keys on besides the arguments (`jc.trace_context()`: x64, dtype
+  # promotion, matmul precision, ...): a trace under one is wrong under another.
+  context: tuple[Any, ...] | None = None
 
 
 class ProgramKey(NamedTuple):
@@ -85,7 +88,7 @@ class Plan:
   """
   __slots__ = ("key", "program", "dtypes", "logical", "out_shapes", "waste",
                "provisional", "fallback", "bucket", "pads", "dynamic_outputs", "live",
-               "borrow", "padded_out", "shardings", "unpad_leaf")
+               "borrow", "padded_out", "shardings", "unpad_leaf", "loose", "calls")
 
   def __init__(self, key: ProgramKey, program: Any, dtypes: Any, logical: Any,
                out_shapes: Any, waste: float, provisional: Any = None,
@@ -114,6 +117,10 @@ class Plan:
         tuple(o) != tuple(p) for o, p in zip(out_shapes, self.padded_out, strict=True))
     self.live = True                    # False once its structure dropped it
     self.borrow: Borrow | None = None   # a cost-aware policy's `Borrow`: pays per call
+    # (its tight bucket's account, its sizes) when borrowing more than LOOSE x
+    # its size: bought after REPEATS calls (`pay`); `calls` counts them
+    self.loose: tuple[Account, dict[str, int]] | None = None
+    self.calls = 0
     self.shardings = key.structure.shardings  # per leaf on a mesh; None: one device
     self.unpad_leaf = _placement.unpad_for(self.shardings)  # keeps shardings on a mesh
 
@@ -141,6 +148,8 @@ class Plan:
     new.live = True
     new.borrow = None
     new.provisional = None
+    new.loose = None
+    new.calls = 0
     return new
 
   def borrow_from(self, borrow: Borrow) -> None:
@@ -148,6 +157,20 @@ class Plan:
     accounts, and the plan is superseded once a smaller bucket that may hold
     it has compiled (one of those accounts' buckets, say: `Borrow`)."""
     self.borrow = self.provisional = borrow
+
+  def pay(self) -> None:
+    """A call of a borrowing plan: pays the waste into its accounts, and once
+    it has run `REPEATS` times more than `LOOSE` x its size, buys its own bucket."""
+    assert self.borrow is not None  # (called only for a borrowing plan)
+    self.borrow.pay()
+    loose = self.loose
+    if loose is not None:
+      self.calls += 1
+      if self.calls >= REPEATS:
+        account, sizes = loose
+        account.insist(sizes, dict(self.key.bucket))
+        if account.future is not None:  # bought (else another compile runs: next call)
+          self.loose = None
 
   @property
   def superseded(self) -> bool:

@@ -9,7 +9,7 @@ programs for noticeably less padding (or the reverse), with both figures.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable
+from typing import Collection, Iterable
 
 from .._buckets import fixed as B
 
@@ -36,12 +36,21 @@ def cost(policy: B.BucketPolicy, sizes: Iterable[int], label: str = "", code: st
   return Cost(label, code, len(set(buckets)), padding)
 
 
-def advise(where: str, sizes: Iterable[int], current: B.BucketPolicy | None = None) -> str:
-  """One sentence on an axis's sizes, the current cost and a better trade-off."""
+def distinct(sizes: Collection[int]) -> str:
+  """How many distinct sizes: exact, or "about N" from a bounded sample
+  (`_jit/stats.py`'s `SizeRecord` past its limit)."""
+  return str(len(sizes)) if getattr(sizes, "exact", True) else f"about {len(sizes)}"
+
+
+def advise(where: str, sizes: Collection[int], current: B.BucketPolicy | None = None) -> str:
+  """One sentence on an axis's sizes, the current cost and a better trade-off.
+  `sizes` may be a sample (a `SizeRecord` past its limit): the costs are the
+  sample's, the count its estimate."""
+  count = distinct(sizes)
   sizes = sorted(set(int(s) for s in sizes))
   current = current or B.PowersOfTwo()
   now = cost(current, sizes, _label(current), "")
-  head = (f"{where} took {len(sizes)} distinct sizes in [{sizes[0]}, {sizes[-1]}]: "
+  head = (f"{where} took {count} distinct sizes in [{sizes[0]}, {sizes[-1]}]: "
           f"{now.label} need {now.programs} program{'s' * (now.programs != 1)} with "
           f"{now.padding:.0%} mean padding")
   options = [cost(p, sizes, label, code) for label, code, p in _CANDIDATES if p != current]

@@ -14,9 +14,9 @@ import dataclasses
 from collections.abc import Collection
 
 from .._jit.function import JitFunction
-from .._jit.stats import Cause
+from .._jit.stats import Cause, SizeRecord
 from .._buckets.cost_aware import CostAware
-from ._advice import advise
+from ._advice import advise, distinct
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,18 +86,19 @@ def _count(n: int, noun: str) -> str:
   return f"{n} {noun}{'s' * (n != 1)}"
 
 
-def axis_sizes(f: JitFunction) -> dict[tuple[str, int], set[int]]:
+def axis_sizes(f: JitFunction) -> dict[tuple[str, int], SizeRecord]:
   """Every size each argument axis took. A dimension's record has the sizes of
   its bucketed calls; the sizes of calls made at exact shapes before the axis
   became dynamic (the first call's) are known from the compile causes. With
-  both, `explain` counts the sizes `pj.watch` counts for the same calls."""
-  out: dict[tuple[str, int], set[int]] = {}
+  both, `explain` counts the sizes `pj.watch` counts for the same calls
+  (past `2 * SizeRecord.LIMIT` distinct sizes, an estimate from a sample)."""
+  out: dict[tuple[str, int], SizeRecord] = {}
   for event in f.stats.compile_events:
     for name, axis, old, new in event.cause.changed:
-      out.setdefault((name, axis), set()).update((old, new))
+      out.setdefault((name, axis), SizeRecord()).update((old, new))
   for entry in f.stats.dims.values():
     if entry.where:
-      out.setdefault(entry.where, set()).update(entry.sizes)
+      out.setdefault(entry.where, SizeRecord()).update(entry.sizes)
   return out
 
 
@@ -134,7 +135,8 @@ def _describe(cause: Cause) -> str:
     became = "; now dynamic: " + ", ".join(cause.became_dynamic)
   variant = f"; the side where {cause.variant}" if cause.variant else ""
   if cause.shapes is None:  # bought by a cost-aware policy's account
-    where = "" if (cause.reason or "").startswith("estimated") else " in the background"
+    # (measured estimates compile in the background: their reason is "waste ...")
+    where = " in the background" if (cause.reason or "").startswith("waste") else ""
     return f"bucket {_bucket(cause)}{where}{variant} ({cause.reason})"
   reason = f" ({cause.reason})" if cause.reason else ""
   return (f"{_changes(cause) or 'new sizes'}{became}; bucket {_bucket(cause)} for "
@@ -144,7 +146,7 @@ def _describe(cause: Cause) -> str:
 def _cost_aware_note(f: JitFunction, where: str, dim: str, sizes: Collection[int]) -> str:
   events = [e for e in f.stats.compile_events if not e.exact and dim in dict(e.key.bucket)]
   buckets = sorted({dict(e.key.bucket)[dim] for e in events})
-  note = (f"{where} took {len(sizes)} distinct sizes in [{min(sizes)}, {max(sizes)}]: "
+  note = (f"{where} took {distinct(sizes)} distinct sizes in [{min(sizes)}, {max(sizes)}]: "
           f"the cost-aware buckets compiled {len(events)} program(s) for it in "
           f"{len(buckets)} bucket(s) ({', '.join(map(str, buckets)) or 'none'}); a tighter "
           "bucket is compiled once the run time its padding wastes exceeds a compile.")
