@@ -56,7 +56,7 @@ import numpy as np
 from . import dims as _dims
 from .. import _jax as jc
 from . import rules as _rules  # noqa: F401  (registers the masking rules)
-from . import (data_dependent as _data_dependent, calls as _mask_calls, scopes as _scopes,
+from . import (data_dependent as _data_dependent, calls as _mask_calls, scopes as _scopes, signals as _signals,
                size_range as _size_range, spec as _spec, autodiff as _symbolic_ad, variants as _variants, verify as _verify)
 from .refusals import jax_refusal
 from .errors import FallbackWarning, MaskingError, PolyjitError, ShapeError, trace_error, warn_user
@@ -159,7 +159,7 @@ class Masked:
       bound = _spec.bind(self.in_shapes, args, scope, check=False)
       avals = [jc.shaped(leaf.symbolic_shape, jc.typeof(x).dtype, jc.typeof(x).weak_type)
                for leaf, x in zip(bound.leaves, leaves, strict=True)]
-      with jc.size_decisions(oracle):
+      with _signals.answering(oracle):   # a signal the function caught voids it
         return self._trace(in_tree, avals, bound.dim_names)
 
     def trace(constraints: tuple[str, ...], oracle: Callable[..., bool]) -> SymbolicTrace:
