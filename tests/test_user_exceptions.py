@@ -245,3 +245,27 @@ def test_a_helper_that_catches_and_reraises_is_unchanged():
   for mode in MODES:
     for n in SIZES:
       np.testing.assert_allclose(mode(f, n), f(example(n)), rtol=1e-6)
+
+
+def test_a_caught_inconclusive_comparison_of_jax_settles_a_guard():
+  """`x[:-1][0]` needs `n >= 2`, which JAX cannot decide for a symbolic `n`:
+  its InconclusiveDimensionOperation is how polyjit learns the guard. Caught
+  by the function, the trace went on to its `except` side (-100) where
+  jax.jit raises nothing; at n = 1 jax.jit raises an IndexError, which the
+  function catches, and both give -100, or polyjit refuses the side 'n <= 1'
+  that a padded size of 8 cannot run (it does without the `try` too); concrete
+  sizes on the other side are exact."""
+  def f(x):
+    try:
+      return x[:-1][0] * 3.0 + jnp.sum(x)
+    except Exception:
+      return jnp.float32(-100.0)
+
+  for mode in MODES:
+    for n in (1, 3, 5):
+      try:
+        got = mode(f, n)
+      except pj.PolyjitError:
+        assert n == 1 or mode in (mask_traced, ragged)
+        continue
+      np.testing.assert_allclose(got, f(example(n)), rtol=1e-6)

@@ -262,16 +262,19 @@ def _install_decision_hooks() -> None:
   def _geq_decision(e1: Any, e2: Any, cmp_str: Callable[[], str]) -> Any:
     try:
       return original_geq(e1, e2, cmp_str)
-    except InconclusiveDimensionOperation:
+    except InconclusiveDimensionOperation as error:
       oracle: Any = getattr(_decisions, "oracle", None)
       if oracle is None:
         raise
       where = _user_frame()
       if where is None:
         # JAX's own shape rule: answered where it assumes a data-dependent
-        # size non-empty (checked when the program runs), else refused.
+        # size non-empty (checked when the program runs), else refused. The
+        # refusal is recorded too: polyjit settles it as a guard, and user
+        # code that catches it would go on where jax.jit raises nothing.
         answer = _ask(oracle.assume, e1 - e2, cmp_str())
         if answer is None:
+          signal_raised(error)
           raise
         return answer
       return _ask(oracle, SizeDecision("ge", e1 - e2, cmp_str(), where))

@@ -50,6 +50,17 @@ def is_user_path(path: str) -> bool:
   return not (_inside(path, _JAX_DIR) or _inside(path, _POLYJIT_DIR))
 
 
+def passed_user_code(error: BaseException) -> bool:
+  """Whether a raised exception travelled through a frame of user code (its
+  traceback holds one): then user code caught it, or let it pass."""
+  tb = error.__traceback__
+  while tb is not None:
+    if is_user_path(tb.tb_frame.f_code.co_filename):
+      return True
+    tb = tb.tb_next
+  return False
+
+
 def stack_outward(depth: int) -> Iterator[types.FrameType]:
   """The current stack from the frame `depth` levels above the caller, outward."""
   frame: types.FrameType | None = sys._getframe(depth + 1)

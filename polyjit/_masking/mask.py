@@ -383,9 +383,10 @@ class Masked:
     sliced = [np.asarray(x)[tuple(slice(0, _dims.evaluate_dim(d, sizes))
                                   for d in leaf.symbolic_shape)]
               for x, leaf in zip(leaves, binding.leaves, strict=True)]
-    want = self.fun(*jax.tree.unflatten(tree, sliced))
+    # (as JAX arrays: `v.sum() * 2.` on a NumPy array computes in NumPy's types)
+    want = self.fun(*jax.tree.unflatten(tree, [jnp.asarray(x) for x in sliced]))
     got = self.unpad(result, args, sizes)
-    _verify.compare(repr(self), f"sizes {sizes}", got, want)
+    _verify.compare(repr(self), f"sizes {sizes}", got, want, sliced)
 
 
 def _apply_selected(variants: Sequence[_variants.Variant], binding: _spec.Binding,

@@ -55,7 +55,6 @@ IDLE_PER_CONSTRAINTS = 4   # idle scopes kept per set of constraints (one per co
 
 class LeftSharedScope(BaseException):
   """A trace in a shared scope asked a size question: trace it again in a fresh scope."""
-  lost = False   # set when user code stopped it (`signals.py`): the scope is dropped
 
 
 class LeaveOnQuestion:
@@ -127,12 +126,14 @@ def trace_shared(in_scope: Callable[[jc.SymbolicScope, Any], Any], constraints: 
   scope, traced, clean = lend(constraints), None, True
   try:
     traced = in_scope(scope, LeaveOnQuestion(oracle))
-  except LeftSharedScope as e:
+  except BaseException as e:
     # its partial trace answered nothing, and the scope stays clean, unless the
-    # function stopped the signal: a jitted helper may have cached a trace that
-    # went past it, so that scope is never lent again
-    clean = not e.lost
-    return None
+    # function stopped a signal (`signals.py`): a jitted helper may have cached
+    # a trace that went past it, so that scope is never lent again
+    clean = not getattr(e, "lost", False)
+    if isinstance(e, LeftSharedScope):
+      return None
+    raise
   finally:
     if clean:
       give_back(scope, constraints)

@@ -4,7 +4,9 @@ polyjit steers a trace of user code by raising exceptions into it from the
 size hooks (`_jax/decisions.py`): `LeftSharedScope` (trace again in a fresh
 scope), `variants._Settle` (trace again with a constraint), and its refusals
 (`SizeValueError` for `int(n)`, a `MaskingError` for a question it cannot
-answer). Each travels up through the user's frames before polyjit's handler
+answer); and JAX raises `InconclusiveDimensionOperation` for a comparison in
+its own code that only symbolic sizes make undecidable, which polyjit settles
+as a guard. Each travels up through the user's frames before polyjit's handler
 gets it, and user code can stop it: a bare `except:`, `except BaseException`,
 `contextlib.suppress`, an `__exit__` that returns True, a `return` in a
 `finally`, a generator that swallows it, or `except TypeError` around
@@ -70,6 +72,13 @@ def _lost(signal: BaseException) -> BaseException:
   return signal
 
 
+def _counts(signal: BaseException) -> bool:
+  """Whether a recorded exception must arrive. JAX's own inconclusive
+  comparison is recorded too (polyjit settles it as a guard), but JAX may
+  catch it itself and go on: it must arrive only once it reached user code."""
+  return not isinstance(signal, jc.InconclusiveDimensionOperation) or jc.passed_user_code(signal)
+
+
 @contextlib.contextmanager
 def answering(oracle: Any) -> Iterator[None]:
   """`jc.size_decisions(oracle)`, checking that the first exception it raised
@@ -80,14 +89,16 @@ def answering(oracle: Any) -> Iterator[None]:
     except (KeyboardInterrupt, SystemExit):
       raise
     except BaseException as exc:
-      if not raised or raised[0] is exc:
+      first = next((s for s in raised if s is exc or _counts(s)), None)
+      if first is None or first is exc:
         raise
-      signal = _lost(raised[0])
+      signal = _lost(first)
       if isinstance(signal, PolyjitError) and not _in_chain(signal, exc):
         raise caught_error(signal) from signal
       raise signal from exc
-    if raised:
-      signal = _lost(raised[0])
+    first = next((s for s in raised if _counts(s)), None)
+    if first is not None:
+      signal = _lost(first)
       if isinstance(signal, PolyjitError):
         raise caught_error(signal) from signal
       raise signal
