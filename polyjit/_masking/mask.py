@@ -338,6 +338,7 @@ class Masked:
     """(padded outputs, sizes): `sizes` is None for a function that creates no
     data-dependent sizes, else `logical_env` plus each created size (an int32
     scalar), from which the outputs' logical shapes evaluate."""
+    in_contract: Any = None   # traced sizes: whether they keep the contract (a traced bool)
     try:
       binding = self.bind(args)
       logical = _spec.logical_values(logical_env, binding)
@@ -354,8 +355,10 @@ class Masked:
         traced = found[0].traced
         outs = _apply_selected(found, binding, leaves, logical)
         n_out = len(traced.out_avals)   # (created sizes and check codes follow)
-        outs = [*_size_range.guard(outs[:n_out], dict(zip(binding.dim_names, logical, strict=True)),
-                                   binding.padded, f"pj.mask({self._name})"), *outs[n_out:]]
+        guarded, in_contract = _size_range.guard(
+            outs[:n_out], dict(zip(binding.dim_names, logical, strict=True)),
+            binding.padded, f"pj.mask({self._name})", self.scope)
+        outs = [*guarded, *outs[n_out:]]
     except (MaskingError, ShapeError) as e:
       e.add_note(f"(while masking {self._name}, called at {jc.current_user_line()})")
       raise
@@ -367,7 +370,10 @@ class Masked:
     outs, sizes, failed = _data_dependent.split_outputs(traced, outs)
     _data_dependent.raise_if_failed(failed)
     outs = _data_dependent.poison_if_failed(outs, failed)
-    return jax.tree.unflatten(traced.out_tree, outs), {**logical_env, **sizes}
+    env = {**logical_env, **sizes}
+    if in_contract is not None:   # traced sizes: the counts are poisoned with the rest
+      env[_size_range.IN_CONTRACT] = _data_dependent.ok_and_checked(in_contract, failed)
+    return jax.tree.unflatten(traced.out_tree, outs), env
 
 
   def _verify(self, args: Sequence[Any], binding: _spec.Binding,
