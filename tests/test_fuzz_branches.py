@@ -14,7 +14,8 @@ drawing), so the program is well typed for every size >= 1. An `if` is
 sometimes wrapped in user code that catches what polyjit raises into it to
 steer the trace (`GUARDS`: a bare `except:`, `except BaseException`,
 `except Exception`, `contextlib.suppress`, `finally`, a wrapping `raise ...
-from e`), a comparison sometimes asks `int(n)` (issue 31).
+from e`), a comparison sometimes asks `int(n)`, and a term sometimes calls
+`r`, which recurses on halves of a sequence (issue 31).
 
 The sizes come from the branches: one on each side of each comparison that the
 padded sizes allow, plus 1, 2, 3 and the bucket edges P - 1 and P; padding
@@ -170,6 +171,18 @@ GUARDS = {
 GUARDS = {"none": GUARDS["none"], **GUARDS, "none2": GUARDS["none"], "none3": GUARDS["none"]}
 
 
+#: A helper every program may call (issue 31: recursion on sizes hung in
+#: JAX's decision procedure); its splits are comparisons the oracle answers.
+RECURSION = """\
+def r(s):
+  if s.shape[0] <= 1:
+    return jnp.sum(s)
+  h = s.shape[0] // 2
+  return r(s[:h]) + 2.0 * r(s[h:])
+
+"""
+
+
 # Every template is an atom (a call, a subscript or parenthesized), so that
 # templates nest without precedence surprises.
 # 1-D transforms: (template, entries dropped). Valid when the result keeps >= 1.
@@ -235,7 +248,10 @@ class _Drawer:
       choices += ["cross"]
     if self.kind == "xY":
       choices += ["matrix"]
+    choices += ["rec"]
     what = self.draw(st.sampled_from(choices))
+    if what == "rec":  # recursion on sizes (`RECURSION`): halves its argument
+      return f"r({self.seq(env, region).src})"
     if what == "size":
       named = [s for s in self.bases(env) if s.name]
       s = self.draw(st.sampled_from(named))
@@ -398,7 +414,7 @@ def programs(draw):
   d.lines.append(f"def f({', '.join(KINDS[kind][0])}):   # {comment}, W: ({K}, {K}), "
                  f"v: ({K},); returns {'()' if out == 'scalar' else f'({K},)'}")
   d.block([], d.full, 0, 1, first=True)
-  return Program("\n".join(d.lines) + "\n", kind, out, tuple(d.regions))
+  return Program(RECURSION + "\n".join(d.lines) + "\n", kind, out, tuple(d.regions))
 
 
 # --- setups: sizes, padding, data ----------------------------------------------------

@@ -105,6 +105,19 @@ _STATIC_SIZE_ADVICE = {
 }
 
 
+def expression_too_large(text: str, where: str) -> MaskingError:
+  """A size comparison too large to decide (`_jax/decisions.py`)."""
+  return MaskingError(
+      f"polyjit stops at the size comparison {text[:160]}{'...' if len(text) > 160 else ''} "
+      f"at {where}: its sizes are expressions of {len(text)} characters, grown by "
+      "computing sizes from sizes again and again (recursion that splits a size, "
+      "`x[:n // 2]` and `x[n // 2:]`, doubles them per level), and JAX's decision "
+      "procedure takes time exponential in them.\nWhat to do: declare the axis fixed "
+      "(polymorphic_shapes with '_'), or use pj.jit without polymorphic_shapes (its "
+      "automatic mode compiles such shapes exactly), or write the recursion as a loop "
+      "over arrays of a fixed size (lax.fori_loop, lax.while_loop).")
+
+
 class SizeValueError(ShapeError, MaskingError, TypeError):
   """A symbolic size was asked for its Python value (`int(n)`, `range(n)`):
   one trace serves many sizes, so it has none. A `ShapeError` (what polyjit

@@ -48,7 +48,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from .. import _jax as jc
 from . import signals as _signals, spec as _spec
-from .errors import MaskingError
+from .errors import MaskingError, expression_too_large
 
 IDLE_PER_CONSTRAINTS = 4   # idle scopes kept per set of constraints (one per concurrent trace)
 
@@ -80,6 +80,9 @@ class LeaveOnQuestion:
 
   def refuse_value(self, expr: Any, where: str, how: str) -> BaseException:
     return LeftSharedScope()
+
+  def too_large(self, text: str, where: str) -> BaseException:
+    return LeftSharedScope()   # (refused by the real oracle, in a fresh scope)
 
 
 class _Pool:
@@ -164,6 +167,9 @@ class _RefuseQuestions:
 
   def refuse_value(self, expr: Any, where: str, how: str) -> BaseException:
     return self._refuse(f"{how} of '{expr}'", where)
+
+  def too_large(self, text: str, where: str) -> BaseException:
+    return expression_too_large(text, where)
 
 
 _REFUSE = _RefuseQuestions()

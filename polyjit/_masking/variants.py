@@ -44,7 +44,7 @@ import jax.numpy as jnp
 from . import dims as _dims
 from .. import _jax as jc
 from . import data_dependent as _data_dependent, spec as _spec
-from .errors import MaskingError, ShapeError, SizeValueError
+from .errors import MaskingError, ShapeError, SizeValueError, expression_too_large
 
 MAX_VARIANTS = 16        # sides traced for one function before giving up
 MAX_GUARDS = 8           # guards settled for one variant before giving up
@@ -239,6 +239,10 @@ class _Oracle:
         "x.shape[0] * 2.0), compare it (n == 1, n > 3), loop with lax.scan / "
         "lax.fori_loop instead of range(n), or declare that axis fixed "
         "(polymorphic_shapes with '_' / a fixed dim).")
+
+  def too_large(self, text: str, where: str) -> MaskingError:
+    """A comparison of sizes too large for JAX's decision procedure."""
+    return expression_too_large(text, where)
 
   def value_of(self, expr: Any, where: str) -> int:
     """A size's value, asked from user code by hashing it (`n in {1, 2}`,
