@@ -300,11 +300,17 @@ def _install_decision_hooks() -> None:
         return answer
       return _ask(oracle, SizeDecision("ge", e1 - e2, cmp_str(), where))
 
+  def __abs__(self: Any) -> Any:
+    # `abs(x.shape[0] - y.shape[0])`: JAX's expressions have no abs, and
+    # Python's TypeError blamed something else. It is a size comparison
+    # (`n - m >= 0`), asked for the user's line like any other.
+    return self if self >= 0 else -self
+
   setattr(__eq__, "_polyjit", True)  # (setattr: mypy forbids new attributes on functions)
   # (setattr: methods replaced on purpose; __hash__ is set with __eq__, which
   # would otherwise leave it as it was)
   for name, method in (("__eq__", __eq__), ("__ne__", __ne__), ("__bool__", __bool__),
-                       ("__hash__", __hash__), *conversions):
+                       ("__hash__", __hash__), ("__abs__", __abs__), *conversions):
     setattr(DimExpr, name, method)
   _shape_poly._geq_decision = _geq_decision
 
