@@ -269,3 +269,28 @@ def test_a_caught_inconclusive_comparison_of_jax_settles_a_guard():
         assert n == 1 or mode in (mask_traced, ragged)
         continue
       np.testing.assert_allclose(got, f(example(n)), rtol=1e-6)
+
+
+def test_a_caught_shape_error_between_sizes_settles_the_comparison():
+  """`jnp.dot(x, y[:n])` on the side n < m fails in JAX until polyjit tells
+  it m >= n; a `suppress` around it hid that failure (found by the branch
+  fuzzer), and the trace went on to the last line, where jax.jit never goes."""
+  def f(x, y):
+    with contextlib.suppress(BaseException):
+      if x.shape[0] >= y.shape[0]:
+        return jnp.sum(y) + 1.0
+      else:
+        return jnp.dot(x, y[:x.shape[0]]) + 2.0
+    return jnp.float32(-100.0)
+
+  masked = pj.mask(f, ["n", "m"])
+  call = jax.jit(lambda a, b, n, m: masked([a, b], {"n": n, "m": m}))
+  for n, m in ((1, 2), (2, 5), (5, 2), (3, 3)):
+    x, y = example(n), example(m) * 0.5
+    np.testing.assert_allclose(call(nan_padded(x), nan_padded(y), n, m), f(x, y), rtol=1e-6)
+    np.testing.assert_allclose(pj.jit(f, polymorphic_shapes=["n", "m"])(x, y), f(x, y),
+                               rtol=1e-6)
+  out = pj.vmap(f)(pj.Ragged.from_list([example(1), example(5)]),
+                   pj.Ragged.from_list([example(2) * 0.5, example(2) * 0.5]))
+  np.testing.assert_allclose(out, [f(example(1), example(2) * 0.5),
+                                   f(example(5), example(2) * 0.5)], rtol=1e-6)

@@ -158,6 +158,11 @@ class _Settle(Exception):
     self.constraint = constraint
 
 
+class _SettleBetween(Exception):
+  """Traced sizes: an inequality between sizes asked where user code could
+  catch a failure: settled as a constraint on each side (`explore`)."""
+
+
 class _Oracle:
   """Answers the size comparisons of one trace, and records them.
 
@@ -211,6 +216,15 @@ class _Oracle:
         answer = yes if yes != no else answer
       else:
         free = True
+      if (free and decision.kind == "ge" and len(jc.symbolic_vars(decision.expr)) >= 2
+          and jc.user_code_can_catch()):
+        # A free answer between sizes is settled as a constraint only when a
+        # trace fails (`_settle_between_sizes`); user code that catches what
+        # JAX raises (`x[:min(n, m)]` against `y`) would hide that failure
+        # and go on where jax.jit never goes. So settled now.
+        self._answers[key] = answer
+        self.asked.append((decision, answer, free))
+        raise _SettleBetween(str(decision))
     self._answers[key] = answer
     self.asked.append((decision, answer, free))
     return answer
