@@ -280,8 +280,8 @@ def _install_decision_hooks() -> None:
       # JAX's decision procedure takes time exponential in the nesting of
       # these expressions (recursion on sizes, `x[:n // 2]` halved again):
       # polyjit refuses before asking it
-      where = _user_frame() or current_user_line()
-      raise signal_raised(oracle.too_large(cmp_str(), where))
+      at = _user_frame() or current_user_line()
+      raise signal_raised(oracle.too_large(cmp_str(), at))
     try:
       return original_geq(e1, e2, cmp_str)
     except InconclusiveDimensionOperation as error:

@@ -79,7 +79,7 @@ from .. import _jax as jc
 from . import rules as _rules  # noqa: F401  (the rules wrapped below must exist first)
 from .core import MaskEnv, Rule, RuleContext, register
 from .errors import MaskingError, ShapeError
-from .size_range import IN_CONTRACT, poison, poison_value
+from .size_range import poison_value
 
 PREFIX = "pj_dd"   # the names of data-dependent sizes: pj_dd0, pj_dd1, ...
 
@@ -566,31 +566,6 @@ def raise_if_failed(failed: Any) -> None:
   if code:
     error = IndexError if code == EMPTY_INDEX else ShapeError
     raise error(_MESSAGES[code])
-
-
-def ok_and_checked(in_contract: Any, failed: Any) -> Any:
-  """Whether a call with traced sizes kept the contract and passed its checks."""
-  return in_contract & (failed == 0) if isinstance(failed, jc.Tracer) else in_contract
-
-
-def logical_shapes(traced: Any, sizes: dict[str, Any]) -> list[tuple[Any, ...]]:
-  """Each output's logical shape: ints, and int32 scalars for dynamic axes
-  (a size that would be negative on an empty selection, `y[1:]`, is 0). With
-  traced sizes out of range, a violated constraint or a failed check, every
-  dynamic entry is the int32 minimum (`size_range`: the counts are outputs
-  too, poisoned like the rest)."""
-  ok = sizes.get(IN_CONTRACT)
-  out = []
-  for aval in traced.out_avals:
-    shape = []
-    for d in aval.shape:
-      if not jc.is_symbolic_dim(d):
-        shape.append(int(d))
-        continue
-      value = jnp.maximum(_dims.evaluate_dim(d, sizes), 0)
-      shape.append(value if ok is None else poison([value], ok)[0])
-    out.append(tuple(shape))
-  return out
 
 
 # --- for the spellings (`_spellings/data_dependent.py`) ---------------------------

@@ -321,7 +321,7 @@ class Masked:
     if sizes is None:
       return outs
     traced = self.trace_for_output(args, logical_env)
-    shapes = _data_dependent.logical_shapes(traced, sizes)
+    shapes = _size_range.logical_shapes(traced, sizes)
     return outs, jax.tree.unflatten(traced.out_tree, shapes)
 
   def trace_for_output(self, args: Sequence[Any], logical_env: Mapping[str, Any]) -> SymbolicTrace:
@@ -372,7 +372,7 @@ class Masked:
     outs = _data_dependent.poison_if_failed(outs, failed)
     env = {**logical_env, **sizes}
     if in_contract is not None:   # traced sizes: the counts are poisoned with the rest
-      env[_size_range.IN_CONTRACT] = _data_dependent.ok_and_checked(in_contract, failed)
+      env[_size_range.IN_CONTRACT] = _size_range.ok_and_checked(in_contract, failed)
     return jax.tree.unflatten(traced.out_tree, outs), env
 
 

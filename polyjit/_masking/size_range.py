@@ -78,7 +78,7 @@ def _poisoned(o: Any, ok: Any, bad: Any) -> Any:
 
 
 #: The key, in the sizes a data-dependent call returns, of whether traced
-#: sizes kept the contract: `_data_dependent.logical_shapes` poisons the
+#: sizes kept the contract: `logical_shapes` (below) poisons the
 #: counts where they did not.
 IN_CONTRACT = "(in contract)"
 
@@ -150,3 +150,30 @@ def _raise_if_out_of_range(in_bounds: Any, declared: Any, values: Sequence[Any],
       f"{list(constraints)}.\nWhat to do: pass sizes that satisfy them (a jax.jit of "
       "the function itself raises at such sizes), or declare the constraints the "
       "function really needs.")
+
+
+# --- the logical shapes of a data-dependent function's outputs ------------------
+
+def ok_and_checked(in_contract: Any, failed: Any) -> Any:
+  """Whether a call with traced sizes kept the contract and passed its checks."""
+  return in_contract & (failed == 0) if isinstance(failed, jc.Tracer) else in_contract
+
+
+def logical_shapes(traced: Any, sizes: dict[str, Any]) -> list[tuple[Any, ...]]:
+  """Each output's logical shape: ints, and int32 scalars for dynamic axes
+  (a size that would be negative on an empty selection, `y[1:]`, is 0). With
+  traced sizes out of range, a violated constraint or a failed check, every
+  dynamic entry is the int32 minimum (`size_range`: the counts are outputs
+  too, poisoned like the rest)."""
+  ok = sizes.get(IN_CONTRACT)
+  out = []
+  for aval in traced.out_avals:
+    shape: list[Any] = []
+    for d in aval.shape:
+      if not jc.is_symbolic_dim(d):
+        shape.append(int(d))
+        continue
+      value = jnp.maximum(_dims.evaluate_dim(d, sizes), 0)
+      shape.append(value if ok is None else poison([value], ok)[0])
+    out.append(tuple(shape))
+  return out

@@ -111,13 +111,13 @@ def _tolerance(dtype: np.dtype[Any], length: int) -> float | None:
   terms (about its square root for the usual sums); float16 and bfloat16
   then reach the cap, which a wrong factor of 2 still exceeds."""
   if np.issubdtype(dtype, np.inexact) or is_bfloat16(dtype):
-    eps = float(jnp.finfo(dtype).eps)
+    eps = float(jnp.finfo(dtype).eps)  # type: ignore[no-untyped-call]
     return min(eps * 256 * float(np.sqrt(max(length, 16))), MAX_RTOL)
   return None
 
 
 def is_bfloat16(dtype: np.dtype[Any]) -> bool:
-  return np.dtype(dtype) == jnp.bfloat16
+  return bool(np.dtype(dtype) == jnp.bfloat16)
 
 
 def _inputs_scale(inputs: Any) -> tuple[int, float]:
@@ -173,7 +173,7 @@ def compare(name: str, sizes: str, got: Any, want: Any, inputs: Any = ()) -> Non
         g64, w64 = g.astype(np.complex128 if g.dtype.kind == "c" else np.float64), \
             w.astype(np.complex128 if w.dtype.kind == "c" else np.float64)
         scale = float(np.max(np.abs(np.where(np.isfinite(w64), w64, 0)), initial=0.0))
-        eps = float(jnp.finfo(w.dtype).eps)
+        eps = float(jnp.finfo(w.dtype).eps)  # type: ignore[no-untyped-call]
         atol = tol * scale + eps * length * magnitude
         bad = ~(np.isclose(g64, w64, rtol=tol, atol=atol, equal_nan=True))
       if np.any(bad):
