@@ -207,12 +207,19 @@ def test_unsupported_forms_raise_clear_errors():
   with pytest.raises(pj.MaskingError, match="data-dependent size"):
     pj.jit(lambda x: x[x > 0][:2] if x[x > 0].shape[0] >= 2 else x[:1, 0])(x)
   # JAX's own comparison of a selection's size (slice_sizes <= its length), under
-  # traced sizes: a MaskingError, as with a domain too large to list (never a
-  # KeyError from checking a guard on the selection's size against the input sizes).
-  masked = pj.mask(lambda x: jax.lax.dynamic_slice(x[x > 0], (jnp.int32(1),), (2,)), ["n"])
+  # traced sizes: answered for a selection long enough and checked in the
+  # program (issue 31, as `lax.top_k(y, k)`), also with a domain too large to
+  # list (never a KeyError from checking a guard on the selection's size
+  # against the input sizes); a selection too short poisons the outputs.
+  f = lambda x: jax.lax.dynamic_slice(x[x > 0], (jnp.int32(1),), (2,))
+  masked = pj.mask(f, ["n"])
   for padded in (8, 60_000):
-    with pytest.raises(pj.MaskingError, match="slice_sizes"):
-      jax.jit(lambda x, n: masked([x], {"n": n}))(nan_padded(_data(5, 3, 1), padded), 5)
+    data = _data(5, 3, 1)
+    out, _ = jax.jit(lambda x, n: masked([x], {"n": n}))(nan_padded(data, padded), 5)
+    np.testing.assert_array_equal(out, f(jnp.asarray(data)))
+    short = -np.abs(data)
+    out, _ = jax.jit(lambda x, n: masked([x], {"n": n}))(nan_padded(short, padded), 5)
+    assert np.all(np.isnan(out))
 
 
 # --- the JAX functions polyjit intercepts ---------------------------------------------

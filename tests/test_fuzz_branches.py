@@ -10,7 +10,12 @@ for later statements to compare again. The inputs are `x: (n,)` alone, or with
 `y: (m,)` (two dynamic sizes), or with `y: (n, K)`. Every return has the same
 shape (a scalar or a `(K,)` vector), and every statement is valid on every
 size that reaches it (the sizes reaching each branch are enumerated while
-drawing), so the program is well typed for every size >= 1.
+drawing), so the program is well typed for every size >= 1. An `if` is
+sometimes wrapped in user code that catches what polyjit raises into it to
+steer the trace (`GUARDS`: a bare `except:`, `except BaseException`,
+`except Exception`, `contextlib.suppress`, `finally`, a wrapping `raise ...
+from e`), a comparison sometimes asks `int(n)`, and a term sometimes calls
+`r`, which recurses on halves of a sequence (issue 31).
 
 The sizes come from the branches: one on each side of each comparison that the
 padded sizes allow, plus 1, 2, 3 and the bucket edges P - 1 and P; padding
@@ -45,6 +50,7 @@ Add `--hypothesis-show-statistics` to see how often polyjit refused.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import linecache
@@ -142,7 +148,39 @@ SPELLINGS = {
     "set": ("{a} in {{{b}, -7}}", "{a} not in {{{b}, -7}}"),
     "dict": ("{{{b}: True}}.get({a}, False)", "{{{b}: False}}.get({a}, True)"),
     "range": ("{a} in range({b}, {b} + 1)", "{a} not in range({b}, {b} + 1)"),
+    # refused (a size has no Python value in a masked trace), also when the
+    # program catches the refusal (`GUARDS`): jax.jit takes the other side
+    "int": ("int({a}) == {b}", "int({a}) != {b}"),
 }
+
+
+#: User code around a size question (issue 31): (lines before, lines after)
+#: the `if`, which goes inside. polyjit raises into user code to steer a trace
+#: (leave a shared scope, settle a comparison, refuse `int(n)`); catching that
+#: must never change the side the trace takes.
+GUARDS = {
+    "none": ((), ()),
+    "bare": (("try:",), ("except:  # noqa: E722", "  return {leaf}")),
+    "base": (("try:",), ("except BaseException:", "  return {leaf}")),
+    "exception": (("try:",), ("except Exception:", "  return {leaf}")),
+    "suppress": (("with contextlib.suppress(BaseException):",), ("return {leaf}",)),
+    "finally": (("try:",), ("finally:", "  _ = 0")),
+    "wrap": (("try:",), ("except BaseException as e:",
+                         "  raise RuntimeError('the user wraps it') from e")),
+}
+GUARDS = {"none": GUARDS["none"], **GUARDS, "none2": GUARDS["none"], "none3": GUARDS["none"]}
+
+
+#: A helper every program may call (issue 31: recursion on sizes hung in
+#: JAX's decision procedure); its splits are comparisons the oracle answers.
+RECURSION = """\
+def r(s):
+  if s.shape[0] <= 1:
+    return jnp.sum(s)
+  h = s.shape[0] // 2
+  return r(s[:h]) + 2.0 * r(s[h:])
+
+"""
 
 
 # Every template is an atom (a call, a subscript or parenthesized), so that
@@ -210,7 +248,10 @@ class _Drawer:
       choices += ["cross"]
     if self.kind == "xY":
       choices += ["matrix"]
+    choices += ["rec"]
     what = self.draw(st.sampled_from(choices))
+    if what == "rec":  # recursion on sizes (`RECURSION`): halves its argument
+      return f"r({self.seq(env, region).src})"
     if what == "size":
       named = [s for s in self.bases(env) if s.name]
       s = self.draw(st.sampled_from(named))
@@ -308,10 +349,18 @@ class _Drawer:
     # A side no size reaches is never run; it is drawn valid where its parent is.
     yes, no = yes or region, no or region
     if what == "if":
-      self.lines.append(f"{pad}if {c.src}:")
-      self.block(env, yes, depth + 1, indent + 1)
-      self.lines.append(f"{pad}else:")
-      self.block(env, no, depth + 1, indent + 1)
+      guard = self.draw(st.sampled_from(list(GUARDS)))
+      head, tail = GUARDS[guard]
+      inner = pad + ("  " if head else "")
+      self.lines += [pad + line for line in head]
+      self.lines.append(f"{inner}if {c.src}:")
+      self.block(env, yes, depth + 1, len(inner) // 2 + 1)
+      self.lines.append(f"{inner}else:")
+      self.block(env, no, depth + 1, len(inner) // 2 + 1)
+      # (never reached by the reference: every side above returns, and no
+      # line raises at concrete sizes; a polyjit trace must not reach it either)
+      self.lines += [pad + line.format(leaf=self.leaf(env, region) if "{leaf}" in line else "")
+                     for line in tail]
       return
     # let: `s = A` on one side, `s = B` on the other (lengths may differ), then on.
     self.lets += 1
@@ -337,7 +386,7 @@ class Program:
     filename = f"<fuzz-branches-{digest}>"
     # Tracebacks and polyjit's messages can show the lines.
     linecache.cache[filename] = (len(self.source), None, self.source.splitlines(True), filename)
-    namespace = {"jax": jax, "jnp": jnp, "lax": lax}
+    namespace = {"jax": jax, "jnp": jnp, "lax": lax, "contextlib": contextlib}
     exec(compile(self.source, filename, "exec"), namespace)
     self.fun = namespace["f"]
 
@@ -365,7 +414,7 @@ def programs(draw):
   d.lines.append(f"def f({', '.join(KINDS[kind][0])}):   # {comment}, W: ({K}, {K}), "
                  f"v: ({K},); returns {'()' if out == 'scalar' else f'({K},)'}")
   d.block([], d.full, 0, 1, first=True)
-  return Program("\n".join(d.lines) + "\n", kind, out, tuple(d.regions))
+  return Program(RECURSION + "\n".join(d.lines) + "\n", kind, out, tuple(d.regions))
 
 
 # --- setups: sizes, padding, data ----------------------------------------------------

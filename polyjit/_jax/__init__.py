@@ -53,10 +53,12 @@ from .dims import (
     symbolic_vars as symbolic_vars)
 from .decisions import (
     SizeDecision as SizeDecision, dim_bounds as dim_bounds,
-    scope_constraints as scope_constraints, size_decisions as size_decisions)
+    scope_constraints as scope_constraints, signal_raised as signal_raised,
+    size_decisions as size_decisions)
 from .frames import (
     current_user_line as current_user_line, eqn_context as eqn_context,
     is_polyjit_path as is_polyjit_path, is_user_path as is_user_path,
+    passed_user_code as passed_user_code, user_code_can_catch as user_code_can_catch,
     stacklevel_outside_polyjit as stacklevel_outside_polyjit,
     library_function_of as library_function_of, source_line as source_line,
     static_size_user as static_size_user,

@@ -17,7 +17,7 @@ from jax._src.export import shape_poly as _shape_poly
 
 from .core import InconclusiveDimensionOperation
 from .dims import DimExpr, is_symbolic_dim, symbolic_vars
-from .frames import is_user_path, stack_outward
+from .frames import current_user_line, is_user_path, stack_outward
 
 # --- size comparisons in user code -----------------------------------------------
 #
@@ -144,6 +144,21 @@ def _user_frame() -> str | None:
   return f"{path}:{frame.f_lineno}"
 
 
+#: The longest comparison (in characters of its two sides) given to JAX's
+#: decision procedure while polyjit traces: recursion that halves a size
+#: doubles its expression per level, and the procedure's time grows faster
+#: still (1.5 s for 16 elements, 35 s for 32, hours for 64).
+MAX_COMPARED_CHARS = 400
+
+
+def _too_large(e1: Any, e2: Any) -> bool:
+  total = 0
+  for e in (e1, e2):
+    if is_symbolic_dim(e):
+      total += len(str(e))
+  return total > MAX_COMPARED_CHARS
+
+
 def dim_bounds(d: Any) -> tuple[float, float]:
   """Lower and upper bounds of a dimension expression (dims are >= 1)."""
   if not is_symbolic_dim(d):
@@ -212,8 +227,8 @@ def _install_decision_hooks() -> None:
     lo, hi = dim_bounds(diff)
     if not is_symbolic_dim(diff) or lo > 0 or hi < 0:
       return result  # proven unequal
-    return oracle(SizeDecision("eq", diff, f"'{self}' == '{operand}'", where,
-                               (str(self), str(operand))))
+    return _ask(oracle, SizeDecision("eq", diff, f"'{self}' == '{operand}'", where,
+                                     (str(self), str(operand))))
 
   def __ne__(self: Any, other: Any) -> Any:
     equal = self.__eq__(other)
@@ -226,7 +241,7 @@ def _install_decision_hooks() -> None:
     lo, hi = dim_bounds(self)
     if where is None or lo > 0 or hi < 0:
       return True
-    return not oracle(SizeDecision("eq", self, f"bool('{self}')", where))
+    return not _ask(oracle, SizeDecision("eq", self, f"bool('{self}')", where))
 
   def __hash__(self: Any) -> int:
     # A hash decides membership (`n in {1, 2}`) before any `==` is asked; from
@@ -236,7 +251,7 @@ def _install_decision_hooks() -> None:
     where = _user_frame() if oracle is not None else None
     if where is None:
       return original_hash(self)
-    value = int(oracle.value_of(self, where))
+    value = int(_ask(oracle.value_of, self, where))
     return hash(value)
 
   def refusing(how: str, original: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
@@ -249,7 +264,7 @@ def _install_decision_hooks() -> None:
         constant = _shape_poly._DimExpr._to_constant(self)
         if constant is not None:  # (an expression that folded to a number)
           return float(constant) if how == "float(n)" else int(constant)
-        raise oracle.refuse_value(self, where, how)
+        raise signal_raised(oracle.refuse_value(self, where, how))
       if original is None:
         raise TypeError(f"'{type(self).__name__}' object cannot be interpreted as {how}")
       return original(self)
@@ -260,42 +275,89 @@ def _install_decision_hooks() -> None:
                  ("__float__", refusing("float(n)", None)))
 
   def _geq_decision(e1: Any, e2: Any, cmp_str: Callable[[], str]) -> Any:
+    oracle: Any = getattr(_decisions, "oracle", None)
+    if oracle is not None and _too_large(e1, e2):
+      # JAX's decision procedure takes time exponential in the nesting of
+      # these expressions (recursion on sizes, `x[:n // 2]` halved again):
+      # polyjit refuses before asking it
+      at = _user_frame() or current_user_line()
+      raise signal_raised(oracle.too_large(cmp_str(), at))
     try:
       return original_geq(e1, e2, cmp_str)
-    except InconclusiveDimensionOperation:
-      oracle: Any = getattr(_decisions, "oracle", None)
+    except InconclusiveDimensionOperation as error:
       if oracle is None:
         raise
       where = _user_frame()
       if where is None:
         # JAX's own shape rule: answered where it assumes a data-dependent
-        # size non-empty (checked when the program runs), else refused.
-        answer = oracle.assume(e1 - e2, cmp_str())
+        # size non-empty (checked when the program runs), else refused. The
+        # refusal is recorded too: polyjit settles it as a guard, and user
+        # code that catches it would go on where jax.jit raises nothing.
+        answer = _ask(oracle.assume, e1 - e2, cmp_str())
         if answer is None:
+          signal_raised(error)
           raise
         return answer
-      return oracle(SizeDecision("ge", e1 - e2, cmp_str(), where))
+      return _ask(oracle, SizeDecision("ge", e1 - e2, cmp_str(), where))
+
+  def __abs__(self: Any) -> Any:
+    # `abs(x.shape[0] - y.shape[0])`: JAX's expressions have no abs, and
+    # Python's TypeError blamed something else. It is a size comparison
+    # (`n - m >= 0`), asked for the user's line like any other.
+    return self if self >= 0 else -self
 
   setattr(__eq__, "_polyjit", True)  # (setattr: mypy forbids new attributes on functions)
   # (setattr: methods replaced on purpose; __hash__ is set with __eq__, which
   # would otherwise leave it as it was)
   for name, method in (("__eq__", __eq__), ("__ne__", __ne__), ("__bool__", __bool__),
-                       ("__hash__", __hash__), *conversions):
+                       ("__hash__", __hash__), ("__abs__", __abs__), *conversions):
     setattr(DimExpr, name, method)
   _shape_poly._geq_decision = _geq_decision
 
 
+# --- signals raised into user code ------------------------------------------------
+#
+# An oracle answers by raising as well as by returning: polyjit leaves a shared
+# scope (`LeftSharedScope`), settles a comparison as a constraint, or refuses
+# (`int(n)`). Each such exception travels up through the user's frames before
+# polyjit's handler gets it, and user code may catch it (`except:`, a `finally`
+# that returns, a context manager, a generator) and go on along a path that
+# jax.jit would not take. So every exception raised into user code is recorded
+# in the `size_decisions` block it was raised in; the block's owner checks on
+# exit that the first one arrived (`_masking/signals.py`).
+
+def signal_raised(exc: BaseException) -> BaseException:
+  """Records `exc`, about to be raised into user code, in the current
+  `size_decisions` block; returns it."""
+  raised: list[BaseException] | None = getattr(_decisions, "raised", None)
+  if raised is not None:
+    raised.append(exc)
+  return exc
+
+
+def _ask(call: Callable[..., Any], *args: Any) -> Any:
+  """`call(*args)`, an oracle's answer; an exception it raises is recorded."""
+  try:
+    return call(*args)
+  except BaseException as e:
+    signal_raised(e)
+    raise
+
+
 @contextlib.contextmanager
-def size_decisions(oracle: Callable[[SizeDecision], bool]) -> Iterator[None]:
+def size_decisions(oracle: Callable[[SizeDecision], bool]) -> Iterator[list[BaseException]]:
   """Within the block, user code's undecidable size comparisons are answered
   by `oracle(decision) -> bool` (which records them). The hooks that ask it
-  are installed by `install_patches()` when polyjit is imported."""
-  previous = getattr(_decisions, "oracle", None)
-  _decisions.oracle = oracle
+  are installed by `install_patches()` when polyjit is imported. Yields the
+  list of exceptions raised into user code within the block (the oracle's,
+  and those passed to `signal_raised`), in order."""
+  previous = getattr(_decisions, "oracle", None), getattr(_decisions, "raised", None)
+  raised: list[BaseException] = []
+  _decisions.oracle, _decisions.raised = oracle, raised
   try:
-    yield
+    yield raised
   finally:
-    _decisions.oracle = previous
+    _decisions.oracle, _decisions.raised = previous
 
 
 def scope_constraints(scope: Any) -> list[tuple[str, str, Any]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import linecache
+import dis
 import os
 import re
 import sys
@@ -48,6 +49,44 @@ def is_user_path(path: str) -> bool:
   the user's although its path string starts with JAX's directory's)."""
   path = os.path.abspath(path)
   return not (_inside(path, _JAX_DIR) or _inside(path, _POLYJIT_DIR))
+
+
+def passed_user_code(error: BaseException) -> bool:
+  """Whether a raised exception travelled through a frame of user code (its
+  traceback holds one): then user code caught it, or let it pass."""
+  tb = error.__traceback__
+  while tb is not None:
+    if is_user_path(tb.tb_frame.f_code.co_filename):
+      return True
+    tb = tb.tb_next
+  return False
+
+
+def user_code_can_catch() -> bool:
+  """Whether a frame of user code on the current stack, up to the polyjit
+  trace that runs it, is inside a `try` or `with` block (or is a
+  generator): an exception JAX raises now could be stopped there. Read from the code's exception table (`dis`'s private
+  parser, Python 3.11+); True when it cannot be read."""
+  parse = getattr(dis, "_parse_exception_table", None)
+  seen_user = False
+  for frame in stack_outward(1):
+    code = frame.f_code
+    if not is_user_path(code.co_filename):
+      # polyjit's own frame outside the user's: the trace's entry, whose
+      # callers (a test runner's `try`) never see what the trace raises
+      if seen_user and is_polyjit_path(code.co_filename):
+        break
+      continue
+    seen_user = True
+    if parse is None:
+      return True
+    try:
+      entries = parse(code)
+    except Exception:
+      return True
+    if any(e.start <= frame.f_lasti < e.end for e in entries):
+      return True
+  return False
 
 
 def stack_outward(depth: int) -> Iterator[types.FrameType]:

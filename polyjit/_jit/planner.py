@@ -30,6 +30,8 @@ import itertools
 import logging
 from typing import Any, Callable, Sequence, TypeAlias, TypeVar
 
+import numpy as np
+
 from .. import _jax as jc
 from .._caching.executables import wait
 from .._masking.data_dependent import plain_jit_trace
@@ -100,10 +102,26 @@ class Planner:
            self._shardings.leaf_shardings(leaves, treedef), jc.trace_context())
     struct = self.structures.get(key)  # type: ignore[call-overload]
     if struct is None:
+      if any(isinstance(a[0], np.dtype) and a[0].kind in "USO" for a in avals if a):
+        raise self._bad_argument(leaves, treedef, static_key)   # as jax.jit names it
       struct = self._new_structure(StructureKey(*key), shapes)
       if keep:
         self.structures[struct.key] = struct
     return struct, leaves, shapes
+
+  def _bad_argument(self, leaves: Sequence[Any], treedef: Any, static_key: Any) -> TypeError:
+    """A string or object array among the arguments, named by its path."""
+    names = self.args.leaf_names(treedef, static_key)
+    bad = [(x, name) for x, name in zip(leaves, names, strict=True)
+           if getattr(getattr(x, "dtype", None), "kind", "") in ("U", "S", "O")]
+    x, name = bad[0]
+    return TypeError(
+        f"Error interpreting argument to {self.label} as an abstract array. The "
+        f"problematic value is of type {type(x)} with dtype {x.dtype} (JAX arrays hold "
+        f"numbers only) and was passed to the function at path {name}.\nThis typically "
+        "means that a jit-wrapped function was called with a non-array argument, and "
+        "this argument was not marked as static using the static_argnums or "
+        "static_argnames parameters of pj.jit.")
 
   def _new_structure(self, key: StructureKey, shapes: Shapes) -> Structure:
     names = self.args.leaf_names(key.treedef, key.static)

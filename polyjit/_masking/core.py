@@ -201,6 +201,7 @@ class MaskEnv:
     # conditions (scalar bools, with an error code) under which the result
     # is defined.
     self.nested = False
+    self.nested_in = ""   # the primitive whose sub-jaxpr this env evaluates
     self.size_names: tuple[str, ...] = ()
     self.checks: list[Any] = []
     # Orders this evaluation's LAPACK calls one after another (see
@@ -218,9 +219,11 @@ class MaskEnv:
   def padded_key(self) -> tuple[tuple[str, int], ...]:
     return tuple((k, self.padded_env[k]) for k in self.dim_names)
 
-  def with_logical(self, logical: Sequence[Any]) -> "MaskEnv":
+  def with_logical(self, logical: Sequence[Any], within: str = "") -> "MaskEnv":
+    """An environment for a sub-jaxpr (`within`: its primitive's name)."""
     env = MaskEnv(self.dim_names, self.padded_env, logical, self.cache)
     env.nested = True
+    env.nested_in = within
     return env
 
   def padded(self, d: Any, eqn: jc.JaxprEqn | None = None) -> int:
@@ -418,7 +421,7 @@ def _no_rule_error(eqn: jc.JaxprEqn) -> MaskingError:
   return MaskingError(message, primitive=eqn.primitive.name, source=source)
 
 
-def mask_closed_jaxpr(closed: jc.ClosedJaxpr, env: MaskEnv) -> jc.ClosedJaxpr:
+def mask_closed_jaxpr(closed: jc.ClosedJaxpr, env: MaskEnv, within: str = "") -> jc.ClosedJaxpr:
   """A concrete-shaped jaxpr computing `closed` masked at `env`'s padded sizes.
 
   Its inputs are the logical sizes (in `env.dim_names` order) followed by the
@@ -435,7 +438,7 @@ def mask_closed_jaxpr(closed: jc.ClosedJaxpr, env: MaskEnv) -> jc.ClosedJaxpr:
   in_avals = [logical_aval] * k + [env.padded_aval(v.aval) for v in closed.jaxpr.invars]
 
   def masked(*args: Any) -> list[Any]:
-    sub_env = env.with_logical(args[:k])
+    sub_env = env.with_logical(args[:k], within)
     return eval_jaxpr_masked(closed.jaxpr, closed.consts, args[k:], sub_env)
 
   result = jc.make_closed_jaxpr(masked, in_avals)
@@ -534,7 +537,7 @@ class RuleContext:
   # sub-jaxprs
   def mask_jaxpr(self, closed: jc.ClosedJaxpr) -> jc.ClosedJaxpr:
     """See `mask_closed_jaxpr`; pass `self.logical_operands()` first."""
-    return mask_closed_jaxpr(closed, self.env)
+    return mask_closed_jaxpr(closed, self.env, self.eqn.primitive.name)
 
   def logical_operands(self) -> list[Any]:
     return list(self.env.logical_values)

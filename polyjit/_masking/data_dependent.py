@@ -248,7 +248,20 @@ def decide_nonempty(expr: Any) -> bool | None:
   if not jc.is_symbolic_dim(shifted):
     return int(shifted) >= 0
   lo, hi = jc.dim_bounds(shifted)
+  if lo >= 0 or hi < 0:
+    return lo >= 0
+  # Not decided by emptiness (`lax.top_k(y, 2)` asks `len(y) < 2`): answered
+  # for a selection long enough, as the non-empty one is; the program checks
+  # the answer and raises ValueError where JAX would (too few elements).
+  long = jc.evaluate_symbolic(expr, {v: jc.dim_variable(v, expr) + (_LONG if v in names else 0)
+                                     for v in jc.symbolic_vars(expr)})
+  if not jc.is_symbolic_dim(long):
+    return int(long) >= 0
+  lo, hi = jc.dim_bounds(long)
   return True if lo >= 0 else False if hi < 0 else None
+
+
+_LONG = 2 ** 20   # "a selection long enough" for `decide_nonempty`
 
 
 _SIZE_TEXT = re.compile(rf"{PREFIX}(\d+)(?: - 1)?")
@@ -264,11 +277,14 @@ def readable_sizes(error: Any) -> Any:
     return error
   text = _SIZE_TEXT.sub(lambda m: f"len(selection {int(m.group(1)) + 1})", text)
   if len(found) > 1:
-    text += ("\n(Each boolean selection, nonzero or unique gets a size of its own, "
-             "which polyjit cannot prove equal to another's, even for the same mask. "
-             "What works: select once and reuse the result, `y = x[m]; "
-             "jnp.stack([y, y * 2])`, or select after combining: "
-             "`pj.boolean_mask(jnp.stack([x, x * 2]), m, axis=1)`.)")
+    # two selections' sizes meet: that is the cause, and its advice replaces
+    # the general one (declaring an axis fixed does not help)
+    text = text.split("\nWhat to do:")[0].rstrip()
+    text += ("\nEach boolean selection, nonzero or unique gets a size of its own, "
+             "which polyjit cannot prove equal to another's, even for the same mask.\n"
+             "What to do: select once and reuse the result (`y = v[v > 0]; y * "
+             "jnp.arange(y.shape[0])`, `y = x[m]; jnp.stack([y, y * 2])`), or select "
+             "after combining: `pj.boolean_mask(jnp.stack([x, x * 2]), m, axis=1)`.")
   new = copy.copy(error)
   new.args = (text, *error.args[1:])
   return new
@@ -344,10 +360,19 @@ def _running_count(valid: Any, dtype: Any) -> Any:
 def _compact_rule(ctx: RuleContext, mask: Any, *, size: Any) -> list[Any]:
   env = ctx.env
   if env.nested:
+    within = env.nested_in
+    if within in ("checkpoint", "remat", "remat2"):
+      raise ctx.error(
+          "a data-dependent size (boolean indexing, nonzero, unique) is created inside "
+          "a function under jax.checkpoint (jax.remat), whose body polyjit masks on its "
+          "own, and a size it creates cannot leave it.",
+          "make the selection outside the checkpointed function and pass its result "
+          "in, or keep the shape fixed inside it with jnp.where(mask, x, fill) or "
+          "pj.nonzero(..., size=k).")
     raise ctx.error(
         "a data-dependent size (boolean indexing, nonzero, unique) is created inside "
-        "a loop body or a branch (lax.scan, lax.map, fori_loop, cond), where each "
-        "iteration would have a size of its own.",
+        f"a loop body or a branch (lax.scan, lax.map, fori_loop, cond{'; here ' + repr(within) if within else ''}), "
+        "where each iteration would have a size of its own.",
         "compute the selection outside the loop, or keep the shape fixed inside it "
         "with jnp.where(mask, x, fill) or pj.nonzero(..., size=k).")
   valid = mask
@@ -541,13 +566,6 @@ def raise_if_failed(failed: Any) -> None:
   if code:
     error = IndexError if code == EMPTY_INDEX else ShapeError
     raise error(_MESSAGES[code])
-
-
-def logical_shapes(traced: Any, sizes: dict[str, Any]) -> list[tuple[Any, ...]]:
-  """Each output's logical shape: ints, and int32 scalars for dynamic axes
-  (a size that would be negative on an empty selection, `y[1:]`, is 0)."""
-  return [tuple(jnp.maximum(_dims.evaluate_dim(d, sizes), 0) if jc.is_symbolic_dim(d)
-                else int(d) for d in aval.shape) for aval in traced.out_avals]
 
 
 # --- for the spellings (`_spellings/data_dependent.py`) ---------------------------

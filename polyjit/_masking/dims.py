@@ -118,6 +118,14 @@ def is_monotone_dim(d: Dim) -> bool:
     return True
   if _syntactically_monotone(d):
     return True
+  structural = _monotone_terms(_terms(d), MAX_PAIRINGS)
+  if structural is not None:
+    return structural
+  if len(str(d)) > MAX_DECIDED_CHARS:
+    # JAX's decision procedure takes time exponential in the nesting of
+    # `floordiv` (recursion on sizes: `x[:n // 2]`, `x[n // 2:]`, halved
+    # again): not decided, which is the safe answer (a larger buffer)
+    return False
   names = jc.symbolic_vars(d)
   for var in sorted(names):
     env = {v: jc.dim_variable(v, d) for v in names}
@@ -128,6 +136,66 @@ def is_monotone_dim(d: Dim) -> bool:
     except jc.InconclusiveDimensionOperation:
       return False
   return True
+
+
+MAX_PAIRINGS = 64          # `e - floordiv(e, c)` pairs taken apart for one expression
+MAX_DECIDED_CHARS = 160   # longer expressions are not given to JAX's decision procedure
+
+# An expression as its terms: {key: (coefficient, [(factor, exp), ...])}.
+_Terms: TypeAlias = dict[str, tuple[int, list[tuple[Any, int]]]]
+
+
+def _terms(d: Dim) -> _Terms:
+  if not jc.is_symbolic_dim(d):
+    return {"": (int(d), [])} if int(d) else {}
+  out: _Terms = {}
+  for factors, k in jc.dim_terms(d):
+    key = "*".join(f"{f}^{e}" for f, e in factors)
+    out[key] = (out.get(key, (0, factors))[0] + k, factors)
+  return out
+
+
+def _monotone_terms(terms: _Terms, budget: int) -> bool | None:
+  """Whether a sum of terms never decreases as a variable grows: True when
+  every term does (positive coefficient, monotone factors); a term
+  `-k * floordiv(e, c)` (c >= 1) is taken together with `k * e`, since
+  `e - floordiv(e, c)` is monotone when `e` is (it grows by d - ceil(d / c)
+  >= 0 when `e` grows by d >= 0), and the rest is decided the same way.
+  None: undecided (another negative term, or the budget spent)."""
+  negative = [(key, k, factors) for key, (k, factors) in terms.items() if factors and k < 0]
+  if not negative:
+    return all(_factor_is_monotone(f) for k, factors in terms.values() if factors
+               for f, _ in factors)
+  if budget <= 0:
+    return None
+  for key, k, factors in negative:
+    if len(factors) != 1 or factors[0][1] != 1:
+      continue
+    var, op, operands = jc.factor_parts(factors[0][0])
+    c = _constant(operands[1]) if op == "floordiv" else None
+    if c is None or c < 1:
+      continue
+    e = operands[0]
+    rest = dict(terms)
+    del rest[key]   # d = rest' + (-k) * (floordiv(e, c) - e), rest' = d + k*floordiv(e, c) - k*e
+    for ekey, (ek, efactors) in _terms(e).items():
+      left = rest.get(ekey, (0, efactors))[0] - (-k) * ek
+      if left:
+        rest[ekey] = (left, efactors)
+      else:
+        rest.pop(ekey, None)
+    if not is_monotone_dim(e):
+      continue
+    return _monotone_terms(rest, budget - 1)
+  return None
+
+
+def _constant(d: Dim) -> int | None:
+  """The value of an expression without variables (JAX keeps the divisor of
+  `floordiv(n, 2)` as an expression), else None."""
+  if not jc.is_symbolic_dim(d):
+    return int(d)
+  return _evaluate_int(d, {}) if not jc.symbolic_vars(d) else None
 
 
 def _syntactically_monotone(d: Dim) -> bool:
@@ -148,7 +216,8 @@ def _factor_is_monotone(f: Any) -> bool:
     return True
   if op == "floordiv":
     num, den = operands
-    return (is_monotone_dim(num) and not jc.is_symbolic_dim(den) and int(den) > 0)
+    c = _constant(den)
+    return c is not None and c > 0 and is_monotone_dim(num)
   if op in ("max", "min"):
     return all(is_monotone_dim(o) for o in operands)
   return False  # mod, and anything newer we do not know about

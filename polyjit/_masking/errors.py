@@ -6,6 +6,7 @@ primitive, and the user's source line), and what to do about it.
 
 from __future__ import annotations
 
+import re
 import warnings
 
 from .. import _jax as jc
@@ -60,13 +61,26 @@ def trace_error(error: BaseException, fun_name: str) -> PolyjitError:
   cmp = jc.inconclusive_comparison(error)
   if cmp is not None:
     a, op, b = cmp
-    bound = {">=": f"{a} >= {b}", ">": f"{a} >= {b} + 1",
-             "<=": f"{b} >= {a}", "<": f"{b} >= {a} + 1"}[op]
+    # (JAX asks `size < k` where True raises and `size >= k` where True runs:
+    # which side the function needs is not known here, so both are named)
+    holds, fails = {">=": (f"{a} >= {b}", f"{a} <= {b} - 1"),
+                    ">": (f"{a} >= {b} + 1", f"{a} <= {b}"),
+                    "<=": (f"{a} <= {b}", f"{a} >= {b} + 1"),
+                    "<": (f"{a} <= {b} - 1", f"{a} >= {b}")}[op]
     return ShapeError(
         head + "JAX needs to know how these sizes compare, and nothing says.\n"
-        f"What to do: if '{bound}' always holds, declare it: constraints=['{bound}'] "
-        f"(pj.mask, pj.jit); or {fixed}. pj.jit, and pj.mask called with concrete "
-        "sizes, add such a bound themselves when the sizes of the call satisfy it.")
+        f"What to do: declare the side your sizes are always on: constraints=['{fails}'] "
+        f"or constraints=['{holds}'] (pj.mask, pj.jit; a function that needs at least k "
+        f"elements needs 'size >= k'); or {fixed}. pj.jit, and pj.mask called with "
+        "concrete sizes, add such a bound themselves when the sizes of the call satisfy it.")
+  bounded = _MIN_WITH_CONSTANT.search(text)
+  if bounded is not None and "incompatible shapes" in text:
+    k, var = (bounded.group(1), bounded.group(2)) if bounded.group(1) else (
+        bounded.group(4), bounded.group(3))
+    return ShapeError(
+        head + f"A slice of a fixed-size array to a dynamic size has size min({k}, {var}), "
+        f"which JAX cannot prove equal to {var}.\nWhat to do: declare that {var} never "
+        f"exceeds {k}: constraints=[\"{var} <= {k}\"] (pj.jit, pj.mask); or {fixed}.")
   concrete_needed = jc.needs_concrete_size(error)
   user = jc.static_size_user(error) if concrete_needed else None
   if user is not None:
@@ -88,6 +102,10 @@ def trace_error(error: BaseException, fun_name: str) -> PolyjitError:
       "pitfalls\" page).")
 
 
+#: `min(16, n)` or `min(n, 16)` in JAX's message: a constant array sliced to a size.
+_MIN_WITH_CONSTANT = re.compile(r"min\((\d+), ([A-Za-z_]\w*)\)|min\(([A-Za-z_]\w*), (\d+)\)")
+
+
 _STATIC_SIZE_ADVICE = {
     "lax.scan": (
         "needs `length=` as a plain int, which a dynamic size is not.\n"
@@ -103,6 +121,19 @@ _STATIC_SIZE_ADVICE = {
         "with `lax.scan(lambda c, v: (reducer(c, v), None), init, x)[0]`, which "
         "differentiates at every length"),
 }
+
+
+def expression_too_large(text: str, where: str) -> MaskingError:
+  """A size comparison too large to decide (`_jax/decisions.py`)."""
+  return MaskingError(
+      f"polyjit stops at the size comparison {text[:160]}{'...' if len(text) > 160 else ''} "
+      f"at {where}: its sizes are expressions of {len(text)} characters, grown by "
+      "computing sizes from sizes again and again (recursion that splits a size, "
+      "`x[:n // 2]` and `x[n // 2:]`, doubles them per level), and JAX's decision "
+      "procedure takes time exponential in them.\nWhat to do: declare the axis fixed "
+      "(polymorphic_shapes with '_'), or use pj.jit without polymorphic_shapes (its "
+      "automatic mode compiles such shapes exactly), or write the recursion as a loop "
+      "over arrays of a fixed size (lax.fori_loop, lax.while_loop).")
 
 
 class SizeValueError(ShapeError, MaskingError, TypeError):

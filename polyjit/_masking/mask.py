@@ -56,7 +56,7 @@ import numpy as np
 from . import dims as _dims
 from .. import _jax as jc
 from . import rules as _rules  # noqa: F401  (registers the masking rules)
-from . import (data_dependent as _data_dependent, calls as _mask_calls, scopes as _scopes,
+from . import (data_dependent as _data_dependent, calls as _mask_calls, scopes as _scopes, signals as _signals,
                size_range as _size_range, spec as _spec, autodiff as _symbolic_ad, variants as _variants, verify as _verify)
 from .refusals import jax_refusal
 from .errors import FallbackWarning, MaskingError, PolyjitError, ShapeError, trace_error, warn_user
@@ -159,7 +159,7 @@ class Masked:
       bound = _spec.bind(self.in_shapes, args, scope, check=False)
       avals = [jc.shaped(leaf.symbolic_shape, jc.typeof(x).dtype, jc.typeof(x).weak_type)
                for leaf, x in zip(bound.leaves, leaves, strict=True)]
-      with jc.size_decisions(oracle):
+      with _signals.answering(oracle):   # a signal the function caught voids it
         return self._trace(in_tree, avals, bound.dim_names)
 
     def trace(constraints: tuple[str, ...], oracle: Callable[..., bool]) -> SymbolicTrace:
@@ -321,7 +321,7 @@ class Masked:
     if sizes is None:
       return outs
     traced = self.trace_for_output(args, logical_env)
-    shapes = _data_dependent.logical_shapes(traced, sizes)
+    shapes = _size_range.logical_shapes(traced, sizes)
     return outs, jax.tree.unflatten(traced.out_tree, shapes)
 
   def trace_for_output(self, args: Sequence[Any], logical_env: Mapping[str, Any]) -> SymbolicTrace:
@@ -338,6 +338,7 @@ class Masked:
     """(padded outputs, sizes): `sizes` is None for a function that creates no
     data-dependent sizes, else `logical_env` plus each created size (an int32
     scalar), from which the outputs' logical shapes evaluate."""
+    in_contract: Any = None   # traced sizes: whether they keep the contract (a traced bool)
     try:
       binding = self.bind(args)
       logical = _spec.logical_values(logical_env, binding)
@@ -354,8 +355,10 @@ class Masked:
         traced = found[0].traced
         outs = _apply_selected(found, binding, leaves, logical)
         n_out = len(traced.out_avals)   # (created sizes and check codes follow)
-        outs = [*_size_range.guard(outs[:n_out], dict(zip(binding.dim_names, logical, strict=True)),
-                                   binding.padded, f"pj.mask({self._name})"), *outs[n_out:]]
+        guarded, in_contract = _size_range.guard(
+            outs[:n_out], dict(zip(binding.dim_names, logical, strict=True)),
+            binding.padded, f"pj.mask({self._name})", self.scope)
+        outs = [*guarded, *outs[n_out:]]
     except (MaskingError, ShapeError) as e:
       e.add_note(f"(while masking {self._name}, called at {jc.current_user_line()})")
       raise
@@ -367,7 +370,10 @@ class Masked:
     outs, sizes, failed = _data_dependent.split_outputs(traced, outs)
     _data_dependent.raise_if_failed(failed)
     outs = _data_dependent.poison_if_failed(outs, failed)
-    return jax.tree.unflatten(traced.out_tree, outs), {**logical_env, **sizes}
+    env = {**logical_env, **sizes}
+    if in_contract is not None:   # traced sizes: the counts are poisoned with the rest
+      env[_size_range.IN_CONTRACT] = _size_range.ok_and_checked(in_contract, failed)
+    return jax.tree.unflatten(traced.out_tree, outs), env
 
 
   def _verify(self, args: Sequence[Any], binding: _spec.Binding,
@@ -383,9 +389,10 @@ class Masked:
     sliced = [np.asarray(x)[tuple(slice(0, _dims.evaluate_dim(d, sizes))
                                   for d in leaf.symbolic_shape)]
               for x, leaf in zip(leaves, binding.leaves, strict=True)]
-    want = self.fun(*jax.tree.unflatten(tree, sliced))
+    # (as JAX arrays: `v.sum() * 2.` on a NumPy array computes in NumPy's types)
+    want = self.fun(*jax.tree.unflatten(tree, [jnp.asarray(x) for x in sliced]))
     got = self.unpad(result, args, sizes)
-    _verify.compare(repr(self), f"sizes {sizes}", got, want)
+    _verify.compare(repr(self), f"sizes {sizes}", got, want, sliced)
 
 
 def _apply_selected(variants: Sequence[_variants.Variant], binding: _spec.Binding,

@@ -21,7 +21,10 @@ scope.**
   goes back clean (the cache entries it completed asked nothing), and the
   caller traces again in a fresh scope of its own with the real oracle, as
   before; the function is remembered as one that asks, and traces in fresh
-  scopes from then on.
+  scopes from then on. User code that stops the exception (a bare `except:`,
+  a `finally` that returns) cannot keep the trace: `signals.answering` raises
+  it again, and the scope it was stopped in is dropped, not given back (a
+  jitted helper may have cached a trace that went past it).
 * Nor is a data-dependent size (`pj.nonzero`, `x[x > 0]`) ever created in a
   shared scope: its names (pj_dd0, ...) restart in every trace, so a cached
   helper that made one would hand its size to another trace's selection.
@@ -44,8 +47,8 @@ import weakref
 from typing import Any, Callable, Iterator, Sequence
 
 from .. import _jax as jc
-from . import spec as _spec
-from .errors import MaskingError
+from . import signals as _signals, spec as _spec
+from .errors import MaskingError, expression_too_large
 
 IDLE_PER_CONSTRAINTS = 4   # idle scopes kept per set of constraints (one per concurrent trace)
 
@@ -77,6 +80,9 @@ class LeaveOnQuestion:
 
   def refuse_value(self, expr: Any, where: str, how: str) -> BaseException:
     return LeftSharedScope()
+
+  def too_large(self, text: str, where: str) -> BaseException:
+    return LeftSharedScope()   # (refused by the real oracle, in a fresh scope)
 
 
 class _Pool:
@@ -112,7 +118,7 @@ give_back = _pool.give_back
 def creating_size(scope: jc.SymbolicScope) -> None:
   """Before a data-dependent size is made in `scope`: a shared scope is left."""
   if scope in _pool.made:
-    raise LeftSharedScope()
+    raise jc.signal_raised(LeftSharedScope())
 
 
 def trace_shared(in_scope: Callable[[jc.SymbolicScope, Any], Any], constraints: Sequence[str],
@@ -120,13 +126,20 @@ def trace_shared(in_scope: Callable[[jc.SymbolicScope, Any], Any], constraints: 
   """(trace, scope) of `in_scope(scope, oracle)`, a trace of user code, in a
   shared scope; None if it asked a size question (then trace it again in a
   fresh scope, `spec.fresh_scope`, with `oracle`)."""
-  scope, traced = lend(constraints), None
+  scope, traced, clean = lend(constraints), None, True
   try:
     traced = in_scope(scope, LeaveOnQuestion(oracle))
-  except LeftSharedScope:
-    return None   # (its partial trace answered nothing: the scope stays clean)
+  except BaseException as e:
+    # its partial trace answered nothing, and the scope stays clean, unless the
+    # function stopped a signal (`signals.py`): a jitted helper may have cached
+    # a trace that went past it, so that scope is never lent again
+    clean = not getattr(e, "lost", False)
+    if isinstance(e, LeftSharedScope):
+      return None
+    raise
   finally:
-    give_back(scope, constraints)
+    if clean:
+      give_back(scope, constraints)
   traced.shared_scope = True
   return traced, scope
 
@@ -155,6 +168,9 @@ class _RefuseQuestions:
   def refuse_value(self, expr: Any, where: str, how: str) -> BaseException:
     return self._refuse(f"{how} of '{expr}'", where)
 
+  def too_large(self, text: str, where: str) -> BaseException:
+    return expression_too_large(text, where)
+
 
 _REFUSE = _RefuseQuestions()
 
@@ -165,12 +181,12 @@ def refusing_questions(shared: bool) -> Iterator[None]:
   if not shared:
     yield
     return
-  with jc.size_decisions(_REFUSE):
-    try:
+  try:
+    with _signals.answering(_REFUSE):
       yield
-    except LeftSharedScope:
-      raise MaskingError(
-          "a data-dependent size (a boolean selection, nonzero, unique) is made while "
-          "polyjit differentiates the function (in a custom_jvp or custom_vjp rule), "
-          "where a masked derivative cannot make one.\nWhat to do: make the selection "
-          "in the function itself, or give it a fixed bound (pj.nonzero(..., size=k)).") from None
+  except LeftSharedScope:
+    raise MaskingError(
+        "a data-dependent size (a boolean selection, nonzero, unique) is made while "
+        "polyjit differentiates the function (in a custom_jvp or custom_vjp rule), "
+        "where a masked derivative cannot make one.\nWhat to do: make the selection "
+        "in the function itself, or give it a fixed bound (pj.nonzero(..., size=k)).") from None

@@ -6,7 +6,11 @@ raise at run time. A size below 1 or above its padded size has no unpadded
 computation to match, so such a call's outputs are *poisoned* instead of
 computed on garbage: NaN in floating and complex dtypes, the dtype's minimum
 in signed integers, its maximum in unsigned ones, False in bools (the values
-the pj.mask and Ragged guides document). Under the checking mode
+the pj.mask and Ragged guides document), the key data's maximum in typed
+PRNG keys, and the logical shapes a data-dependent function returns (its
+counts) the int32 minimum. So are the outputs of a call whose traced sizes
+violate a declared constraint (`constraints=["n >= 3"]`), where jax.jit of
+the function raises at those shapes. Under the checking mode
 (`POLYJIT_VERIFY=1` or `pj.verify(True)`, `_masking/verify.py`) the call raises
 `pj.SizeRangeError` instead, from a host callback.
 
@@ -24,7 +28,7 @@ import numpy as np
 from jax import lax
 
 from .. import _jax as jc
-from . import verify as _verify
+from . import dims as _dims, verify as _verify
 from .errors import ShapeError
 from .padding import is_key_dtype
 
@@ -73,32 +77,103 @@ def _poisoned(o: Any, ok: Any, bad: Any) -> Any:
   return lax.select(pred, o, lax.full_like(o, bad))
 
 
+#: The key, in the sizes a data-dependent call returns, of whether traced
+#: sizes kept the contract: `logical_shapes` (below) poisons the
+#: counts where they did not.
+IN_CONTRACT = "(in contract)"
+
+
+def constraints_hold(env: Mapping[str, Any], scope: jc.SymbolicScope | None) -> Any:
+  """Whether (traced) sizes satisfy the declared constraints of `scope`
+  (`constraints=["n >= 3"]`): a traced bool; True without constraints."""
+  ok: Any = jnp.bool_(True)
+  if scope is None:
+    return ok
+  for _, kind, diff in jc.scope_constraints(scope):
+    if not _dims.dim_vars(diff) <= set(env):
+      continue   # (a constraint on a data-dependent size: checked where it is made)
+    value = _dims.evaluate_dim(diff, dict(env))
+    ok = ok & ((value == 0) if kind == "eq" else (value >= 0))
+  return ok
+
+
 def guard(outs: Sequence[Any], env: Mapping[str, Any], padded: Mapping[str, int],
-          what: str) -> list[Any]:
-  """`outs`, poisoned where a size of `env` is out of range (or, checking,
-  an error raised by the call)."""
+          what: str, scope: jc.SymbolicScope | None = None) -> tuple[list[Any], Any]:
+  """(`outs`, poisoned where a size of `env` is out of range or violates a
+  declared constraint of `scope`; the traced bool that says they are not).
+  Checking, the call raises instead."""
   if not env:
-    return list(outs)
-  ok = in_range(env, padded)
+    return list(outs), jnp.bool_(True)
+  in_bounds = in_range(env, padded)
+  declared = constraints_hold(env, scope)
+  ok = lax.bitwise_and(in_bounds, declared)
   if _verify.enabled():
     names = sorted(env)
-    jax.debug.callback(_raise_if_out_of_range, ok, [env[k] for k in names],
-                       names=tuple(names), padded=tuple(padded[k] for k in names), what=what)
+    constraints = tuple(text for text, _, _ in jc.scope_constraints(scope)) if scope else ()
+    jax.debug.callback(_raise_if_out_of_range, in_bounds, declared, [env[k] for k in names],
+                       names=tuple(names), padded=tuple(padded[k] for k in names), what=what,
+                       constraints=constraints)
+  return poison(outs, ok), ok
+
+
+def poison(outs: Sequence[Any], ok: Any) -> list[Any]:
+  """Each of `outs` where `ok` (a traced bool), its poison elsewhere; typed
+  PRNG keys get the unsigned poison in their key data (a key that no seed
+  gives by chance is not possible, but one every failed call shares is)."""
   guarded = []
   for o in outs:
+    if hasattr(o, "dtype") and is_key_dtype(o.dtype):
+      data = jax.random.key_data(o)
+      data = _poisoned(data, ok, poison_value(data.dtype))
+      guarded.append(jax.random.wrap_key_data(data, impl=jax.random.key_impl(o)))
+      continue
     bad = poison_value(o.dtype) if hasattr(o, "dtype") else None
     guarded.append(o if bad is None else _poisoned(o, ok, bad))
   return guarded
 
 
-def _raise_if_out_of_range(ok: Any, values: Sequence[Any], *, names: tuple[str, ...],
-                           padded: tuple[int, ...], what: str) -> None:
-  if bool(np.all(ok)):
+def _raise_if_out_of_range(in_bounds: Any, declared: Any, values: Sequence[Any], *,
+                           names: tuple[str, ...], padded: tuple[int, ...], what: str,
+                           constraints: tuple[str, ...]) -> None:
+  if bool(np.all(in_bounds)) and bool(np.all(declared)):
     return
   given = {n: np.asarray(v).tolist() for n, v in zip(names, values, strict=True)}
   bounds = {n: int(np.asarray(p)) for n, p in zip(names, padded, strict=True)}
+  if not bool(np.all(in_bounds)):
+    raise SizeRangeError(
+        f"{what}: a traced logical size is outside [1, padded size]: sizes {given}, padded "
+        f"sizes {bounds}. Each logical size must be at least 1 and at most its padded "
+        "size (a pj.Ragged length at most the data's padded length).\nWhat to do: pad "
+        "the arguments to at least the largest size, or fix the sizes passed.")
   raise SizeRangeError(
-      f"{what}: a traced logical size is outside [1, padded size]: sizes {given}, padded "
-      f"sizes {bounds}. Each logical size must be at least 1 and at most its padded "
-      "size (a pj.Ragged length at most the data's padded length).\nWhat to do: pad "
-      "the arguments to at least the largest size, or fix the sizes passed.")
+      f"{what}: traced logical sizes {given} violate the declared constraints "
+      f"{list(constraints)}.\nWhat to do: pass sizes that satisfy them (a jax.jit of "
+      "the function itself raises at such sizes), or declare the constraints the "
+      "function really needs.")
+
+
+# --- the logical shapes of a data-dependent function's outputs ------------------
+
+def ok_and_checked(in_contract: Any, failed: Any) -> Any:
+  """Whether a call with traced sizes kept the contract and passed its checks."""
+  return in_contract & (failed == 0) if isinstance(failed, jc.Tracer) else in_contract
+
+
+def logical_shapes(traced: Any, sizes: dict[str, Any]) -> list[tuple[Any, ...]]:
+  """Each output's logical shape: ints, and int32 scalars for dynamic axes
+  (a size that would be negative on an empty selection, `y[1:]`, is 0). With
+  traced sizes out of range, a violated constraint or a failed check, every
+  dynamic entry is the int32 minimum (`size_range`: the counts are outputs
+  too, poisoned like the rest)."""
+  ok = sizes.get(IN_CONTRACT)
+  out = []
+  for aval in traced.out_avals:
+    shape: list[Any] = []
+    for d in aval.shape:
+      if not jc.is_symbolic_dim(d):
+        shape.append(int(d))
+        continue
+      value = jnp.maximum(_dims.evaluate_dim(d, sizes), 0)
+      shape.append(value if ok is None else poison([value], ok)[0])
+    out.append(tuple(shape))
+  return out

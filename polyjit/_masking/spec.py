@@ -326,5 +326,14 @@ def check_constraints(sizes: dict[str, int], scope: jc.SymbolicScope,
                       what: str = "logical") -> None:
   """Raises ShapeError when concrete sizes violate the scope's constraints."""
   text = violated_constraint(sizes, scope)
+  if text is not None and what == "padded":
+    raise ShapeError(
+        f"the padded sizes {sizes} violate the constraint '{text}', which the function "
+        "needs on this side of a comparison between sizes (`min(n, m)`, `abs(n - m)`, "
+        "`n <= m`, a slice bound) or declared: the padded sizes must be on the same side "
+        "as the logical ones.\nWhat to do: pad the arguments so that their padded sizes "
+        "compare as the logical sizes do (or satisfy the declared constraint), or call "
+        "through pj.jit, or with traced sizes (jax.jit around pj.mask), which choose "
+        "padded sizes that do.")
   if text is not None:
     raise ShapeError(f"the {what} sizes {sizes} violate the constraint '{text}'.")

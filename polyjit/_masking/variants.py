@@ -44,7 +44,7 @@ import jax.numpy as jnp
 from . import dims as _dims
 from .. import _jax as jc
 from . import data_dependent as _data_dependent, spec as _spec
-from .errors import MaskingError, ShapeError, SizeValueError
+from .errors import MaskingError, ShapeError, SizeValueError, expression_too_large
 
 MAX_VARIANTS = 16        # sides traced for one function before giving up
 MAX_GUARDS = 8           # guards settled for one variant before giving up
@@ -158,6 +158,11 @@ class _Settle(Exception):
     self.constraint = constraint
 
 
+class _SettleBetween(Exception):
+  """Traced sizes: an inequality between sizes asked where user code could
+  catch a failure: settled as a constraint on each side (`explore`)."""
+
+
 class _Oracle:
   """Answers the size comparisons of one trace, and records them.
 
@@ -211,6 +216,15 @@ class _Oracle:
         answer = yes if yes != no else answer
       else:
         free = True
+      if (free and decision.kind == "ge" and len(jc.symbolic_vars(decision.expr)) >= 2
+          and jc.user_code_can_catch()):
+        # A free answer between sizes is settled as a constraint only when a
+        # trace fails (`_settle_between_sizes`); user code that catches what
+        # JAX raises (`x[:min(n, m)]` against `y`) would hide that failure
+        # and go on where jax.jit never goes. So settled now.
+        self._answers[key] = answer
+        self.asked.append((decision, answer, free))
+        raise _SettleBetween(str(decision))
     self._answers[key] = answer
     self.asked.append((decision, answer, free))
     return answer
@@ -239,6 +253,10 @@ class _Oracle:
         "x.shape[0] * 2.0), compare it (n == 1, n > 3), loop with lax.scan / "
         "lax.fori_loop instead of range(n), or declare that axis fixed "
         "(polymorphic_shapes with '_' / a fixed dim).")
+
+  def too_large(self, text: str, where: str) -> MaskingError:
+    """A comparison of sizes too large for JAX's decision procedure."""
+    return expression_too_large(text, where)
 
   def value_of(self, expr: Any, where: str) -> int:
     """A size's value, asked from user code by hashing it (`n in {1, 2}`,

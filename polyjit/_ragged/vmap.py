@@ -52,6 +52,7 @@ import numpy as np
 from .. import _jax as jc
 from .._masking import dims as _dims
 from .._masking.errors import MaskingError, ShapeError
+from .._masking import verify as _verify
 from .._masking.mask import Masked
 from .._sharding import placement as _sharding
 from .arguments import (aval_key, batch_and_count, broadcast, check_counts, describe,
@@ -115,7 +116,35 @@ class RaggedVmapped:
       plan = self._plan(treedef, leaves, axes, paths)
       if plan.shares:
         plan.check_on_host(host_lengths([x for x in leaves if is_ragged(x)]))
+    if (_verify.enabled() and self.out_axes == 0
+        and all(is_concrete(r.lengths) for r in raggeds)):
+      _, leaves, _, axes = self._flatten(args)
+      return self._checked(args, leaves, axes)
     return self._jitted(*args)
+
+  def _checked(self, args: tuple[Any, ...], leaves: list[Any], axes: list[Any]) -> Any:
+    """The checking mode (`_masking/verify.py`): each example's outputs agree
+    with `fun` on that example unpadded (concrete lengths only)."""
+    with _verify.Inside():
+      result = self._jitted(*args)
+    if any(isinstance(x, jc.Tracer) for x in jax.tree.leaves((args, result))):
+      return result
+    treedef = jax.tree.structure(args, is_leaf=is_ragged)
+    examples = [x.to_list() if is_ragged(x) else None for x in leaves]
+    count = len(next(e for e in examples if e is not None))
+    outs = [x.to_list() if is_ragged(x) else x
+            for x in jax.tree.leaves(result, is_leaf=is_ragged)]
+    out_tree = jax.tree.structure(result, is_leaf=is_ragged)
+    for b in range(count):
+      example = [jax.tree.map(jnp.asarray, e[b]) if e is not None
+                 else (x if axis is None else jnp.take(jnp.asarray(x), b, axis=axis))
+                 for x, axis, e in zip(leaves, axes, examples, strict=True)]
+      inputs = jax.tree.unflatten(treedef, example)
+      want = self.fun(*inputs)
+      got = jax.tree.unflatten(out_tree, [o[b] if isinstance(o, list) else np.asarray(o)[b]
+                                          for o in outs])
+      _verify.compare(repr(self), f"example {b}", got, want, inputs)
+    return result
 
   def _flatten(self, args: tuple[Any, ...]) -> tuple[Any, list[Any], list[str], list[Any]]:
     flat, treedef = jax.tree_util.tree_flatten_with_path(args, is_leaf=is_ragged)

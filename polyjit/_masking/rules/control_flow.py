@@ -115,7 +115,7 @@ def _masked_scan_body(ctx: RuleContext, closed: Any, num_consts: Any, num_carry:
               + [env.padded_aval(v.aval) for v in invars[num_consts + num_carry:]])
 
   def body(*args: Any) -> Any:
-    sub_env = env.with_logical(args[:k])
+    sub_env = env.with_logical(args[:k], "scan")
     rest = args[k:]
     consts_carry = rest[:num_consts + num_carry]
     carry = rest[num_consts:num_consts + num_carry]
