@@ -39,7 +39,8 @@ from .core import (
     is_dropvar as is_dropvar, jaxpr_as_fun as jaxpr_as_fun,
     make_closed_jaxpr as make_closed_jaxpr, promote_dtypes_inexact as promote_dtypes_inexact,
     replay_unsafe_effects as replay_unsafe_effects, shaped as shaped,
-    subjaxprs_in_params as subjaxprs_in_params, typeof as typeof)
+    subjaxprs_in_params as subjaxprs_in_params, typeof as typeof,
+    custom_jvp_rule_jaxpr as custom_jvp_rule_jaxpr)
 from .dims import (
     DimExpr as DimExpr, SymbolicScope as SymbolicScope, dim_scope as dim_scope,
     dim_terms as dim_terms, dim_value_dtype as dim_value_dtype, dim_variable as dim_variable,

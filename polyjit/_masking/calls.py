@@ -45,6 +45,7 @@ import numpy as np
 from .. import _jax as jc
 from .core import MaskEnv, eval_jaxpr_masked
 from .data_dependent import extra_outputs
+from . import native as _native
 from .trace import SymbolicTrace
 
 
@@ -105,6 +106,17 @@ def _masked_eval(traced: "SymbolicTrace", padded: dict[str, int], inputs: Sequen
   return outs + extra_outputs(env, traced)
 
 
+def _native_eval(traced: "SymbolicTrace", padded: dict[str, int], inputs: Sequence[Any],
+                 logical: Sequence[Any]) -> list[Any]:
+  """The masked evaluation in native mode (`native.py`), for JAX to differentiate:
+  inputs and outputs wrapped, so tangents are zero in their padding."""
+  env = MaskEnv(traced.dim_names, padded, logical, traced.cache)
+  env.native = True
+  inputs = [_native.wrap(env, x, a) for x, a in zip(inputs, traced.in_avals, strict=True)]
+  outs = eval_jaxpr_masked(traced.jaxpr, (), inputs, env)
+  return [_native.wrap(env, y, a) for y, a in zip(outs, traced.out_avals, strict=True)]
+
+
 def _node(kind: type, traced: "SymbolicTrace", padded: dict[str, int], args: Sequence[Any],
           *extra: Any) -> Any:
   """The node of `kind` for `traced` at these padded sizes and argument avals
@@ -149,6 +161,8 @@ class Call(Node):
     if all(tangents[i] is None for i in diff_in) or not diff_out:
       outs = jc.bind_call(self, primals)
       return outs, [None] * len(outs)
+    if _native.refusal(traced) is None:
+      return self._native_jvp(inputs, logical, tangents)
     split = traced.split_vjp()
     if split is not None:   # the residuals the gradient will need, computed now
       both = call_traced(split.fwd, padded, inputs, logical)
@@ -167,6 +181,24 @@ class Call(Node):
     for j, t in zip(diff_out, touts, strict=True):
       out_tangents[j] = t
     return outs, out_tangents
+
+  def _native_jvp(self, inputs: list[Any], logical: list[Any], tangents: list[Any | None]
+                  ) -> tuple[list[Any], list[Any | None]]:
+    # JAX differentiates the native-mode evaluation: under `jax.vmap` its
+    # tangent ops are batched primitives, transposed with the whole batch in
+    # view. Only the inputs with tangents are differentiated; the rest
+    # (shared parameters held fixed) are closed over, no zeros made for them.
+    live = [i for i in self.traced.diff_in if tangents[i] is not None]
+
+    def fun(*values: Any) -> list[Any]:
+      full = list(inputs)
+      for i, v in zip(live, values, strict=True):
+        full[i] = v
+      return _native_eval(self.traced, self.padded, full, logical)
+
+    outs, touts = jax.jvp(fun, [inputs[i] for i in live], [tangents[i] for i in live])
+    return list(outs), [t if _inexact(jc.typeof(o)) else None
+                        for o, t in zip(outs, touts, strict=True)]
 
   def transpose(self, cts: list[Any], args: list[Any | None]) -> list[Any | None]:
     # Only a linear function is transposed whole (`jax.linear_transpose`):
