@@ -10,10 +10,24 @@ kinds of node:
                  input tangents, logical sizes); linear in the tangents.
   Batched(node)  `jax.vmap` of another node's evaluation (pj.vmap, jax.jacfwd).
 
-Derivatives, by the same rule as the gradient in `_masking/mask.py` (never let JAX
-differentiate or transpose the ops the interpreter emitted, whose local
-derivatives in the padding are garbage; always mask a symbolically traced
-derivative instead):
+Derivatives take one of two paths.
+
+Native (`native.py`), wherever its gate admits `traced` (every equation with
+a dynamic axis of a kind proven safe, recursively; no data-dependent size; no
+custom_vjp): the JVP of Call(traced) is `jax.jvp` of the masked evaluation in
+native mode, which masks tangents at the equations' outputs (and zeroes the
+padding of `dot_general`'s operands), so that no transpose meets 0 * NaN. Only
+the inputs with tangents are differentiated; the others are closed over. JAX
+then batches and transposes those tangent ops like any others: under `jax.vmap`
+(pj.vmap, Batched) the cotangent of an unbatched input is accumulated once for
+the whole batch (one scatter-add into an embedding table, one contraction over
+batch and time for a weight matrix), as for `jax.grad` of a `jax.vmap`, where
+the symbolic path below transposes each example and sums per-example
+cotangents. Higher derivatives are JAX's own of those ops.
+
+Symbolic, for everything else, by the same rule as the gradient in
+`_masking/mask.py` (never let JAX differentiate or transpose the ops the
+interpreter emitted; always mask a symbolically traced derivative instead):
 
   JVP of Call(traced)      primal: Call(traced) (or Call(split forward), which
                            returns the VJP's residuals too); tangent: Lin(traced).
@@ -28,11 +42,14 @@ derivative instead):
                            their tangents do not enter.
   transpose of Call        only for `jax.linear_transpose` of a linear function:
                            its VJP at zero.
-  Batched(node)            each rule is `jax.vmap` of `node`'s rule.
+  Batched(node)            each rule is `jax.vmap` of `node`'s rule (for a
+                           transpose: the inner per-example transpose, vmapped,
+                           then summed over the batch for unbatched inputs).
 
-Forward mode is safe for the same reason the backward pass is: the tangent
-computation is a traced jaxpr (JVP rules are forward ops) that the masking
-rules evaluate, filling padding before anything mixes positions.
+Forward mode is safe on the symbolic path for the same reason the backward
+pass is: the tangent computation is a traced jaxpr (JVP rules are forward ops)
+that the masking rules evaluate, filling padding before anything mixes
+positions.
 """
 from __future__ import annotations
 
@@ -111,7 +128,7 @@ def _native_eval(traced: "SymbolicTrace", padded: dict[str, int], inputs: Sequen
   """The masked evaluation in native mode (`native.py`), for JAX to differentiate:
   inputs and outputs wrapped, so tangents are zero in their padding."""
   env = MaskEnv(traced.dim_names, padded, logical, traced.cache)
-  env.native = True
+  env.native = _native.step
   inputs = [_native.wrap(env, x, a) for x, a in zip(inputs, traced.in_avals, strict=True)]
   outs = eval_jaxpr_masked(traced.jaxpr, (), inputs, env)
   return [_native.wrap(env, y, a) for y, a in zip(outs, traced.out_avals, strict=True)]

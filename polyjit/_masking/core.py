@@ -207,8 +207,9 @@ class MaskEnv:
     # `lapack_order.py`); None before the first one.
     self.lapack_token: Any = None
     # Native mode (`native.py`): JAX differentiates this evaluation itself,
-    # with tangents masked at the equations' outputs.
-    self.native = False
+    # with tangents masked at the equations' outputs; then `native` is the
+    # function that evaluates one symbolic equation (`native.step`).
+    self.native: Callable[[RuleContext, Rule, list[Any]], list[Any]] | None = None
 
   def bind_size(self, name: str, padded: int, logical: Any) -> None:
     """Adds a data-dependent size, computed by the program, to the sizes."""
@@ -392,9 +393,8 @@ def eval_jaxpr_masked(jaxpr: jc.Jaxpr, consts: Sequence[Any],
         rule = masking_rules.get(eqn.primitive)
         if rule is None:
           raise _no_rule_error(eqn)
-        if env.native:
-          from . import native
-          outs = native.step(RuleContext(env, eqn), rule, invals)
+        if env.native is not None:
+          outs = env.native(RuleContext(env, eqn), rule, invals)
         else:
           outs = rule(RuleContext(env, eqn), *invals, **eqn.params)
       else:
@@ -433,7 +433,7 @@ def mask_closed_jaxpr(closed: jc.ClosedJaxpr, env: MaskEnv) -> jc.ClosedJaxpr:
   padded inputs of `closed`; control-flow rules bind it in place of `closed`,
   passing `env.logical_values` as extra operands. Cached per padded size.
   """
-  key = ("masked", id(closed), env.padded_key(), env.native)
+  key = ("masked", id(closed), env.padded_key(), env.native is not None)
   hit = env.cache.get(key)
   if hit is not None and hit[0] is closed:
     cached: jc.ClosedJaxpr = hit[1]

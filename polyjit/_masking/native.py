@@ -54,6 +54,8 @@ import numpy as np
 from jax import lax
 
 from .. import _jax as jc
+from . import scopes as _scopes
+from .core import eqn_is_symbolic
 from .rules.elementwise import ELEMENTWISE
 
 #: Elementwise: padding maps to padding; broadcast operands are made explicit.
@@ -109,7 +111,6 @@ def jaxpr_refusal(jaxpr: jc.Jaxpr, rules: bool = True) -> str | None:
     return verdicts[jaxpr]
   except KeyError:
     pass
-  from .core import eqn_is_symbolic
   verdict: str | None = None
   for eqn in jaxpr.eqns:
     name = eqn.primitive.name
@@ -141,7 +142,7 @@ def _promises_in_bounds(eqn: jc.JaxprEqn) -> bool:
   if "PROMISE_IN_BOUNDS" not in str(params.get("mode")):
     return False
   dn = params["dimension_numbers"]
-  shape = eqn.invars[0].aval.shape
+  shape: Any = getattr(eqn.invars[0].aval, "shape")
   if eqn.primitive.name == "gather":
     axes = [*dn.start_index_map, *[d for d, s in enumerate(params["slice_sizes"])
                                    if jc.is_symbolic_dim(s)]]
@@ -179,7 +180,11 @@ def custom_jvp_rule(eqn: jc.JaxprEqn) -> tuple[jc.ClosedJaxpr, list[bool]]:
     return cached
   n_consts = eqn.params["num_consts"]
   zeros = [not inexact(v.aval) for v in eqn.invars[n_consts:]]
-  rule = jc.custom_jvp_rule_jaxpr(eqn, zeros)
+  # (a size question in the rule is refused, never answered: JAX alone would
+  # answer `==` False where it cannot prove sizes equal; refused, the gate
+  # sends the function to the symbolic path, which says what it does)
+  with _scopes.refusing_questions(True):
+    rule = jc.custom_jvp_rule_jaxpr(eqn, zeros)
   _custom_rules[key] = rule
   return rule
 

@@ -2,9 +2,15 @@
 
 Call-like primitives (`jit`, `closed_call` or `eval_jaxpr`, `custom_jvp_call`,
 `custom_vjp_call`) are evaluated inline: the masked program is one program
-anyway, and the custom derivative rules they carry are not needed here,
-because gradients of a masked function come from masking `fun`'s own VJP
-(`_masking/mask.py`), traced with JAX's rules in place.
+anyway, and on the symbolic derivative path the custom derivative rules they
+carry are not needed here, because gradients come from masking `fun`'s own
+VJP (`_masking/mask.py`), traced with JAX's rules in place. In native mode
+(`_masking/native.py`: JAX differentiates the masked evaluation itself) a
+`custom_jvp_call` is re-emitted as a `jax.custom_jvp` whose function is the
+masked evaluation of its `call_jaxpr` and whose rule is the masked
+evaluation of its JVP traced with the custom rule in place, so jax.nn.relu's
+derivative at 0 (and any numerically safe rule) stays the one JAX uses; the
+native gate refuses `custom_vjp_call`.
 
 Primitives that must stay primitives (`cond`, `while`, `scan`, `remat`) get
 their sub-jaxprs masked (`_core.mask_closed_jaxpr`, cached per padded size),
@@ -13,7 +19,14 @@ with the logical sizes passed in as extra leading operands.
 A `scan` over a dynamic length runs over the padded length; after the logical
 end its carry stops changing (each step selects the old carry once the step
 index reaches the logical length). Run in reverse, the padding steps come
-first, and the same select keeps the initial carry until the data starts.
+first, and the same select keeps the initial carry until the data starts. In
+native mode those frozen steps run on the inputs of the first real step (the
+initial carry and the slices at index 0, or n - 1 in reverse), held constant:
+their cotangents are zero and their local derivatives are a real step's,
+finite, where garbage slices would give 0 * NaN in the cotangents of the
+consts (the weights) and of the carry. Gating the consts instead
+(`where(active, w, stop_gradient(w))`) would make every shared weight a
+per-example value under `jax.vmap`, the cost native mode exists to avoid.
 """
 
 from __future__ import annotations
@@ -47,7 +60,7 @@ def _call(ctx: RuleContext, *args: Any, call_jaxpr: Any, **_: Any) -> list[Any]:
 
 @register("custom_jvp_call")
 def _custom_jvp_call(ctx: RuleContext, *args: Any, call_jaxpr: Any, **_: Any) -> list[Any]:
-  if not ctx.env.native:
+  if ctx.env.native is None:
     return ctx.eval_jaxpr(call_jaxpr, *args)
   # Native mode: JAX differentiates this evaluation, so the custom rule must
   # stay the derivative (jax.nn.relu's at 0, a numerically safe rule): a
@@ -125,7 +138,7 @@ def _scan(ctx: RuleContext, *args: Any, jaxpr: Any, length: Any, **params: Any) 
   # Native mode: the carry's initial value and one real step's slices, for
   # the steps past the logical length to run on (see `_masked_scan_body`).
   real = (_first_real_step(ctx, carry, xs, length, params.get("reverse", False))
-          if ctx.env.native and dynamic_length else [])
+          if ctx.env.native is not None and dynamic_length else [])
   k = len(logical) + len(real)
   padded_length = ctx.padded(length)
   steps = [lax.iota(jc.dim_value_dtype(), padded_length)] if dynamic_length else []
@@ -153,8 +166,8 @@ def _masked_scan_body(ctx: RuleContext, closed: Any, num_consts: Any, num_carry:
                       length: Any) -> Any:
   env = ctx.env
   dynamic_length = jc.is_symbolic_dim(length)
-  native = env.native and dynamic_length
-  key = ("scan", id(closed), env.padded_key(), length, env.native)
+  native = env.native is not None and dynamic_length
+  key = ("scan", id(closed), env.padded_key(), length, env.native is not None)
   hit = env.cache.get(key)
   if hit is not None and hit[0] is closed:
     return hit[1]
