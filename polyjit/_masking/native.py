@@ -29,6 +29,11 @@ both halves of that product for every equation with a dynamic axis:
   output (`mul x s` with a scalar `s`; JAX's elementwise ops broadcast rank 0
   and size-1 axes) is broadcast explicitly first and wrapped like a LINEAR
   output, so its cotangent sums cleaned values only.
+* A gather that promises to be in bounds (`x[i]`) on a dynamic axis: out of
+  bounds JAX's JVP of it clamps and its transpose drops, which no single
+  linear map does, so it is bound as a linear call (`_Linear`) whose value
+  and JVP are the masked gather and whose transpose drops the cotangents of
+  starts out of logical bounds. Such a scatter-add is refused.
 * Calls (`jit`, `closed_call`) are evaluated inline in native mode; `scan`
   and `custom_jvp_call` have native forms in `rules/control_flow.py` (the
   scan's steps past the logical length run on a real step's inputs; a custom
@@ -126,11 +131,10 @@ def jaxpr_refusal(jaxpr: jc.Jaxpr, rules: bool = True) -> str | None:
       verdict = _custom_jvp_refusal(eqn, rules)
     elif name not in _ELEMENTWISE | _LINEAR | _FILL:
       verdict = f"'{name}' has no native-safe masking rule"
-    elif name in ("gather", "scatter-add", "scatter_add") and _promises_in_bounds(eqn):
-      verdict = (f"a '{name}' in mode PROMISE_IN_BOUNDS (x[i], jnp.take's default) "
-                 "indexes a dynamic axis: out of bounds, JAX's own derivatives of it "
-                 "clamp in forward mode and drop in reverse mode, which no one "
-                 "masked program matches (mode='clip' or mode='fill' is admitted)")
+    elif name in ("scatter-add", "scatter_add") and _promises_in_bounds(eqn):
+      verdict = (f"a '{name}' in mode PROMISE_IN_BOUNDS indexes a dynamic axis: out "
+                 "of bounds, JAX's own derivatives of it drop in forward mode and "
+                 "clamp in reverse mode (mode='drop' or mode='clip' is admitted)")
     if verdict is not None:
       break
   verdicts[jaxpr] = verdict
@@ -224,6 +228,90 @@ def step(ctx: Any, rule: Callable[..., list[Any]], invals: Sequence[Any]) -> lis
     invals = [env.fill_padding(x, v.aval, np.zeros((), v.aval.dtype)[()], None, eqn)
               if inexact(v.aval) and is_dynamic(v.aval) else x
               for v, x in zip(eqn.invars, invals, strict=True)]
-  outs = rule(ctx, *invals, **eqn.params)
+  if name == "gather" and _promises_in_bounds(eqn) and inexact(eqn.invars[0].aval):
+    outs = [_promised_gather(ctx, rule, *invals)]
+  else:
+    outs = rule(ctx, *invals, **eqn.params)
   return [wrap(env, y, v.aval) for y, v in zip(outs, eqn.outvars, strict=True)]
+
+
+# --- a gather that promises to be in bounds ------------------------------------
+
+def _promised_gather(ctx: Any, rule: Callable[..., list[Any]], operand: Any,
+                     indices: Any) -> Any:
+  """x[i] on a dynamic axis (PROMISE_IN_BOUNDS). Out of bounds, JAX's own
+  derivatives of it disagree: its JVP gathers clamped (as the value does) and
+  its transpose drops. The masked gather (the rule, clamped into the logical
+  bounds) is bound as a linear call whose transpose drops the cotangents of
+  the starts out of logical bounds, so both modes match JAX's."""
+  from .rules.indexing import _logical_starts
+  eqn, env = ctx.eqn, ctx.env
+  params = eqn.params
+  dn = params["dimension_numbers"]
+
+  def fwd(t: Any, idx: Any, *logical: Any) -> list[Any]:
+    return [rule(type(ctx)(env.with_logical(logical), eqn), t, idx, **params)[0]]
+
+  def bwd(ct: Any, idx: Any, *logical: Any) -> Any:
+    sub = type(ctx)(env.with_logical(logical), eqn)
+    # (`_logical_starts` reads the operand's shape only)
+    _, _, in_bounds = _logical_starts(sub, jnp.zeros(operand.shape, operand.dtype), idx,
+                                      eqn.invars[0].aval.shape, params["slice_sizes"],
+                                      dn.start_index_map, clip=False)
+    if in_bounds is not None:
+      batch = [d for d in range(ct.ndim) if d not in dn.offset_dims]
+      ct = lax.select(lax.broadcast_in_dim(in_bounds, ct.shape, batch), ct,
+                      jnp.zeros_like(ct))
+    t_aval = jax.ShapeDtypeStruct(operand.shape, operand.dtype)  # type: ignore[no-untyped-call, unused-ignore]
+    (g,) = jax.linear_transpose(lambda t: fwd(t, idx, *logical)[0], t_aval)(ct)
+    return g
+
+  node = _Linear((jc.typeof(operand), jc.typeof(indices), *map(jc.typeof, env.logical_values)),
+                 fwd, bwd)
+  out: Any = jc.bind_call(node, [operand, indices, *env.logical_values])[0]
+  return out
+
+
+class _Linear:
+  """A call node (`_jax/calls.py`) of a map linear in its first argument,
+  `fwd(t, *known) -> [out]`, with its own transpose `bwd(ct, *known) -> t`."""
+
+  def __init__(self, in_avals: tuple[Any, ...], fwd: Callable[..., list[Any]],
+               bwd: Callable[..., Any]) -> None:
+    self.in_avals = in_avals
+    self.fwd, self.bwd = fwd, bwd
+    self._jaxpr: jc.ClosedJaxpr | None = None
+
+  @property
+  def jaxpr(self) -> jc.ClosedJaxpr:
+    if self._jaxpr is None:
+      self._jaxpr = jc.make_closed_jaxpr(lambda *a: self.fwd(*a), list(self.in_avals))
+    return self._jaxpr
+
+  def out_avals(self) -> list[Any] | None:
+    return None
+
+  def jvp(self, primals: list[Any], tangents: list[Any | None]
+          ) -> tuple[list[Any], list[Any | None]]:
+    outs = jc.bind_call(self, primals)
+    if tangents[0] is None:
+      return outs, [None]
+    return outs, jc.bind_call(self, [tangents[0], *primals[1:]])
+
+  def transpose(self, cts: list[Any], args: list[Any | None]) -> list[Any | None]:
+    if args[0] is not None or any(a is None for a in args[1:]):
+      raise NotImplementedError("a linear call is linear in its first argument only")
+    return [self.bwd(cts[0], *args[1:]), *[None] * (len(args) - 1)]
+
+  def batch(self, dims: tuple[int | None, ...], avals: tuple[Any, ...], axis_size: int,
+            axis_name: Any, spmd_axis_name: tuple[Any, ...] | None) -> "_Linear":
+    def vmap(f: Callable[..., Any], in_axes: Any) -> Callable[..., Any]:
+      return jax.vmap(f, in_axes=in_axes, axis_size=axis_size, axis_name=axis_name,
+                      spmd_axis_name=spmd_axis_name)
+
+    def bwd(ct: Any, *known: Any) -> Any:
+      g = vmap(self.bwd, (0, *dims[1:]))(ct, *known)
+      return g.sum(0) if dims[0] is None else jnp.moveaxis(g, 0, dims[0])
+
+    return _Linear(avals, lambda *a: vmap(self.fwd, dims)(*a), bwd)
 
