@@ -44,7 +44,7 @@ from .core import (
     make_closed_jaxpr as make_closed_jaxpr, promote_dtypes_inexact as promote_dtypes_inexact,
     replay_unsafe_effects as replay_unsafe_effects, shaped as shaped,
     subjaxprs_in_params as subjaxprs_in_params, trace_context as trace_context,
-    typeof as typeof)
+    typeof as typeof, custom_jvp_rule_jaxpr as custom_jvp_rule_jaxpr)
 from .dims import (
     DimExpr as DimExpr, SymbolicScope as SymbolicScope, dim_scope as dim_scope,
     dim_terms as dim_terms, dim_value_dtype as dim_value_dtype, dim_variable as dim_variable,

@@ -145,3 +145,18 @@ def promote_dtypes_inexact(*args: Any) -> Any:
   """JAX's numpy promotion to an inexact dtype, weak types included (the
   replacement of `jnp.interp` must promote exactly as JAX's does)."""
   return _np_util.promote_dtypes_inexact(*args)
+
+
+def custom_jvp_rule_jaxpr(eqn: JaxprEqn, zeros: list[bool]
+                          ) -> tuple[ClosedJaxpr, list[bool]]:
+  """The JVP of a `custom_jvp_call` equation with its custom rule, as JAX
+  traces it (`custom_derivatives.lift_jvp`): a jaxpr from (the non-const
+  inputs, the tangents not in `zeros`) to (outputs, the tangents not in the
+  returned out zeros), at the equation's avals."""
+  params = eqn.params
+  thunk = params.get("jvp_jaxpr_fun", params.get("jvp_jaxpr_thunk"))
+  if thunk is None:
+    raise NotImplementedError("this JAX's custom_jvp_call has no JVP jaxpr param")
+  call = getattr(thunk, "call_wrapped", thunk)
+  jaxpr, consts, out_zeros = call(*zeros)
+  return ClosedJaxpr(jaxpr, consts), list(out_zeros)

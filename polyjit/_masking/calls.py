@@ -10,10 +10,24 @@ kinds of node:
                  input tangents, logical sizes); linear in the tangents.
   Batched(node)  `jax.vmap` of another node's evaluation (pj.vmap, jax.jacfwd).
 
-Derivatives, by the same rule as the gradient in `_masking/mask.py` (never let JAX
-differentiate or transpose the ops the interpreter emitted, whose local
-derivatives in the padding are garbage; always mask a symbolically traced
-derivative instead):
+Derivatives take one of two paths.
+
+Native (`native.py`), wherever its gate admits `traced` (every equation with
+a dynamic axis of a kind proven safe, recursively; no data-dependent size; no
+custom_vjp): the JVP of Call(traced) is `jax.jvp` of the masked evaluation in
+native mode, which masks tangents at the equations' outputs (and zeroes the
+padding of `dot_general`'s operands), so that no transpose meets 0 * NaN. Only
+the inputs with tangents are differentiated; the others are closed over. JAX
+then batches and transposes those tangent ops like any others: under `jax.vmap`
+(pj.vmap, Batched) the cotangent of an unbatched input is accumulated once for
+the whole batch (one scatter-add into an embedding table, one contraction over
+batch and time for a weight matrix), as for `jax.grad` of a `jax.vmap`, where
+the symbolic path below transposes each example and sums per-example
+cotangents. Higher derivatives are JAX's own of those ops.
+
+Symbolic, for everything else, by the same rule as the gradient in
+`_masking/mask.py` (never let JAX differentiate or transpose the ops the
+interpreter emitted; always mask a symbolically traced derivative instead):
 
   JVP of Call(traced)      primal: Call(traced) (or Call(split forward), which
                            returns the VJP's residuals too); tangent: Lin(traced).
@@ -28,11 +42,14 @@ derivative instead):
                            their tangents do not enter.
   transpose of Call        only for `jax.linear_transpose` of a linear function:
                            its VJP at zero.
-  Batched(node)            each rule is `jax.vmap` of `node`'s rule.
+  Batched(node)            each rule is `jax.vmap` of `node`'s rule (for a
+                           transpose: the inner per-example transpose, vmapped,
+                           then summed over the batch for unbatched inputs).
 
-Forward mode is safe for the same reason the backward pass is: the tangent
-computation is a traced jaxpr (JVP rules are forward ops) that the masking
-rules evaluate, filling padding before anything mixes positions.
+Forward mode is safe on the symbolic path for the same reason the backward
+pass is: the tangent computation is a traced jaxpr (JVP rules are forward ops)
+that the masking rules evaluate, filling padding before anything mixes
+positions.
 """
 from __future__ import annotations
 
@@ -45,6 +62,7 @@ import numpy as np
 from .. import _jax as jc
 from .core import MaskEnv, eval_jaxpr_masked
 from .data_dependent import extra_outputs
+from . import native as _native
 from .trace import SymbolicTrace
 
 
@@ -105,6 +123,17 @@ def _masked_eval(traced: "SymbolicTrace", padded: dict[str, int], inputs: Sequen
   return outs + extra_outputs(env, traced)
 
 
+def _native_eval(traced: "SymbolicTrace", padded: dict[str, int], inputs: Sequence[Any],
+                 logical: Sequence[Any]) -> list[Any]:
+  """The masked evaluation in native mode (`native.py`), for JAX to differentiate:
+  inputs and outputs wrapped, so tangents are zero in their padding."""
+  env = MaskEnv(traced.dim_names, padded, logical, traced.cache)
+  env.native = _native.step
+  inputs = [_native.wrap(env, x, a) for x, a in zip(inputs, traced.in_avals, strict=True)]
+  outs = eval_jaxpr_masked(traced.jaxpr, (), inputs, env)
+  return [_native.wrap(env, y, a) for y, a in zip(outs, traced.out_avals, strict=True)]
+
+
 def _node(kind: type, traced: "SymbolicTrace", padded: dict[str, int], args: Sequence[Any],
           *extra: Any) -> Any:
   """The node of `kind` for `traced` at these padded sizes and argument avals
@@ -149,6 +178,8 @@ class Call(Node):
     if all(tangents[i] is None for i in diff_in) or not diff_out:
       outs = jc.bind_call(self, primals)
       return outs, [None] * len(outs)
+    if _native.refusal(traced) is None:
+      return self._native_jvp(inputs, logical, tangents)
     split = traced.split_vjp()
     if split is not None:   # the residuals the gradient will need, computed now
       both = call_traced(split.fwd, padded, inputs, logical)
@@ -167,6 +198,24 @@ class Call(Node):
     for j, t in zip(diff_out, touts, strict=True):
       out_tangents[j] = t
     return outs, out_tangents
+
+  def _native_jvp(self, inputs: list[Any], logical: list[Any], tangents: list[Any | None]
+                  ) -> tuple[list[Any], list[Any | None]]:
+    # JAX differentiates the native-mode evaluation: under `jax.vmap` its
+    # tangent ops are batched primitives, transposed with the whole batch in
+    # view. Only the inputs with tangents are differentiated; the rest
+    # (shared parameters held fixed) are closed over, no zeros made for them.
+    live = [i for i in self.traced.diff_in if tangents[i] is not None]
+
+    def fun(*values: Any) -> list[Any]:
+      full = list(inputs)
+      for i, v in zip(live, values, strict=True):
+        full[i] = v
+      return _native_eval(self.traced, self.padded, full, logical)
+
+    outs, touts = jax.jvp(fun, [inputs[i] for i in live], [tangents[i] for i in live])
+    return list(outs), [t if _inexact(jc.typeof(o)) else None
+                        for o, t in zip(outs, touts, strict=True)]
 
   def transpose(self, cts: list[Any], args: list[Any | None]) -> list[Any | None]:
     # Only a linear function is transposed whole (`jax.linear_transpose`):

@@ -207,6 +207,10 @@ class MaskEnv:
     # Orders this evaluation's LAPACK calls one after another (see
     # `lapack_order.py`); None before the first one.
     self.lapack_token: Any = None
+    # Native mode (`native.py`): JAX differentiates this evaluation itself,
+    # with tangents masked at the equations' outputs; then `native` is the
+    # function that evaluates one symbolic equation (`native.step`).
+    self.native: Callable[[RuleContext, Rule, list[Any]], list[Any]] | None = None
 
   def bind_size(self, name: str, padded: int, logical: Any) -> None:
     """Adds a data-dependent size, computed by the program, to the sizes."""
@@ -224,6 +228,7 @@ class MaskEnv:
     env = MaskEnv(self.dim_names, self.padded_env, logical, self.cache)
     env.nested = True
     env.nested_in = within
+    env.native = self.native
     return env
 
   def padded(self, d: Any, eqn: jc.JaxprEqn | None = None) -> int:
@@ -391,7 +396,10 @@ def eval_jaxpr_masked(jaxpr: jc.Jaxpr, consts: Sequence[Any],
         rule = masking_rules.get(eqn.primitive)
         if rule is None:
           raise _no_rule_error(eqn)
-        outs = rule(RuleContext(env, eqn), *invals, **eqn.params)
+        if env.native is not None:
+          outs = env.native(RuleContext(env, eqn), rule, invals)
+        else:
+          outs = rule(RuleContext(env, eqn), *invals, **eqn.params)
       else:
         # JAX's Primitive.bind carries no annotations
         outs = eqn.primitive.bind(*invals, **jc.bind_params(eqn))  # type: ignore[no-untyped-call, unused-ignore]
@@ -428,7 +436,7 @@ def mask_closed_jaxpr(closed: jc.ClosedJaxpr, env: MaskEnv, within: str = "") ->
   padded inputs of `closed`; control-flow rules bind it in place of `closed`,
   passing `env.logical_values` as extra operands. Cached per padded size.
   """
-  key = ("masked", id(closed), env.padded_key())
+  key = ("masked", id(closed), env.padded_key(), env.native is not None)
   hit = env.cache.get(key)
   if hit is not None and hit[0] is closed:
     cached: jc.ClosedJaxpr = hit[1]
@@ -545,4 +553,9 @@ class RuleContext:
   def eval_jaxpr(self, closed: jc.ClosedJaxpr, *args: Any) -> list[Any]:
     """Evaluates a sub-jaxpr inline, masked with this environment."""
     return eval_jaxpr_masked(closed.jaxpr, closed.consts, args, self.env)
+
+  def eval_jaxpr_with(self, closed: jc.ClosedJaxpr, logical: Sequence[Any],
+                      *args: Any) -> list[Any]:
+    """`eval_jaxpr` with these logical sizes (values of an inner trace)."""
+    return eval_jaxpr_masked(closed.jaxpr, closed.consts, args, self.env.with_logical(logical))
 

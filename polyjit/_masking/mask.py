@@ -12,22 +12,39 @@ logical sizes gives ragged batching.
 
 Derivatives
 -----------
-Differentiating the masked evaluation directly is unsafe: JAX's transpose
-rules sum over padding without masks (the transpose of a broadcast into a
-dynamic axis is a sum over it), and the local derivatives in the padding are
-garbage, so 0 * NaN = NaN reaches valid entries. Instead the masked
-evaluation is one `polyjit_masked_call` equation (`_masking/calls.py`) whose
-derivatives are themselves masked evaluations of derivatives traced
-symbolically: its JVP is the masked evaluation of `jax.jvp(fun)` (forward
-mode: `jax.jvp`, `jax.jacfwd`, `jax.linearize`), and the transpose of that
-tangent map is *the masked evaluation of fun's VJP*: `jax.vjp(fun)` traced
-symbolically once, whose transposes are explicit primitives (`reduce_sum`,
-`dot_general`, reverse `cumsum`, `scatter-add`) that the same rules mask
-before anything mixes positions. Each derivative is again such an equation,
-so higher derivatives in any order (`jax.hessian` = jacfwd(jacrev)) are safe.
-Gradients with respect to padded inputs have zeros in their padding.
+Differentiating the masked evaluation as it is would be unsafe: JAX's
+transpose rules sum over padding without masks (the transpose of a broadcast
+into a dynamic axis is a sum over it, of a gather a scatter-add), and the
+local derivatives in the padding are garbage, so 0 * NaN = NaN reaches valid
+entries. The masked evaluation is therefore one `polyjit_masked_call`
+equation (`_masking/calls.py`) whose derivatives polyjit defines, on one of
+two paths:
 
-The VJP is traced in two parts where JAX splits it (`SplitVJP`): the forward
+* Native (`_masking/native.py`), where a gate proves it safe: JAX
+  differentiates an evaluation in which every equation that mixes positions
+  has its output tangents masked (`select(valid, y, stop_gradient(y))`: value
+  unchanged, tangent and cotangent zero in the padding) and, for
+  `dot_general`, its operands' padding zeroed; a `scan` over a dynamic length
+  runs its frozen steps on a real step's inputs, and a `jax.custom_jvp`
+  function keeps its rule (masked too). Under `jax.vmap` / `pj.vmap` JAX then
+  sees the whole batch before transposing, so the gradient of a shared
+  parameter is accumulated once for the batch, as for `jax.grad` of a
+  `jax.vmap`, not once per example. The gate refuses functions with
+  data-dependent sizes, custom_vjp functions, and any equation with a dynamic
+  axis outside its list (`native.py` says which and why); those take:
+* the symbolic path: the JVP is the masked evaluation of `jax.jvp(fun)`
+  traced symbolically (forward mode: `jax.jvp`, `jax.jacfwd`,
+  `jax.linearize`), and the transpose of that tangent map is *the masked
+  evaluation of fun's VJP*: `jax.vjp(fun)` traced symbolically once, whose
+  transposes are explicit primitives (`reduce_sum`, `dot_general`, reverse
+  `cumsum`, `scatter-add`) that the same rules mask before anything mixes
+  positions. Each derivative is again such an equation, so higher
+  derivatives in any order (`jax.hessian` = jacfwd(jacrev)) are safe.
+
+Either way gradients with respect to padded inputs have zeros in their
+padding, and NaN or inf in any padding never reaches a valid entry.
+
+On the symbolic path the VJP is traced in two parts where JAX splits it (`SplitVJP`): the forward
 part returns `fun`'s outputs and the residuals (the pullback's array leaves),
 the backward part maps residuals and cotangents to gradients. The JVP's
 primal output is the masked evaluation of the first, and the transpose of its

@@ -2,9 +2,15 @@
 
 Call-like primitives (`jit`, `closed_call` or `eval_jaxpr`, `custom_jvp_call`,
 `custom_vjp_call`) are evaluated inline: the masked program is one program
-anyway, and the custom derivative rules they carry are not needed here,
-because gradients of a masked function come from masking `fun`'s own VJP
-(`_masking/mask.py`), traced with JAX's rules in place.
+anyway, and on the symbolic derivative path the custom derivative rules they
+carry are not needed here, because gradients come from masking `fun`'s own
+VJP (`_masking/mask.py`), traced with JAX's rules in place. In native mode
+(`_masking/native.py`: JAX differentiates the masked evaluation itself) a
+`custom_jvp_call` is re-emitted as a `jax.custom_jvp` whose function is the
+masked evaluation of its `call_jaxpr` and whose rule is the masked
+evaluation of its JVP traced with the custom rule in place, so jax.nn.relu's
+derivative at 0 (and any numerically safe rule) stays the one JAX uses; the
+native gate refuses `custom_vjp_call`.
 
 Primitives that must stay primitives (`cond`, `while`, `scan`, `remat`) get
 their sub-jaxprs masked (`_masking.core.mask_closed_jaxpr`, cached per padded size),
@@ -13,7 +19,14 @@ with the logical sizes passed in as extra leading operands.
 A `scan` over a dynamic length runs over the padded length; after the logical
 end its carry stops changing (each step selects the old carry once the step
 index reaches the logical length). Run in reverse, the padding steps come
-first, and the same select keeps the initial carry until the data starts.
+first, and the same select keeps the initial carry until the data starts. In
+native mode those frozen steps run on the inputs of the first real step (the
+initial carry and the slices at index 0, or n - 1 in reverse), held constant:
+their cotangents are zero and their local derivatives are a real step's,
+finite, where garbage slices would give 0 * NaN in the cotangents of the
+consts (the weights) and of the carry. Gating the consts instead
+(`where(active, w, stop_gradient(w))`) would make every shared weight a
+per-example value under `jax.vmap`, the cost native mode exists to avoid.
 """
 
 from __future__ import annotations
@@ -21,10 +34,12 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax import lax
 
 from ... import _jax as jc
 from ..core import RuleContext, eval_jaxpr_masked, register
+from .. import native as _native
 
 
 @register("jit")
@@ -37,10 +52,44 @@ def _jit(ctx: RuleContext, *args: Any, jaxpr: Any, name: Any=None, **_: Any) -> 
 # with a closed `call_jaxpr` (an older `eval_jaxpr`, with a `jaxpr` param, is
 # staged out as `closed_call` and never reaches a jaxpr: it gets no rule).
 @register(*(("eval_jaxpr",) if jc.EVAL_JAXPR_IS_THE_CALL else ()))
-@register("custom_jvp_call", "custom_vjp_call")
+@register("custom_vjp_call")
 @register("closed_call", optional=True)
 def _call(ctx: RuleContext, *args: Any, call_jaxpr: Any, **_: Any) -> list[Any]:
   return ctx.eval_jaxpr(call_jaxpr, *args)
+
+
+@register("custom_jvp_call")
+def _custom_jvp_call(ctx: RuleContext, *args: Any, call_jaxpr: Any, **_: Any) -> list[Any]:
+  if ctx.env.native is None:
+    return ctx.eval_jaxpr(call_jaxpr, *args)
+  # Native mode: JAX differentiates this evaluation, so the custom rule must
+  # stay the derivative (jax.nn.relu's at 0, a numerically safe rule): a
+  # jax.custom_jvp whose function is the masked evaluation of `call_jaxpr` and
+  # whose rule is the masked evaluation of the JVP traced with the custom rule
+  # in place (`native.custom_jvp_rule`). The logical sizes are its (integer)
+  # arguments, so that nothing it evaluates is closed over.
+  rule, out_zeros = _native.custom_jvp_rule(ctx.eqn)
+  env = ctx.env
+  k = len(env.dim_names)
+  n_consts = ctx.eqn.params["num_consts"]
+  n_out = len(ctx.eqn.outvars)
+  diff_in = [i for i, v in enumerate(ctx.eqn.invars[n_consts:]) if _native.inexact(v.aval)]
+
+  @jax.custom_jvp
+  def masked(*flat: Any) -> list[Any]:
+    return ctx.eval_jaxpr_with(call_jaxpr, flat[:k], *flat[k:])
+
+  def masked_jvp(primals: Any, tangents: Any) -> tuple[list[Any], list[Any]]:
+    logical, xs = primals[:k], primals[k + n_consts:]
+    ts = [tangents[k + n_consts + i] for i in diff_in]
+    both = ctx.eval_jaxpr_with(rule, logical, *xs, *ts)
+    outs, nz = list(both[:n_out]), iter(both[n_out:])
+    touts = [jnp.zeros(jnp.shape(o), _native.tangent_dtype(o)) if z else next(nz)
+             for o, z in zip(outs, out_zeros, strict=True)]
+    return outs, touts
+
+  masked.defjvp(masked_jvp)
+  return list(masked(*env.logical_values, *args))
 
 
 @register("call", optional=True)
@@ -84,9 +133,13 @@ def _scan(ctx: RuleContext, *args: Any, jaxpr: Any, length: Any, **params: Any) 
   dynamic_length = jc.is_symbolic_dim(length)
   body = _masked_scan_body(ctx, jaxpr, num_consts, num_carry, length)
   logical = ctx.logical_operands()
-  k = len(logical)
   consts, carry, xs = (args[:num_consts], args[num_consts:num_consts + num_carry],
                        args[num_consts + num_carry:])
+  # Native mode: the carry's initial value and one real step's slices, for
+  # the steps past the logical length to run on (see `_masked_scan_body`).
+  real = (_first_real_step(ctx, carry, xs, length, params.get("reverse", False))
+          if ctx.env.native is not None and dynamic_length else [])
+  k = len(logical) + len(real)
   padded_length = ctx.padded(length)
   steps = [lax.iota(jc.dim_value_dtype(), padded_length)] if dynamic_length else []
   if "linear" in params:  # not every JAX version has it
@@ -94,38 +147,63 @@ def _scan(ctx: RuleContext, *args: Any, jaxpr: Any, length: Any, **params: Any) 
     params["linear"] = ((False,) * k + tuple(linear[:num_consts + num_carry])
                         + (False,) * len(steps) + tuple(linear[num_consts + num_carry:]))
   params = jc.with_scan_counts(params, num_consts + k, num_carry, len(steps) + len(xs))
-  return ctx.bind(*logical, *consts, *carry, *steps, *xs,
+  return ctx.bind(*logical, *real, *consts, *carry, *steps, *xs,
                   jaxpr=body, length=padded_length, **params)
+
+
+def _first_real_step(ctx: RuleContext, carry: Any, xs: Any, length: Any, reverse: bool
+                     ) -> list[Any]:
+  """The inputs of the first step that runs on data: the initial carry and
+  the slices at index 0 (n - 1 in reverse); zeros when the length is 0."""
+  n = ctx.logical(length)
+  index = lax.max(n - 1, jnp.zeros_like(n)) if reverse else jnp.zeros_like(n)
+  slices = [lax.dynamic_index_in_dim(x, index, 0, keepdims=False) for x in xs]
+  slices = [lax.select(lax.broadcast(n > 0, x.shape), x, jnp.zeros_like(x)) for x in slices]
+  return [*carry, *slices]
 
 
 def _masked_scan_body(ctx: RuleContext, closed: Any, num_consts: Any, num_carry: Any,
                       length: Any) -> Any:
   env = ctx.env
   dynamic_length = jc.is_symbolic_dim(length)
-  key = ("scan", id(closed), env.padded_key(), length)
+  native = env.native is not None and dynamic_length
+  key = ("scan", id(closed), env.padded_key(), length, env.native is not None)
   hit = env.cache.get(key)
   if hit is not None and hit[0] is closed:
     return hit[1]
   k = len(env.dim_names)
   invars = closed.jaxpr.invars
   logical_aval = jc.shaped((), jc.dim_value_dtype())
-  in_avals = ([logical_aval] * k
+  real_avals = ([env.padded_aval(v.aval) for v in invars[num_consts:num_consts + num_carry]]
+                + [env.padded_aval(v.aval) for v in invars[num_consts + num_carry:]]
+                if native else [])
+  in_avals = ([logical_aval] * k + real_avals
               + [env.padded_aval(v.aval) for v in invars[:num_consts + num_carry]]
               + ([logical_aval] if dynamic_length else [])
               + [env.padded_aval(v.aval) for v in invars[num_consts + num_carry:]])
 
   def body(*args: Any) -> Any:
     sub_env = env.with_logical(args[:k], "scan")
-    rest = args[k:]
-    consts_carry = rest[:num_consts + num_carry]
+    real, rest = args[k:k + len(real_avals)], args[k + len(real_avals):]
+    consts = rest[:num_consts]
     carry = rest[num_consts:num_consts + num_carry]
     xs = rest[num_consts + num_carry:]
     if dynamic_length:
       step, xs = xs[0], xs[1:]
-    outs = eval_jaxpr_masked(closed.jaxpr, closed.consts, (*consts_carry, *xs), sub_env)
+      live = step < sub_env.logical(length)
+    inputs = [*carry, *xs]
+    if native:
+      # A step past the logical length runs on a real step's inputs instead
+      # (the initial carry, the first slices), held constant: its outputs are
+      # dropped and its cotangents are zero, and its local derivatives are
+      # those of a step that ran on data, finite, so 0 * derivative is 0 where
+      # garbage would give 0 * NaN in the consts' and the carry's cotangents.
+      inputs = [lax.select(lax.broadcast(live, x.shape), x, lax.stop_gradient(r))
+                for x, r in zip(inputs, real, strict=True)]
+    outs = eval_jaxpr_masked(closed.jaxpr, closed.consts,
+                             (*consts, *inputs[:num_carry], *inputs[num_carry:]), sub_env)
     new_carry, ys = outs[:num_carry], outs[num_carry:]
     if dynamic_length:
-      live = step < sub_env.logical(length)
       new_carry = [lax.select(lax.broadcast(live, new.shape), new, old)
                    for new, old in zip(new_carry, carry, strict=True)]
     return [*new_carry, *ys]

@@ -1,0 +1,317 @@
+"""Native differentiation of the masked evaluation: the gate and the tangent masks.
+
+The masked evaluation of a function is made differentiable by JAX itself
+(`jax.jvp` of the evaluation; reverse mode transposes it) where that is proven
+NaN-safe, so that under `jax.vmap` JAX's batching sees the whole batch before
+transposing and a shared parameter's cotangent is accumulated once (one
+scatter-add, one contraction over batch and time), as for `jax.grad` of a
+`jax.vmap`. Elsewhere the symbolic-derivative path of `calls.py` runs.
+
+Why plain AD of the masked program is unsafe: transposes sum over padding
+(of a broadcast into a dynamic axis, of `dot_general`'s free axes, of a
+gather), and there a zero cotangent meets a garbage local derivative:
+0 * NaN = NaN. In *native mode* (`MaskEnv.native`) the interpreter prevents
+both halves of that product for every equation with a dynamic axis:
+
+* LINEAR equations (data movement, sums, selects: their tangent map is the
+  same op on tangents, with no coefficient taken from padding) get their
+  dynamic inexact outputs wrapped as `select(valid, y, stop_gradient(y))`:
+  the value is unchanged (XLA folds `select(p, y, y)`), the tangent is zero in
+  the padding, and in reverse the cotangent is zeroed in the padding before
+  the producing op's transpose reads it. A transpose then sums finite values
+  only, and valid inputs receive exactly the valid outputs' cotangents.
+* FILL equations (`dot_general`: its transpose multiplies by the *other
+  operand*, whose free-axis padding is garbage) also get their dynamic
+  inexact inputs filled with zeros (value and tangent), so that the
+  coefficient in the padding is 0, finite.
+* ELEMENTWISE equations need nothing: their transposes map padding to
+  padding, and the next wrap or fill zeroes it. An operand broadcast into the
+  output (`mul x s` with a scalar `s`; JAX's elementwise ops broadcast rank 0
+  and size-1 axes) is broadcast explicitly first and wrapped like a LINEAR
+  output, so its cotangent sums cleaned values only.
+* A gather that promises to be in bounds (`x[i]`) on a dynamic axis: out of
+  bounds JAX's JVP of it clamps and its transpose drops, which no single
+  linear map does, so it is bound as a linear call (`_Linear`) whose value
+  and JVP are the masked gather and whose transpose drops the cotangents of
+  starts out of logical bounds. Such a scatter-add is refused.
+* Calls (`jit`, `closed_call`) are evaluated inline in native mode; `scan`
+  and `custom_jvp_call` have native forms in `rules/control_flow.py` (the
+  scan's steps past the logical length run on a real step's inputs; a custom
+  rule is re-emitted as a `jax.custom_jvp` of the masked evaluations).
+* The function's inputs and outputs are wrapped too: gradients with respect
+  to padded inputs are zero in their padding.
+
+The gate (`refusal`) admits a traced function when every equation with a
+dynamic axis, recursively through calls, scan bodies and custom_jvp rules, is
+of one of those kinds, it creates no data-dependent sizes and it calls no
+`custom_vjp` function. It returns the reason otherwise, and the symbolic path
+runs unchanged.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .. import _jax as jc
+from . import scopes as _scopes
+from .core import eqn_is_symbolic
+from .rules.elementwise import ELEMENTWISE
+
+#: Elementwise: padding maps to padding; broadcast operands are made explicit.
+_ELEMENTWISE = frozenset(ELEMENTWISE) - {"optimization_barrier", "bitcast_convert_type"}
+#: Tangent map = the same data movement, sums or selects on tangents.
+_LINEAR = frozenset({
+    "broadcast_in_dim", "squeeze", "transpose", "reshape", "expand_dims", "rev",
+    "concatenate", "pad", "slice", "dynamic_slice", "dynamic_update_slice", "gather",
+    "scatter-add", "scatter_add", "reduce_sum", "cumsum", "iota", "dim_as_value",
+    "reduce_max", "reduce_min", "argmax", "argmin", "split", "scan",
+    "custom_jvp_call"})
+#: Transposes multiply by an operand: its padding is zeroed first.
+_FILL = frozenset({"dot_general"})
+#: Evaluated inline, each equation of theirs wrapped on its own.
+_INLINE = frozenset({"jit", "pjit", "closed_call", "eval_jaxpr", "core_call"})
+
+_ALL = _ELEMENTWISE | _LINEAR | _FILL | _INLINE
+
+#: What `refusal` found per jaxpr (None: admitted).
+_verdicts: "weakref.WeakKeyDictionary[jc.Jaxpr, str | None]" = weakref.WeakKeyDictionary()
+_verdicts_no_rules: "weakref.WeakKeyDictionary[jc.Jaxpr, str | None]" = weakref.WeakKeyDictionary()
+
+
+def inexact(aval: Any) -> bool:
+  return bool(jnp.issubdtype(aval.dtype, jnp.inexact))
+
+
+def tangent_dtype(x: Any) -> Any:
+  return x.dtype if jnp.issubdtype(x.dtype, jnp.inexact) else jax.dtypes.float0
+
+
+def is_dynamic(aval: Any) -> bool:
+  return any(jc.is_symbolic_dim(d) for d in getattr(aval, "shape", ()))
+
+
+def refusal(traced: Any) -> str | None:
+  """Why the native path may not differentiate `traced`, or None if it may."""
+  if traced.size_names or getattr(traced, "assumptions", ()):
+    return "it creates data-dependent sizes"
+  return jaxpr_refusal(traced.jaxpr)
+
+
+def jaxpr_refusal(jaxpr: jc.Jaxpr, rules: bool = True) -> str | None:
+  """Why `jaxpr` may not be evaluated in native mode (None: it may).
+
+  `rules`: also trace and judge the custom_jvp rules in it. A rule's own
+  custom_jvp calls (jax.nn.relu's rule calls relu) are judged without theirs:
+  those are only traced when a second derivative reaches them, and `step`
+  refuses anything unjudged then.
+  """
+  verdicts = _verdicts if rules else _verdicts_no_rules
+  try:
+    return verdicts[jaxpr]
+  except KeyError:
+    pass
+  verdict: str | None = None
+  for eqn in jaxpr.eqns:
+    name = eqn.primitive.name
+    if name == "custom_vjp_call":
+      verdict = "it calls a jax.custom_vjp function"
+    elif name in _INLINE or name == "scan":
+      verdict = next((r for r in (jaxpr_refusal(j, rules)
+                                  for j in jc.subjaxprs_in_params(eqn.params))
+                      if r is not None), None)
+    elif not eqn_is_symbolic(eqn):
+      continue
+    elif name == "custom_jvp_call":
+      verdict = _custom_jvp_refusal(eqn, rules)
+    elif name not in _ELEMENTWISE | _LINEAR | _FILL:
+      verdict = f"'{name}' has no native-safe masking rule"
+    elif name in ("scatter-add", "scatter_add") and _promises_in_bounds(eqn):
+      verdict = (f"a '{name}' in mode PROMISE_IN_BOUNDS indexes a dynamic axis: out "
+                 "of bounds, JAX's own derivatives of it drop in forward mode and "
+                 "clamp in reverse mode (mode='drop' or mode='clip' is admitted)")
+    if verdict is not None:
+      break
+  verdicts[jaxpr] = verdict
+  return verdict
+
+
+def _promises_in_bounds(eqn: jc.JaxprEqn) -> bool:
+  params = eqn.params
+  if "PROMISE_IN_BOUNDS" not in str(params.get("mode")):
+    return False
+  dn = params["dimension_numbers"]
+  shape: Any = getattr(eqn.invars[0].aval, "shape")
+  if eqn.primitive.name == "gather":
+    axes = [*dn.start_index_map, *[d for d, s in enumerate(params["slice_sizes"])
+                                   if jc.is_symbolic_dim(s)]]
+  else:
+    axes = list(dn.scatter_dims_to_operand_dims)
+  return any(jc.is_symbolic_dim(shape[d]) for d in axes)
+
+
+# --- custom_jvp rules, traced symbolically -----------------------------------
+
+_custom_rules: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+
+def _custom_jvp_refusal(eqn: jc.JaxprEqn, rules: bool) -> str | None:
+  if eqn.params.get("symbolic_zeros"):
+    return "it calls a jax.custom_jvp function with symbolic_zeros=True"
+  inner = jaxpr_refusal(eqn.params["call_jaxpr"].jaxpr, rules)
+  if inner is not None or not rules:
+    return inner
+  try:
+    rule = custom_jvp_rule(eqn)
+  except Exception as e:  # (a rule that cannot be traced with symbolic shapes)
+    return f"the rule of a jax.custom_jvp function could not be traced: {e}"
+  return jaxpr_refusal(rule[0].jaxpr, rules=False)
+
+
+def custom_jvp_rule(eqn: jc.JaxprEqn) -> tuple[jc.ClosedJaxpr, list[bool]]:
+  """The JVP of a `custom_jvp_call` equation with its custom rule, at the
+  equation's symbolic avals: (inputs after the consts, tangents of the
+  inexact ones) -> (outputs, tangents of those not in the returned zeros)."""
+  key = eqn.params["call_jaxpr"]
+  hit = _custom_rules.get(key)
+  if hit is not None:
+    cached: tuple[jc.ClosedJaxpr, list[bool]] = hit
+    return cached
+  n_consts = eqn.params["num_consts"]
+  zeros = [not inexact(v.aval) for v in eqn.invars[n_consts:]]
+  # (a size question in the rule is refused, never answered: JAX alone would
+  # answer `==` False where it cannot prove sizes equal; refused, the gate
+  # sends the function to the symbolic path, which says what it does)
+  with _scopes.refusing_questions(True):
+    rule = jc.custom_jvp_rule_jaxpr(eqn, zeros)
+  _custom_rules[key] = rule
+  return rule
+
+
+# --- the masks ---------------------------------------------------------------
+
+def wrap(env: Any, y: Any, aval: Any) -> Any:
+  """`y` with its tangent (and cotangent) zeroed in the padding; value unchanged."""
+  if not (inexact(aval) and is_dynamic(aval)):
+    return y
+  mask = env.valid_mask(aval)
+  return lax.select(mask, y, lax.stop_gradient(y))
+
+
+def step(ctx: Any, rule: Callable[..., list[Any]], invals: Sequence[Any]) -> list[Any]:
+  """One symbolic equation in native mode: its rule, with the masks above."""
+  eqn, env = ctx.eqn, ctx.env
+  name = eqn.primitive.name
+  if name not in _ALL:  # (only a second derivative of an unjudged rule gets here)
+    raise ctx.error("it has no native-safe masking rule, and a derivative of a "
+                    "jax.custom_jvp rule that calls it was taken",
+                    "take that derivative outside the masked function, or inside it "
+                    "(pj.mask(jax.hessian(f), ...))")
+  if name in _INLINE:
+    return rule(ctx, *invals, **eqn.params)
+  if name in _ELEMENTWISE:
+    out_aval = eqn.outvars[0].aval
+    args = list(invals)
+    for i, (v, x) in enumerate(zip(eqn.invars, invals, strict=True)):
+      if (tuple(v.aval.shape) != tuple(out_aval.shape) and not isinstance(v, jc.Literal)
+          and inexact(v.aval)):
+        # (an operand broadcast over positions: its cotangent sums them)
+        b = jnp.broadcast_to(x, env.padded_shape(out_aval.shape, eqn))
+        args[i] = wrap(env, b, jc.shaped(out_aval.shape, v.aval.dtype))
+    return rule(ctx, *args, **eqn.params)
+  if name in _FILL:
+    invals = [env.fill_padding(x, v.aval, np.zeros((), v.aval.dtype)[()], None, eqn)
+              if inexact(v.aval) and is_dynamic(v.aval) else x
+              for v, x in zip(eqn.invars, invals, strict=True)]
+  if name == "gather" and _promises_in_bounds(eqn) and inexact(eqn.invars[0].aval):
+    outs = [_promised_gather(ctx, rule, *invals)]
+  else:
+    outs = rule(ctx, *invals, **eqn.params)
+  return [wrap(env, y, v.aval) for y, v in zip(outs, eqn.outvars, strict=True)]
+
+
+# --- a gather that promises to be in bounds ------------------------------------
+
+def _promised_gather(ctx: Any, rule: Callable[..., list[Any]], operand: Any,
+                     indices: Any) -> Any:
+  """x[i] on a dynamic axis (PROMISE_IN_BOUNDS). Out of bounds, JAX's own
+  derivatives of it disagree: its JVP gathers clamped (as the value does) and
+  its transpose drops. The masked gather (the rule, clamped into the logical
+  bounds) is bound as a linear call whose transpose drops the cotangents of
+  the starts out of logical bounds, so both modes match JAX's."""
+  from .rules.indexing import _logical_starts
+  eqn, env = ctx.eqn, ctx.env
+  params = eqn.params
+  dn = params["dimension_numbers"]
+
+  def fwd(t: Any, idx: Any, *logical: Any) -> list[Any]:
+    return [rule(type(ctx)(env.with_logical(logical), eqn), t, idx, **params)[0]]
+
+  def bwd(ct: Any, idx: Any, *logical: Any) -> Any:
+    sub = type(ctx)(env.with_logical(logical), eqn)
+    # (`_logical_starts` reads the operand's shape only)
+    _, _, in_bounds = _logical_starts(sub, jnp.zeros(operand.shape, operand.dtype), idx,
+                                      eqn.invars[0].aval.shape, params["slice_sizes"],
+                                      dn.start_index_map, clip=False)
+    if in_bounds is not None:
+      batch = [d for d in range(ct.ndim) if d not in dn.offset_dims]
+      ct = lax.select(lax.broadcast_in_dim(in_bounds, ct.shape, batch), ct,
+                      jnp.zeros_like(ct))
+    t_aval = jax.ShapeDtypeStruct(operand.shape, operand.dtype)  # type: ignore[no-untyped-call, unused-ignore]
+    (g,) = jax.linear_transpose(lambda t: fwd(t, idx, *logical)[0], t_aval)(ct)
+    return g
+
+  node = _Linear((jc.typeof(operand), jc.typeof(indices), *map(jc.typeof, env.logical_values)),
+                 fwd, bwd)
+  out: Any = jc.bind_call(node, [operand, indices, *env.logical_values])[0]
+  return out
+
+
+class _Linear:
+  """A call node (`_jax/calls.py`) of a map linear in its first argument,
+  `fwd(t, *known) -> [out]`, with its own transpose `bwd(ct, *known) -> t`."""
+
+  def __init__(self, in_avals: tuple[Any, ...], fwd: Callable[..., list[Any]],
+               bwd: Callable[..., Any]) -> None:
+    self.in_avals = in_avals
+    self.fwd, self.bwd = fwd, bwd
+    self._jaxpr: jc.ClosedJaxpr | None = None
+
+  @property
+  def jaxpr(self) -> jc.ClosedJaxpr:
+    if self._jaxpr is None:
+      self._jaxpr = jc.make_closed_jaxpr(lambda *a: self.fwd(*a), list(self.in_avals))
+    return self._jaxpr
+
+  def out_avals(self) -> list[Any] | None:
+    return None
+
+  def jvp(self, primals: list[Any], tangents: list[Any | None]
+          ) -> tuple[list[Any], list[Any | None]]:
+    outs = jc.bind_call(self, primals)
+    if tangents[0] is None:
+      return outs, [None]
+    return outs, jc.bind_call(self, [tangents[0], *primals[1:]])
+
+  def transpose(self, cts: list[Any], args: list[Any | None]) -> list[Any | None]:
+    if args[0] is not None or any(a is None for a in args[1:]):
+      raise NotImplementedError("a linear call is linear in its first argument only")
+    return [self.bwd(cts[0], *args[1:]), *[None] * (len(args) - 1)]
+
+  def batch(self, dims: tuple[int | None, ...], avals: tuple[Any, ...], axis_size: int,
+            axis_name: Any, spmd_axis_name: tuple[Any, ...] | None) -> "_Linear":
+    def vmap(f: Callable[..., Any], in_axes: Any) -> Callable[..., Any]:
+      return jax.vmap(f, in_axes=in_axes, axis_size=axis_size, axis_name=axis_name,
+                      spmd_axis_name=spmd_axis_name)
+
+    def bwd(ct: Any, *known: Any) -> Any:
+      g = vmap(self.bwd, (0, *dims[1:]))(ct, *known)
+      return g.sum(0) if dims[0] is None else jnp.moveaxis(g, 0, dims[0])
+
+    return _Linear(avals, lambda *a: vmap(self.fwd, dims)(*a), bwd)
+
