@@ -56,6 +56,7 @@ import numpy as np
 from . import dims as _dims
 from .. import _jax as jc
 from . import rules as _rules  # noqa: F401  (registers the masking rules)
+from . import empty as _empty
 from . import (data_dependent as _data_dependent, calls as _mask_calls, scopes as _scopes,
                size_range as _size_range, spec as _spec, autodiff as _symbolic_ad, variants as _variants, verify as _verify)
 from .refusals import jax_refusal
@@ -120,6 +121,8 @@ class Masked:
     self._lock = threading.RLock()
     # Asked a size question in a trace: traced in fresh scopes (`_masking/scopes.py`).
     self._asks_sizes = False
+    # Sizes of 0 (`_masking/empty.py`); None on an empty path's own Masked.
+    self.empty_paths: _empty.EmptyPaths | None = _empty.EmptyPaths(self)
     functools.update_wrapper(self, fun, updated=())
 
   def __repr__(self) -> str:
@@ -282,6 +285,9 @@ class Masked:
     binding = self.bind(args)
     _spec.logical_values(logical_env, binding)  # validates the sizes
     sizes = {k: int(v) for k, v in logical_env.items()}
+    if 0 in sizes.values():   # an empty example: `fun` on the empty arrays
+      outs = jax.eval_shape(lambda: _empty.logical(self, args, binding, sizes))
+      return jax.tree.map(lambda o: tuple(np.shape(o)), outs)
     traced = self.variant_for(args, sizes, binding).traced
     if traced.size_names:
       raise ShapeError(
@@ -290,6 +296,11 @@ class Masked:
           "`outs, shapes = masked(args, logical_env)`.")
     shapes = [tuple(_dims.evaluate_dim(d, sizes) for d in a.shape) for a in traced.out_avals]
     return jax.tree.unflatten(traced.out_tree, shapes)
+
+  def padded_out_shapes(self, args: Sequence[Any], binding: _spec.Binding) -> list[tuple[int, ...]]:
+    """The padded shape of each output leaf (every size at its padded value)."""
+    traced = self.variant_for(args, dict(binding.padded), binding).traced
+    return [_padded_shape(a.shape, binding.padded) for a in traced.out_avals]
 
   def unpad(self, padded_outs: Any, args: Sequence[Any], logical_env: LogicalEnv) -> Any:
     """Slices padded outputs to their logical shapes (as NumPy arrays)."""
@@ -338,24 +349,43 @@ class Masked:
     """(padded outputs, sizes): `sizes` is None for a function that creates no
     data-dependent sizes, else `logical_env` plus each created size (an int32
     scalar), from which the outputs' logical shapes evaluate."""
+    outs, sizes, _ = self.call_with_shapes(args, logical_env)
+    return outs, sizes
+
+  def call_with_shapes(self, args: Sequence[Any], logical_env: Mapping[str, Any]
+                       ) -> tuple[Any, Any, list[list[Any]] | None]:
+    """`call_with_sizes`, and the outputs' logical shapes where traced sizes
+    may be 0 (one list of int32 scalars per output leaf; else None: the
+    output shapes evaluated on the sizes)."""
+    shapes: list[list[Any]] | None = None
     try:
       binding = self.bind(args)
       logical = _spec.logical_values(logical_env, binding)
       leaves = jax.tree.leaves(tuple(args))
+      env = dict(zip(binding.dim_names, logical, strict=True))
       if all(_spec.is_concrete(logical_env[k]) for k in binding.dim_names):
         sizes = {k: int(logical_env[k]) for k in binding.dim_names}
+        if 0 in sizes.values():   # an empty example (`_masking/empty.py`)
+          outs = _empty.concrete(self, args, binding, sizes)
+          traced = self.variant_for(args, dict(binding.padded), binding).traced
+          return jax.tree.unflatten(traced.out_tree, outs), None, None
         variant = self.variant_for(args, sizes, binding)
         _spec.check_constraints(binding.padded, variant.scope, what="padded")
         traced = variant.traced
-        outs = _apply_variant(variant, binding.padded, leaves,
-                              dict(zip(binding.dim_names, logical, strict=True)))
+        outs = _apply_variant(variant, binding.padded, leaves, env)
       else:
         found = self.variants(args, binding)
         traced = found[0].traced
-        outs = _apply_selected(found, binding, leaves, logical)
         n_out = len(traced.out_avals)   # (created sizes and check codes follow)
-        outs = [*_size_range.guard(outs[:n_out], dict(zip(binding.dim_names, logical, strict=True)),
-                                   binding.padded, f"pj.mask({self._name})"), *outs[n_out:]]
+        what = f"pj.mask({self._name})"
+        if traced.size_names or self.empty_paths is None:
+          outs = _apply_selected(found, binding, leaves, logical)
+          outs = [*_size_range.guard(outs[:n_out], env, binding.padded, what), *outs[n_out:]]
+        else:
+          def main(xs: list[Any], e: dict[str, Any]) -> list[Any]:
+            return _apply_selected(found, binding, xs, [e[k] for k in binding.dim_names])
+          outs, shapes, ok = _empty.selected(self, args, binding, env, main, traced.out_avals)
+          outs = _size_range.guard(outs, env, binding.padded, what, lowest=0, ok=ok)
     except (MaskingError, ShapeError) as e:
       e.add_note(f"(while masking {self._name}, called at {jc.current_user_line()})")
       raise
@@ -363,11 +393,11 @@ class Masked:
       result = jax.tree.unflatten(traced.out_tree, outs)
       if _verify.enabled():
         self._verify(args, binding, logical_env, result)
-      return result, None
+      return result, None, shapes
     outs, sizes, failed = _data_dependent.split_outputs(traced, outs)
     _data_dependent.raise_if_failed(failed)
     outs = _data_dependent.poison_if_failed(outs, failed)
-    return jax.tree.unflatten(traced.out_tree, outs), {**logical_env, **sizes}
+    return jax.tree.unflatten(traced.out_tree, outs), {**logical_env, **sizes}, None
 
 
   def _verify(self, args: Sequence[Any], binding: _spec.Binding,

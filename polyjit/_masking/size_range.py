@@ -1,9 +1,12 @@
-"""Traced logical sizes outside `[1, padded]`: never a plausible number.
+"""Traced logical sizes outside `[0, padded]`: never a plausible number.
 
 A traced size comes from the user's own program (`jax.jit(pj.mask(f))`, a
 `pj.Ragged` built inside `jax.jit`, `jax.vmap` over sizes), where nothing can
-raise at run time. A size below 1 or above its padded size has no unpadded
-computation to match, so such a call's outputs are *poisoned* instead of
+raise at run time. A size below 0 or above its padded size has no unpadded
+computation to match, nor has an empty size whose own trace fails (JAX
+refuses `jnp.max` of an empty array; `_masking/empty.py`), nor, for a
+function that creates data-dependent sizes (or a path that only runs where
+its sizes are >= 1), a size of 0, so such a call's outputs are *poisoned* instead of
 computed on garbage: NaN in floating and complex dtypes, the dtype's minimum
 in signed integers, its maximum in unsigned ones, False in bools (the values
 the pj.mask and Ragged guides document). Under the checking mode
@@ -30,7 +33,7 @@ from .padding import is_key_dtype
 
 
 class SizeRangeError(ShapeError):
-  """A traced logical size was outside `[1, padded size]` (checking mode)."""
+  """A traced logical size was outside `[0, padded size]` (checking mode)."""
 
 
 def poison_value(dtype: Any) -> Any:
@@ -48,8 +51,8 @@ def poison_value(dtype: Any) -> Any:
   return None   # (typed keys, float0: nothing to poison)
 
 
-def in_range(env: Mapping[str, Any], padded: Mapping[str, int]) -> Any:
-  """Whether every size of `env` lies in [1, padded] (a traced bool).
+def in_range(env: Mapping[str, Any], padded: Mapping[str, int], lowest: int = 1) -> Any:
+  """Whether every size of `env` lies in [lowest, padded] (a traced bool).
 
   In lax, not jnp: this runs in every masked trace with traced sizes, and each
   jnp operator costs a jitted helper's dispatch there (the same comparisons).
@@ -57,7 +60,7 @@ def in_range(env: Mapping[str, Any], padded: Mapping[str, int]) -> Any:
   ok: Any = None
   for name, value in env.items():
     dtype = np.dtype(value.dtype)
-    here = lax.bitwise_and(lax.ge(value, np.asarray(1, dtype)),
+    here = lax.bitwise_and(lax.ge(value, np.asarray(lowest, dtype)),
                            lax.le(value, np.asarray(padded[name], dtype)))
     ok = here if ok is None else lax.bitwise_and(ok, here)
   return jnp.bool_(True) if ok is None else ok
@@ -74,12 +77,13 @@ def _poisoned(o: Any, ok: Any, bad: Any) -> Any:
 
 
 def guard(outs: Sequence[Any], env: Mapping[str, Any], padded: Mapping[str, int],
-          what: str) -> list[Any]:
-  """`outs`, poisoned where a size of `env` is out of range (or, checking,
-  an error raised by the call)."""
+          what: str, *, lowest: int = 1, ok: Any = None) -> list[Any]:
+  """`outs`, poisoned where a size of `env` is outside [lowest, padded] or
+  `ok` is False (or, checking, an error raised by the call)."""
   if not env:
     return list(outs)
-  ok = in_range(env, padded)
+  within = in_range(env, padded, lowest)
+  ok = within if ok is None else lax.bitwise_and(within, ok)
   if _verify.enabled():
     names = sorted(env)
     jax.debug.callback(_raise_if_out_of_range, ok, [env[k] for k in names],
@@ -98,7 +102,10 @@ def _raise_if_out_of_range(ok: Any, values: Sequence[Any], *, names: tuple[str, 
   given = {n: np.asarray(v).tolist() for n, v in zip(names, values, strict=True)}
   bounds = {n: int(np.asarray(p)) for n, p in zip(names, padded, strict=True)}
   raise SizeRangeError(
-      f"{what}: a traced logical size is outside [1, padded size]: sizes {given}, padded "
-      f"sizes {bounds}. Each logical size must be at least 1 and at most its padded "
-      "size (a pj.Ragged length at most the data's padded length).\nWhat to do: pad "
-      "the arguments to at least the largest size, or fix the sizes passed.")
+      f"{what}: a traced logical size is outside [0, padded size], or is 0 where the "
+      f"function is not defined for empty arrays: sizes {given}, padded sizes {bounds}. "
+      "Each logical size must be at least 0 and at most its padded size (a pj.Ragged "
+      "length at most the data's padded length); JAX raises for some functions of "
+      "empty arrays (jnp.max without initial=, x[0]).\nWhat to do: pad the arguments "
+      "to at least the largest size, fix the sizes passed, or make the function "
+      "defined for empty arrays (jnp.max(x, initial=-jnp.inf)).")

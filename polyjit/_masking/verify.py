@@ -11,7 +11,8 @@ with `POLYJIT_VERIFY=1` in the environment (read at import) or `pj.verify()`
   and compare every output leaf;
 * every `pj.mask` call with concrete sizes also run the function on the
   arguments sliced to their logical shapes, and compare the valid region;
-* a traced size outside `[1, padded]` raise `SizeRangeError` instead of
+* a traced size outside `[0, padded]` (or 0 where the function's empty path
+  fails) raise `SizeRangeError` instead of
   poisoning the outputs (`_masking/size_range.py`).
 
 The last is decided when the program is traced: a `jax.jit` around `pj.mask`
