@@ -86,6 +86,7 @@ class EmptyPaths:
   def __init__(self, masked: "Masked") -> None:
     self._masked = masked
     self._children: dict[Any, Any] = {}
+    self.usable: dict[Any, bool] = {}   # (sizes at 0, argument shapes) -> the path works
 
   def child(self, binding: _spec.Binding, tree: Any, zero: frozenset[str]
             ) -> tuple["Masked", list[tuple[int, ...]]] | None:
@@ -119,7 +120,8 @@ def logical(masked: "Masked", args: Sequence[Any], binding: _spec.Binding,
   """`fun` at concrete sizes, on the arguments sliced to their logical
   shapes, as plain JAX (its errors are JAX's)."""
   leaves, tree = jax.tree.flatten(tuple(args))
-  sliced = [_slice_to(x, [_dims.evaluate_dim(d, sizes) for d in leaf.symbolic_shape])
+  # (as JAX arrays, which a masked trace would have given `fun`: `x.at[...]`)
+  sliced = [jnp.asarray(_slice_to(x, [_dims.evaluate_dim(d, sizes) for d in leaf.symbolic_shape]))
             for x, leaf in zip(leaves, binding.leaves, strict=True)]
   return masked.fun(*jax.tree.unflatten(tree, sliced))
 
@@ -148,51 +150,48 @@ def selected(masked: "Masked", args: Sequence[Any], binding: _spec.Binding,
   are 0. `ok` is False where that path could not be traced (then poisoned)."""
   names = list(binding.dim_names)
   leaves, tree = jax.tree.flatten(tuple(args))
-  padded_shapes = masked.padded_out_shapes(args, binding)
-  one = np.asarray(1, jc.dim_value_dtype())
-
-  def main_branch(xs: list[Any], env: dict[str, Any]) -> tuple[list[Any], list[Any], Any]:
-    raised = {k: jnp.maximum(v, one) for k, v in env.items()}
-    outs = main(xs, raised)
-    shapes = [jnp.stack([jnp.asarray(_dims.evaluate_dim(d, raised), jc.dim_value_dtype())
-                         for d in a.shape]) if a.shape else jnp.zeros((0,), jc.dim_value_dtype())
-              for a in out_avals]
-    return outs, shapes, jnp.bool_(True)
-
-  branches: list[Callable[..., Any]] = [main_branch]
-  if len(names) > MAX_EMPTY_SIZES:
-    subsets: list[frozenset[str]] = []
-  else:
-    subsets = [frozenset(c) for r in range(1, len(names) + 1)
-               for c in itertools.combinations(names, r)]
-  for zero in subsets:
-    branches.append(_empty_branch(masked, binding, tree, zero, padded_shapes, out_avals))
-  if not subsets:   # too many sizes for a path per set of empty ones: poisoned at 0
-    outs, shapes, _ = main_branch(list(leaves), env)
-    nonzero = jnp.bool_(True)
-    for k in names:
-      nonzero = nonzero & (env[k] != 0)
-    return outs, _split(shapes), nonzero
-  # Which sizes are 0, as an index over the subsets in the order above.
-  index_of = {zero: i + 1 for i, zero in enumerate(subsets)}
+  dtype = jc.dim_value_dtype()
+  one = np.asarray(1, dtype)
+  subsets = ([] if len(names) > MAX_EMPTY_SIZES else
+             [frozenset(c) for r in range(1, len(names) + 1)
+              for c in itertools.combinations(names, r)])
+  # Which sizes are 0, as an index: 0 for none, else 1 + the subset's position.
   zeros = [env[k] == 0 for k in names]
   index = jnp.int32(0)
-  for zero, i in index_of.items():
+  for i, zero in enumerate(subsets):
     hit = jnp.bool_(True)
     for k, z in zip(names, zeros, strict=True):
       hit = hit & (z if k in zero else ~z)
-    index = jnp.where(hit, jnp.int32(i), index)
+    index = jnp.where(hit, jnp.int32(i + 1), index)
 
-  def guarded(i: int, run: Callable[..., Any]) -> Callable[..., Any]:
-    def go(xs: list[Any], env: dict[str, Any]) -> Any:
-      chosen = index == i
-      xs = [jnp.where(chosen, x, jax.lax.stop_gradient(x))
+  def guarded(i: int, xs: list[Any]) -> list[Any]:
+    # A path that was not selected sends no gradient (a select drops its NaN).
+    return [jnp.where(index == i, x, jax.lax.stop_gradient(x))
             if jnp.issubdtype(jnp.result_type(x), jnp.inexact) else x for x in xs]
-      return run(xs, env)
-    return go
 
-  outs, shapes, ok = jax.lax.switch(index, [guarded(i, b) for i, b in enumerate(branches)],
-                                    list(leaves), env)
+  # The main trace, run with every size raised to >= 1 (its domain), always:
+  # its padded output shapes are what the rules make, which every path fills.
+  raised = {k: jnp.maximum(v, one) for k, v in env.items()}
+  main_outs = main(guarded(0, list(leaves)) if subsets else list(leaves), raised)
+  main_shapes = [jnp.stack([jnp.asarray(_dims.evaluate_dim(d, raised), dtype) for d in a.shape])
+                 if a.shape else jnp.zeros((0,), dtype) for a in out_avals]
+  if not subsets:   # too many sizes for a path per set of empty ones: poisoned at 0
+    nonzero = jnp.bool_(True)
+    for z in zeros:
+      nonzero = nonzero & ~z
+    return list(main_outs), _split(main_shapes), nonzero
+  padded_shapes = [tuple(np.shape(o)) for o in main_outs]
+
+  def main_branch(xs: list[Any], env: dict[str, Any]) -> tuple[list[Any], list[Any], Any]:
+    return list(main_outs), main_shapes, jnp.bool_(True)
+
+  def path(i: int, run: Callable[..., Any]) -> Callable[..., Any]:
+    return lambda xs, env: run(guarded(i, xs), env)
+
+  branches: list[Callable[..., Any]] = [main_branch] + [
+      path(i + 1, _empty_branch(masked, binding, tree, zero, padded_shapes, out_avals))
+      for i, zero in enumerate(subsets)]
+  outs, shapes, ok = jax.lax.switch(index, branches, list(leaves), env)
   return list(outs), _split(shapes), ok
 
 
@@ -239,14 +238,38 @@ def _empty_branch(masked: "Masked", binding: _spec.Binding, tree: Any, zero: fro
             shapes, jnp.bool_(True))
 
   def checked(xs: list[Any], env: dict[str, Any]) -> tuple[list[Any], list[Any], Any]:
-    try:
-      jax.eval_shape(run, xs, env)
-    except jc.JaxBoundaryError:
-      raise
-    except Exception:   # JAX refuses these empty shapes (`jnp.max`): poisoned there
-      return failed(xs, env)
-    return run(xs, env)
+    structs = ([_struct(x) for x in xs], {k: _struct(v) for k, v in env.items()})
+    key = (zero, tuple(sorted(env)), tuple((a.shape, str(a.dtype), a.weak_type)
+                                           for a in jax.tree.leaves(structs)))
+    assert masked.empty_paths is not None
+    ok = masked.empty_paths.usable.get(key)
+    if ok is None:
+      ok = masked.empty_paths.usable[key] = _usable(run, structs)
+    return run(xs, env) if ok else failed(xs, env)
   return checked
+
+
+def _struct(x: Any) -> Any:
+  aval = jc.typeof(x)
+  return jax.ShapeDtypeStruct(np.shape(x), aval.dtype,  # type: ignore[no-untyped-call, unused-ignore]
+                              weak_type=aval.weak_type)
+
+
+def _usable(run: Callable[..., Any], structs: tuple[Any, Any]) -> bool:
+  """Whether an empty path traces and lowers (JAX refuses `jnp.max` of an
+  empty array when tracing, an FFT of one when lowering: JAX raises there too)
+  and has no effect that must not run twice (an io_callback would run on the
+  empty arrays, and cannot be selected under vmap)."""
+  try:
+    traced = jax.jit(run).trace(*structs)
+    if jc.replay_unsafe_effects(traced.jaxpr.jaxpr):
+      return False
+    traced.lower()
+  except jc.JaxBoundaryError:
+    raise
+  except Exception:
+    return False
+  return True
 
 
 class _Unfit(Exception):

@@ -298,9 +298,14 @@ class Masked:
     return jax.tree.unflatten(traced.out_tree, shapes)
 
   def padded_out_shapes(self, args: Sequence[Any], binding: _spec.Binding) -> list[tuple[int, ...]]:
-    """The padded shape of each output leaf (every size at its padded value)."""
-    traced = self.variant_for(args, dict(binding.padded), binding).traced
-    return [_padded_shape(a.shape, binding.padded) for a in traced.out_avals]
+    """The padded shape of each output leaf: as a call at the padded sizes
+    makes them (a rule may pad wider than the output's shape there)."""
+    sizes = dict(binding.padded)
+    if 0 in sizes.values():   # (arguments padded to nothing: their own shapes)
+      traced = self.variant_for(args, sizes, binding).traced
+      return [_padded_shape(a.shape, sizes) for a in traced.out_avals]
+    outs = jax.eval_shape(lambda a: self.call_with_sizes(a, sizes)[0], list(args))
+    return [tuple(np.shape(o)) for o in jax.tree.leaves(outs)]
 
   def unpad(self, padded_outs: Any, args: Sequence[Any], logical_env: LogicalEnv) -> Any:
     """Slices padded outputs to their logical shapes (as NumPy arrays)."""

@@ -5,4 +5,4 @@ a function is traced for masking; `selection` holds `pj.nonzero`, `pj.boolean_ma
 `pj.unique`. Importing the package registers the replacements (`polyjit/__init__.py`
 does, by re-exporting the selections).
 """
-from . import data_dependent, replacements  # noqa: F401  (register the replacements used while tracing)
+from . import data_dependent, replacements, signal  # noqa: F401  (register the replacements used while tracing)
