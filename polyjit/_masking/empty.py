@@ -32,7 +32,7 @@ that is 0.
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -41,9 +41,6 @@ import numpy as np
 from . import dims as _dims, spec as _spec
 from .. import _jax as jc
 from .errors import MaskingError
-
-if TYPE_CHECKING:
-  from .mask import Masked
 
 MAX_EMPTY_SIZES = 3   # sizes that may be 0 together: 2**3 - 1 empty paths at most
 
@@ -83,16 +80,16 @@ def _spec_text(parts: Sequence[str]) -> str:
 class EmptyPaths:
   """The empty paths of one masked function (cached per argument structure)."""
 
-  def __init__(self, masked: "Masked") -> None:
+  def __init__(self, masked: Any, make: Callable[..., Any]) -> None:
     self._masked = masked
+    self._make = make   # pj.mask's class (mask.py imports this module, not the reverse)
     self._children: dict[Any, Any] = {}
     self.usable: dict[Any, bool] = {}   # (sizes at 0, argument shapes) -> the path works
 
   def child(self, binding: _spec.Binding, tree: Any, zero: frozenset[str]
-            ) -> tuple["Masked", list[tuple[int, ...]]] | None:
+            ) -> tuple[Any, list[tuple[int, ...]]] | None:
     """`fun` masked with the sizes of `zero` constant 0, and each argument
     leaf's shape sliced for it; None where no such trace can be made."""
-    from .mask import Masked   # (mask.py imports this module)
     parent = self._masked
     if any(_dims.dim_vars(diff) & zero for _, _, diff in jc.scope_constraints(parent.scope)):
       return None
@@ -106,16 +103,16 @@ class EmptyPaths:
                           for a, size in zip(axes, leaf.padded_shape, strict=True)))
     # One Masked per specs, whatever the padded sizes: its traces are reused.
     key = (tree, zero, tuple(specs))
-    child: Masked | None = self._children.get(key)
+    child = self._children.get(key)
     if child is None:
-      child = Masked(parent.fun, list(jax.tree.unflatten(tree, specs)),
-                     constraints=parent.constraints)
+      child = self._make(parent.fun, list(jax.tree.unflatten(tree, specs)),
+                         constraints=parent.constraints)
       child.empty_paths = None   # run only where its own sizes are >= 1
       self._children[key] = child
     return child, shapes
 
 
-def logical(masked: "Masked", args: Sequence[Any], binding: _spec.Binding,
+def logical(masked: Any, args: Sequence[Any], binding: _spec.Binding,
             sizes: dict[str, int]) -> Any:
   """`fun` at concrete sizes, on the arguments sliced to their logical
   shapes, as plain JAX (its errors are JAX's)."""
@@ -126,12 +123,32 @@ def logical(masked: "Masked", args: Sequence[Any], binding: _spec.Binding,
   return masked.fun(*jax.tree.unflatten(tree, sliced))
 
 
-def concrete(masked: "Masked", args: Sequence[Any], binding: _spec.Binding,
-             sizes: dict[str, int]) -> list[Any]:
+def logical_shapes(masked: Any, args: Sequence[Any], binding: _spec.Binding,
+                   sizes: dict[str, int]) -> Any:
+  """The outputs' shapes at concrete sizes of which some are 0."""
+  outs = jax.eval_shape(lambda: logical(masked, args, binding, sizes))
+  return jax.tree.map(lambda o: tuple(np.shape(o)), outs)
+
+
+def padded_out_shapes(masked: Any, args: Sequence[Any], binding: _spec.Binding
+                      ) -> tuple[Any, list[tuple[int, ...]]]:
+  """(output tree, padded shape of each output leaf) as a call at the padded
+  sizes makes them (a rule may pad wider than the output's shape there)."""
+  sizes = dict(binding.padded)
+  traced = masked.variant_for(args, sizes, binding).traced
+  if 0 in sizes.values():   # (arguments padded to nothing: their own shapes)
+    return traced.out_tree, [tuple(_dims.evaluate_dim(d, sizes) for d in a.shape)
+                             for a in traced.out_avals]
+  outs = jax.eval_shape(lambda a: masked.call_with_sizes(a, sizes)[0], list(args))
+  return traced.out_tree, [tuple(np.shape(o)) for o in jax.tree.leaves(outs)]
+
+
+def concrete(masked: Any, args: Sequence[Any], binding: _spec.Binding,
+             sizes: dict[str, int]) -> Any:
   """`fun` at concrete sizes of which some are 0 (`logical`), its outputs
-  padded to the masked outputs' padded shapes."""
+  padded to the masked outputs' padded shapes (a pytree like them)."""
   outs = jax.tree.leaves(logical(masked, args, binding, sizes))
-  padded = masked.padded_out_shapes(args, binding)
+  tree, padded = padded_out_shapes(masked, args, binding)
   if len(outs) != len(padded) or any(
       np.ndim(o) != len(p) or any(h > q for h, q in zip(np.shape(o), p, strict=True))
       for o, p in zip(outs, padded, strict=True)):
@@ -139,10 +156,10 @@ def concrete(masked: "Masked", args: Sequence[Any], binding: _spec.Binding,
         f"{masked._name} returns outputs at empty sizes {sizes} whose shapes do not fit "
         f"the padded outputs ({[np.shape(o) for o in outs]} against {padded}).\nWhat to "
         "do: leave empty examples out for this function.")
-  return [pad_to(o, s) for o, s in zip(outs, padded, strict=True)]
+  return jax.tree.unflatten(tree, [pad_to(o, s) for o, s in zip(outs, padded, strict=True)])
 
 
-def selected(masked: "Masked", args: Sequence[Any], binding: _spec.Binding,
+def selected(masked: Any, args: Sequence[Any], binding: _spec.Binding,
              env: dict[str, Any], main: Callable[[list[Any], dict[str, Any]], list[Any]],
              out_avals: Sequence[Any]) -> tuple[list[Any], list[list[Any]], Any]:
   """(outputs, their logical shapes, ok) at traced sizes that may be 0: the
@@ -199,7 +216,7 @@ def _split(shapes: Sequence[Any]) -> list[list[Any]]:
   return [[s[i] for i in range(np.shape(s)[0])] for s in shapes]
 
 
-def _empty_branch(masked: "Masked", binding: _spec.Binding, tree: Any, zero: frozenset[str],
+def _empty_branch(masked: Any, binding: _spec.Binding, tree: Any, zero: frozenset[str],
                   padded_shapes: Sequence[tuple[int, ...]], out_avals: Sequence[Any]
                   ) -> Callable[..., Any]:
   """The path for the sizes of `zero` at 0 (a failed one outputs zeros, not ok)."""

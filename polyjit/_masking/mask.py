@@ -122,7 +122,7 @@ class Masked:
     # Asked a size question in a trace: traced in fresh scopes (`_masking/scopes.py`).
     self._asks_sizes = False
     # Sizes of 0 (`_masking/empty.py`); None on an empty path's own Masked.
-    self.empty_paths: _empty.EmptyPaths | None = _empty.EmptyPaths(self)
+    self.empty_paths: _empty.EmptyPaths | None = _empty.EmptyPaths(self, Masked)
     functools.update_wrapper(self, fun, updated=())
 
   def __repr__(self) -> str:
@@ -285,9 +285,8 @@ class Masked:
     binding = self.bind(args)
     _spec.logical_values(logical_env, binding)  # validates the sizes
     sizes = {k: int(v) for k, v in logical_env.items()}
-    if 0 in sizes.values():   # an empty example: `fun` on the empty arrays
-      outs = jax.eval_shape(lambda: _empty.logical(self, args, binding, sizes))
-      return jax.tree.map(lambda o: tuple(np.shape(o)), outs)
+    if 0 in sizes.values():   # an empty example: `fun`'s on the empty arrays
+      return _empty.logical_shapes(self, args, binding, sizes)
     traced = self.variant_for(args, sizes, binding).traced
     if traced.size_names:
       raise ShapeError(
@@ -296,16 +295,6 @@ class Masked:
           "`outs, shapes = masked(args, logical_env)`.")
     shapes = [tuple(_dims.evaluate_dim(d, sizes) for d in a.shape) for a in traced.out_avals]
     return jax.tree.unflatten(traced.out_tree, shapes)
-
-  def padded_out_shapes(self, args: Sequence[Any], binding: _spec.Binding) -> list[tuple[int, ...]]:
-    """The padded shape of each output leaf: as a call at the padded sizes
-    makes them (a rule may pad wider than the output's shape there)."""
-    sizes = dict(binding.padded)
-    if 0 in sizes.values():   # (arguments padded to nothing: their own shapes)
-      traced = self.variant_for(args, sizes, binding).traced
-      return [_padded_shape(a.shape, sizes) for a in traced.out_avals]
-    outs = jax.eval_shape(lambda a: self.call_with_sizes(a, sizes)[0], list(args))
-    return [tuple(np.shape(o)) for o in jax.tree.leaves(outs)]
 
   def unpad(self, padded_outs: Any, args: Sequence[Any], logical_env: LogicalEnv) -> Any:
     """Slices padded outputs to their logical shapes (as NumPy arrays)."""
@@ -354,14 +343,12 @@ class Masked:
     """(padded outputs, sizes): `sizes` is None for a function that creates no
     data-dependent sizes, else `logical_env` plus each created size (an int32
     scalar), from which the outputs' logical shapes evaluate."""
-    outs, sizes, _ = self.call_with_shapes(args, logical_env)
-    return outs, sizes
+    return self.call_with_shapes(args, logical_env)[:2]
 
   def call_with_shapes(self, args: Sequence[Any], logical_env: Mapping[str, Any]
                        ) -> tuple[Any, Any, list[list[Any]] | None]:
     """`call_with_sizes`, and the outputs' logical shapes where traced sizes
-    may be 0 (one list of int32 scalars per output leaf; else None: the
-    output shapes evaluated on the sizes)."""
+    may be 0 (int32 scalars per output leaf; None: evaluate the shapes)."""
     shapes: list[list[Any]] | None = None
     try:
       binding = self.bind(args)
@@ -371,9 +358,7 @@ class Masked:
       if all(_spec.is_concrete(logical_env[k]) for k in binding.dim_names):
         sizes = {k: int(logical_env[k]) for k in binding.dim_names}
         if 0 in sizes.values():   # an empty example (`_masking/empty.py`)
-          outs = _empty.concrete(self, args, binding, sizes)
-          traced = self.variant_for(args, dict(binding.padded), binding).traced
-          return jax.tree.unflatten(traced.out_tree, outs), None, None
+          return _empty.concrete(self, args, binding, sizes), None, None
         variant = self.variant_for(args, sizes, binding)
         _spec.check_constraints(binding.padded, variant.scope, what="padded")
         traced = variant.traced
@@ -381,16 +366,7 @@ class Masked:
       else:
         found = self.variants(args, binding)
         traced = found[0].traced
-        n_out = len(traced.out_avals)   # (created sizes and check codes follow)
-        what = f"pj.mask({self._name})"
-        if traced.size_names or self.empty_paths is None:
-          outs = _apply_selected(found, binding, leaves, logical)
-          outs = [*_size_range.guard(outs[:n_out], env, binding.padded, what), *outs[n_out:]]
-        else:
-          def main(xs: list[Any], e: dict[str, Any]) -> list[Any]:
-            return _apply_selected(found, binding, xs, [e[k] for k in binding.dim_names])
-          outs, shapes, ok = _empty.selected(self, args, binding, env, main, traced.out_avals)
-          outs = _size_range.guard(outs, env, binding.padded, what, lowest=0, ok=ok)
+        outs, shapes = _call_traced(self, found, binding, args, env)
     except (MaskingError, ShapeError) as e:
       e.add_note(f"(while masking {self._name}, called at {jc.current_user_line()})")
       raise
@@ -421,6 +397,25 @@ class Masked:
     want = self.fun(*jax.tree.unflatten(tree, sliced))
     got = self.unpad(result, args, sizes)
     _verify.compare(repr(self), f"sizes {sizes}", got, want)
+
+
+def _call_traced(masked: Masked, found: Sequence[_variants.Variant], binding: _spec.Binding,
+                 args: Sequence[Any], env: dict[str, Any]) -> tuple[list[Any], Any]:
+  """(outputs, their logical shapes or None) at traced sizes: the variant
+  they select, and the empty paths where sizes may be 0 (`_masking/empty.py`);
+  poisoned outside the sizes that have a computation."""
+  traced = found[0].traced
+  leaves, logical = jax.tree.leaves(tuple(args)), [env[k] for k in binding.dim_names]
+  what = f"pj.mask({masked._name})"
+  if traced.size_names or masked.empty_paths is None:
+    outs = _apply_selected(found, binding, leaves, logical)
+    n_out = len(traced.out_avals)   # (created sizes and check codes follow)
+    return [*_size_range.guard(outs[:n_out], env, binding.padded, what), *outs[n_out:]], None
+
+  def main(xs: list[Any], e: dict[str, Any]) -> list[Any]:
+    return _apply_selected(found, binding, xs, [e[k] for k in binding.dim_names])
+  outs, shapes, ok = _empty.selected(masked, args, binding, env, main, traced.out_avals)
+  return _size_range.guard(outs, env, binding.padded, what, lowest=0, ok=ok), shapes
 
 
 def _apply_selected(variants: Sequence[_variants.Variant], binding: _spec.Binding,
