@@ -273,15 +273,23 @@ def _struct(x: Any) -> Any:
 
 
 def _usable(run: Callable[..., Any], structs: tuple[Any, Any]) -> bool:
-  """Whether an empty path traces and lowers (JAX refuses `jnp.max` of an
-  empty array when tracing, an FFT of one when lowering: JAX raises there too)
-  and has no effect that must not run twice (an io_callback would run on the
+  """Whether an empty path traces, lowers and differentiates (JAX refuses
+  `jnp.max` of an empty array when tracing, an FFT of one when lowering, a
+  gather's derivative of one: JAX raises there too) and has no effect that
+  must not run twice (an io_callback would run on the
   empty arrays, and cannot be selected under vmap)."""
+  def derivative(xs: list[Any], env: dict[str, Any]) -> Any:
+    # (the program's derivatives transpose this path too: its VJP must trace)
+    outs, pullback = jax.vjp(lambda *a: run(list(a), env)[0], *xs)
+    return pullback([jnp.zeros_like(o) if jnp.issubdtype(o.dtype, jnp.inexact)
+                     else np.zeros(np.shape(o), jax.dtypes.float0) for o in outs])
+
   try:
     traced = jax.jit(run).trace(*structs)
     if jc.replay_unsafe_effects(traced.jaxpr.jaxpr):
       return False
     traced.lower()
+    jax.eval_shape(derivative, *structs)
   except jc.JaxBoundaryError:
     raise
   except Exception:
