@@ -14,6 +14,11 @@ every output with `fun` on the unpadded arguments:
 * jvp: `jax.jvp` of the masked function (forward mode, issue 26) with tangents
   that carry NaN in their padding; the valid region of every output tangent
   must match the unpadded JVP.
+
+Eager, jit and vmap also draw one empty size (issue 33: the first size of the
+case's first sizes at 0, where the case declares no constraints): where `fun`
+works on the empty arrays the results must match; where JAX raises there, an
+eager call must raise too and a traced one must return no plausible number.
 """
 
 from __future__ import annotations
@@ -131,12 +136,73 @@ def _masked(case: Case):
   return pj.mask(case.fun, case.in_shapes, constraints=case.constraints)
 
 
+def empty_sizes(case: Case):
+  """The case's first sizes with the first of them at 0 (None under constraints)."""
+  if case.constraints:
+    return None
+  sizes = dict(case.sizes[0])
+  sizes[sorted(sizes)[0]] = 0
+  return sizes
+
+
+def _empty_reference(case: Case, unpadded):
+  """`fun` on the empty arguments, or None where JAX raises there."""
+  try:
+    return reference(case, unpadded)
+  except Exception:
+    return None
+
+
+def _check_empty(case: Case, masked, run, mode: str, rng):
+  sizes = empty_sizes(case)
+  if sizes is None:
+    return
+  unpadded = case.args(rng, sizes)
+  padded = padded_args(case, unpadded, rng)
+  expected = _empty_reference(case, unpadded)
+  if expected is None:
+    if mode == "eager":
+      with pytest.raises(Exception):
+        masked(padded, sizes)
+    else:   # nothing can raise in the program: no plausible number
+      for o in jax.tree.leaves(run(padded, sizes)):
+        if np.issubdtype(np.asarray(o).dtype, np.inexact):
+          assert np.isnan(np.asarray(o)).all(), f"{case.name} {mode} sizes={sizes}"
+    return
+  outs, shapes = _outputs_and_shapes(masked, run(padded, sizes), padded, sizes)
+  if mode == "jit" and _poisoned(outs) and not _differentiable(case, unpadded):
+    return   # JAX's own derivative fails on these empty arrays: the traced path refuses
+  for i, (o, e, s) in enumerate(zip(jax.tree.leaves(outs), jax.tree.leaves(expected),
+                                    _shape_leaves(shapes, expected))):
+    assert_close(valid(o, s), e, case, f"{case.name} {mode} sizes={sizes} output {i}")
+
+
+def _poisoned(outs) -> bool:
+  leaves = [np.asarray(o) for o in jax.tree.leaves(outs)]
+  floats = [o for o in leaves if np.issubdtype(o.dtype, np.inexact)]
+  return bool(floats) and all(np.isnan(o).all() for o in floats)
+
+
+def _differentiable(case: Case, unpadded) -> bool:
+  """Whether JAX traces `fun`'s VJP on these (empty) arguments."""
+  args = jax.tree.map(jnp.asarray, unpadded)
+  try:
+    jax.eval_shape(lambda *a: jax.vjp(case.fun, *a)[0], *args)
+    jax.eval_shape(lambda *a: jax.vjp(case.fun, *a)[1](
+        jax.tree.map(jnp.zeros_like, case.fun(*a))), *args)
+  except Exception:
+    return False
+  return True
+
+
 def check(case: Case, mode: str, seed: int = 0):
   rng = np.random.default_rng(seed)
   masked = _masked(case)
   if mode == "vmap":
     return _check_vmap(case, masked, rng)
   run = jax.jit(masked) if mode == "jit" else masked
+  if mode in ("eager", "jit") and not _data_dependent_case(case, masked, rng):
+    _check_empty(case, masked, run, mode, rng)
   for sizes in case.sizes:
     unpadded = case.args(rng, sizes)
     padded = padded_args(case, unpadded, rng)
@@ -151,6 +217,12 @@ def check(case: Case, mode: str, seed: int = 0):
     for i, (o, e, s) in enumerate(zip(jax.tree.leaves(outs), jax.tree.leaves(expected),
                                       _shape_leaves(shapes, expected))):
       assert_close(valid(o, s), e, case, f"{case.name} {mode} sizes={sizes} output {i}")
+
+
+def _data_dependent_case(case: Case, masked, rng) -> bool:
+  """Whether the case creates data-dependent sizes (their emptiness is tested
+  by their own table), from padded arguments at the case's first sizes."""
+  return _data_dependent(masked, padded_args(case, case.args(rng, case.sizes[0]), rng))
 
 
 def _data_dependent(masked, padded) -> bool:
@@ -208,14 +280,20 @@ def _shape_leaves(shapes, like):
 
 
 def _check_vmap(case: Case, masked, rng):
-  unpadded = [case.args(rng, s) for s in case.sizes]
+  all_sizes = list(case.sizes)
+  empty = empty_sizes(case)
+  if (empty is not None and not _data_dependent_case(case, masked, rng)
+      and _empty_reference(case, case.args(rng, empty)) is not None
+      and _differentiable(case, case.args(rng, empty))):
+    all_sizes.append(empty)   # an empty example in the batch
+  unpadded = [case.args(rng, s) for s in all_sizes]
   padded = [padded_args(case, u, rng) for u in unpadded]
   stacked = jax.tree.map(lambda *xs: np.stack(xs), *padded)
-  env = {k: np.array([s[k] for s in case.sizes], np.int32) for k in case.sizes[0]}
+  env = {k: np.array([s[k] for s in all_sizes], np.int32) for k in all_sizes[0]}
   batched = jax.vmap(masked)
   outs = (jax.jit(batched) if case.compiled else batched)(stacked, env)
   outs, all_shapes = _outputs_and_shapes(masked, outs, padded[0], None)
-  for b, (u, sizes) in enumerate(zip(unpadded, case.sizes)):
+  for b, (u, sizes) in enumerate(zip(unpadded, all_sizes)):
     expected = reference(case, u)
     shapes = (masked.logical_shapes(padded[b], sizes) if all_shapes is None
               else jax.tree.map(lambda d: int(d if np.ndim(d) == 0 else np.asarray(d)[b]),

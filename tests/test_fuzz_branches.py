@@ -34,9 +34,11 @@ holds NaN, inf and huge values. A program is run in one of these modes:
 The reference is `f` on the unpadded arrays. A mode passes when every result
 equals it (float32, rtol 1e-5), or when polyjit raises a `pj.PolyjitError`
 (refusing is allowed; a wrong value or a raw JAX exception is not). At size
-0, which only `pj.jit` accepts, the reference is `jax.jit(f)`: the same values,
-or an exception where it raises one. A failure prints the program as Python
-source with its sizes, padded sizes and seed.
+0 (issue 33: drawn in every mode but `grad`, sometimes) the reference is `f` on
+the empty arrays under `jax.jit`: the same values, or, where it raises (`x[0]`
+of an empty array), an exception from `pj.jit` and no plausible number (NaN)
+where sizes are traced. A failure prints the program as Python source with its
+sizes, padded sizes and seed.
 
 The normal run checks `EXAMPLES` (24) programs in all, a few per mode, plus
 the issue's examples in every mode; it is derandomized so that CI is
@@ -464,9 +466,9 @@ def setups(draw, mode):
     points = list(dict.fromkeys([edges[0], edges[-1]] + points))[:6]
   if mode.startswith("pj_jit"):
     points = draw(st.permutations(points))
-    if draw(st.integers(0, 3)) == 0:  # size 0: pj.jit must do what jax.jit does
-      zero = (0, 0) if program.kind != "xy" else draw(st.sampled_from([(0, 2), (3, 0), (0, 0)]))
-      points.insert(draw(st.integers(0, len(points))), zero)
+  if mode != "grad" and draw(st.integers(0, 3)) == 0:  # size 0: what jax.jit does
+    zero = (0, 0) if program.kind != "xy" else draw(st.sampled_from([(0, 2), (3, 0), (0, 0)]))
+    points.insert(draw(st.integers(0, len(points))), zero)
   via = draw(st.sampled_from(["jit", "vmap", "ragged"])) if mode == "grad" else ""
   return Setup(program, padded, tuple(points), draw(st.integers(0, 2 ** 16)), via)
 
@@ -596,8 +598,25 @@ def _check(setup: Setup, mode: str) -> None:
     except pj.PolyjitError as e:
       return _refused(e, setup, mode)
     for b, (a, p) in enumerate(zip(examples, setup.points)):
-      assert_close(outs[b], reference(program, a, params),
-                   f"{mode}: example {b}, sizes {_env(program, p)}", setup)
+      what = f"{mode}: example {b}, sizes {_env(program, p)}"
+      if min(p) == 0:
+        _check_traced_size_zero(program, outs[b], a, params, what, setup)
+        continue
+      assert_close(outs[b], reference(program, a, params), what, setup)
+
+
+def _check_traced_size_zero(program, got, dyn, params, what, setup):
+  """At a traced length 0: `f` on the empty arrays, or where JAX raises there
+  (x[0] of an empty array), no plausible number (NaN)."""
+  try:
+    want = jax.jit(program.fun)(*dyn, *params)
+  except Exception as e:
+    _report(f"size 0: jax.jit raises {type(e).__name__}")
+    assert np.isnan(np.asarray(got)).all(), (
+        f"{what}: jax.jit raises {type(e).__name__} at size 0, but the traced call "
+        f"returns {got}\n{setup!r}")
+    return
+  assert_close(got, want, f"{what} (size 0: must equal jax.jit)", setup)
 
 
 def _stack(program, padded_examples, points):
@@ -780,8 +799,11 @@ def test_issue_10_examples(name, mode):
   kind, out, source, points = REGRESSIONS[name]
   program = Program(source, kind, out)
   via = REGRESSION_GRAD[name] if mode == "grad" else ""
+  zero = (0, 0) if kind == "x" else (0, 3)
   if mode.startswith("pj_jit"):  # both ways through each comparison, and size 0
-    points = points + [(0, 0) if kind == "x" else (0, 3)] + points[::-1]
+    points = points + [zero] + points[::-1]
+  elif mode != "grad":           # an empty example among the others
+    points = points + [zero]
   check(Setup(program, (6, 6), tuple(points), seed=1, via=via), mode)
 
 

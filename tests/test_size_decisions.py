@@ -180,7 +180,7 @@ def test_empty_selections_compute_or_raise_as_numpy():
   assert np.isnan(np.asarray(out)).all()
 
 
-# --- §4: traced sizes outside [1, padded] ---------------------------------------------
+# --- §4: traced sizes outside [0, padded] ---------------------------------------------
 
 def test_traced_sizes_out_of_range_poison_every_output():
   masked = pj.mask(lambda x: (jnp.sum(x), jnp.argmax(x), x.shape[0] > 2), ["n"])
@@ -202,7 +202,7 @@ def test_traced_sizes_out_of_range_poison_every_output():
 def test_traced_sizes_out_of_range_raise_when_checking():
   run = jax.jit(lambda xp, n: pj.mask(jnp.sum, ["n"])([xp], {"n": n}))
   with pj.verify():
-    with pytest.raises(Exception, match="(?s)SizeRangeError.*outside \\[1, padded size\\]"):
+    with pytest.raises(Exception, match="(?s)SizeRangeError.*outside \\[0, padded size\\]"):
       jax.block_until_ready(run(_x(8, 8), 9))
   # (read when a program is traced: a fresh jax.jit outside the block poisons)
   run = jax.jit(lambda xp, n: pj.mask(jnp.sum, ["n"])([xp], {"n": n}))

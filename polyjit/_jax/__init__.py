@@ -85,7 +85,8 @@ from .messages import (
     jit_program_name as jit_program_name, needs_concrete_size as needs_concrete_size,
     parse_cache_miss as parse_cache_miss, trace_refusal as trace_refusal)
 from .swaps import (
-    ARRAY_GETITEM as ARRAY_GETITEM, SWAP_SITES as SWAP_SITES, original_of as original_of,
+    ARRAY_GETITEM as ARRAY_GETITEM, CONVOLVE_ND as CONVOLVE_ND, SWAP_SITES as SWAP_SITES,
+    original_of as original_of,
     register_spellings as register_spellings, replacement_of as replacement_of,
     spellings_active as spellings_active, trace_spellings as trace_spellings)
 from .compilation_cache import (

@@ -1,8 +1,12 @@
 """Size comparisons in user code: the oracle hooks on `DimExpr`."""
 from __future__ import annotations
 
+import ast
+import builtins
 import contextlib
 import dis
+import functools
+import linecache
 import numbers
 import os
 import threading
@@ -159,6 +163,88 @@ def _too_large(e1: Any, e2: Any) -> bool:
   return total > MAX_COMPARED_CHARS
 
 
+# --- hashing a size: building a set of sizes, or looking a size up ---------------
+#
+# Python hashes a size for two different questions. Building a set of sizes
+# (`set(leaves)`, `{a.shape[0], b.shape[0]}`, `{x.shape[0] for x in xs}`:
+# Flax's `nn.scan` collects its lengths this way) asks how the sizes compare
+# among themselves; looking a size up in a container built elsewhere
+# (`n in {1, 2}`, `{1: a}.get(n)`, `d[n]`, `functools.cache`) asks its value.
+# A set finds an entry only among entries of equal hash and asks `==` of those
+# alone, so no single hash of `n` can make `n in {1, 2}` right for every n:
+# a lookup keeps the value (recorded at concrete sizes, refused when traced).
+# Building a set gives every symbolic size one shared hash, `SIZE_HASH`, that
+# does not depend on the sizes' values: equal expressions are then the same
+# member, and two different ones (`n`, `m`) meet in `==`, which the oracle
+# answers and records like any comparison. A set that holds sizes is refused
+# as a lookup target later in the same trace (its members carry SIZE_HASH,
+# which a value-hashed lookup would miss).
+
+SIZE_HASH = 0x5EED_512E   # an int that hashes to itself; it meets sizes in `==`
+
+_SET_BUILDING_OPS = frozenset(
+    dis.opmap[name] for name in ("BUILD_SET", "SET_ADD", "SET_UPDATE") if name in dis.opmap)
+# (Python 3.11's specialized PRECALL runs a builtin's call itself.)
+_CALL_OPS = frozenset(dis.opmap[name] for name in ("PRECALL", "CALL", "CALL_KW", "CALL_FUNCTION_EX")
+                      if name in dis.opmap)
+_SET_BUILDERS = (builtins.set, builtins.frozenset)
+
+
+@functools.lru_cache(maxsize=1024)
+def _called_name(code: types.CodeType, lasti: int) -> str | None:
+  """The bare name called by the call at `lasti` (`set` for
+  `set(jax.tree_util.tree_leaves(x))`), read from the call's source span;
+  None when the callee is not a bare name or the source is not at hand."""
+  positions = list(code.co_positions())
+  if not 0 <= lasti // 2 < len(positions):
+    return None
+  line, end_line, col, end_col = positions[lasti // 2]
+  if line is None or end_line is None or col is None or end_col is None:
+    return None
+  lines = [linecache.getline(code.co_filename, i).encode() for i in range(line, end_line + 1)]
+  if not lines or not lines[0]:
+    return None
+  if len(lines) == 1:
+    segment = lines[0][col:end_col]
+  else:  # (positions are byte offsets into UTF-8 lines)
+    segment = lines[0][col:] + b"".join(lines[1:-1]) + lines[-1][:end_col]
+  try:
+    node = ast.parse(b"(" + segment + b"\n)", mode="eval").body
+  except (SyntaxError, ValueError):
+    return None
+  if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+    return node.func.id
+  return None
+
+
+def _builds_a_set(frame: types.FrameType) -> bool:
+  """Whether the instruction running in `frame` builds a set from sizes (a
+  set display or comprehension, `set(...)`, `frozenset(...)`) rather than
+  looking one up."""
+  code = frame.f_code
+  op = code.co_code[frame.f_lasti]
+  if op in _SET_BUILDING_OPS:
+    return True
+  if op not in _CALL_OPS:
+    return False
+  name = _called_name(code, frame.f_lasti)
+  if name is None or name in code.co_varnames or name in code.co_cellvars or name in code.co_freevars:
+    return False
+  return frame.f_globals.get(name, frame.f_builtins.get(name)) in _SET_BUILDERS
+
+
+def _hashing_frame() -> types.FrameType | None:
+  """The user's frame that hashed a size (None when JAX, polyjit or a cache
+  comparing its keys did)."""
+  for frame in stack_outward(2):
+    if _generated_hash(frame.f_code):
+      continue
+    if _abspath(frame.f_code.co_filename) in (_SHAPE_POLY_FILE, _THIS_FILE):
+      continue
+    return frame if is_user_path(_abspath(frame.f_code.co_filename)) else None
+  return None
+
+
 def dim_bounds(d: Any) -> tuple[float, float]:
   """Lower and upper bounds of a dimension expression (dims are >= 1)."""
   if not is_symbolic_dim(d):
@@ -244,13 +330,18 @@ def _install_decision_hooks() -> None:
     return not _ask(oracle, SizeDecision("eq", self, f"bool('{self}')", where))
 
   def __hash__(self: Any) -> int:
-    # A hash decides membership (`n in {1, 2}`) before any `==` is asked; from
-    # user code it is the size's value, taken at concrete sizes (and recorded
-    # as `n == value`), refused when sizes are traced.
+    # A hash decides membership (`n in {1, 2}`) before any `==` is asked.
+    # From user code: building a set of sizes gets SIZE_HASH (the sizes then
+    # meet in `==`); any other hash is the size's value, taken at concrete
+    # sizes (and recorded as `n == value`), refused when sizes are traced.
     oracle: Any = getattr(_decisions, "oracle", None)
-    where = _user_frame() if oracle is not None else None
-    if where is None:
+    frame = _hashing_frame() if oracle is not None else None
+    if frame is None:
       return original_hash(self)
+    where = f"{_abspath(frame.f_code.co_filename)}:{frame.f_lineno}"
+    if _builds_a_set(frame):
+      _ask(oracle.hashed_into_set, self, where)
+      return SIZE_HASH
     value = int(_ask(oracle.value_of, self, where))
     return hash(value)
 

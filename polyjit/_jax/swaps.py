@@ -29,11 +29,16 @@ import threading
 from typing import Any, Callable, Iterator
 
 from jax._src.numpy import indexing as _indexing
+from jax._src.scipy import signal as _signal
 
 from .registry import JaxBoundaryError
 
 #: The function behind `Array.__getitem__` (boolean masks: `x[x > 0]`).
 ARRAY_GETITEM: Callable[..., Any] = _indexing.rewriting_take
+
+#: The direct N-d convolution behind `jax.scipy.signal.convolve`, `correlate`
+#: and `convolve2d` (it swaps its operands on comparing their sizes).
+CONVOLVE_ND: Callable[..., Any] = _signal._convolve_nd
 
 #: Module attributes that hold a replaced function (module, attribute).
 SWAP_SITES: tuple[tuple[str, str], ...] = (
@@ -58,6 +63,8 @@ SWAP_SITES: tuple[tuple[str, str], ...] = (
     ("jax.numpy", "extract"),
     ("jax.numpy", "unique"),
     ("jax._src.numpy.indexing", "rewriting_take"),
+    # `jax.scipy.signal.convolve`/`correlate` call it as a module global (issue 33).
+    ("jax._src.scipy.signal", "_convolve_nd"),
 )
 
 _spelling_replacements: dict[Callable[..., Any], Callable[..., Any]] = {}  # JAX's fn -> ours

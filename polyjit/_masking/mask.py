@@ -73,6 +73,7 @@ import numpy as np
 from . import dims as _dims
 from .. import _jax as jc
 from . import rules as _rules  # noqa: F401  (registers the masking rules)
+from . import empty as _empty
 from . import (data_dependent as _data_dependent, calls as _mask_calls, scopes as _scopes, signals as _signals,
                size_range as _size_range, spec as _spec, autodiff as _symbolic_ad, variants as _variants, verify as _verify)
 from .refusals import jax_refusal
@@ -137,6 +138,8 @@ class Masked:
     self._lock = threading.RLock()
     # Asked a size question in a trace: traced in fresh scopes (`_masking/scopes.py`).
     self._asks_sizes = False
+    # Sizes of 0 (`_masking/empty.py`); None on an empty path's own Masked.
+    self.empty_paths: _empty.EmptyPaths | None = _empty.EmptyPaths(self, Masked)
     functools.update_wrapper(self, fun, updated=())
 
   def __repr__(self) -> str:
@@ -299,6 +302,8 @@ class Masked:
     binding = self.bind(args)
     _spec.logical_values(logical_env, binding)  # validates the sizes
     sizes = {k: int(v) for k, v in logical_env.items()}
+    if 0 in sizes.values():   # an empty example: `fun`'s on the empty arrays
+      return _empty.logical_shapes(self, args, binding, sizes)
     traced = self.variant_for(args, sizes, binding).traced
     if traced.size_names:
       raise ShapeError(
@@ -355,27 +360,31 @@ class Masked:
     """(padded outputs, sizes): `sizes` is None for a function that creates no
     data-dependent sizes, else `logical_env` plus each created size (an int32
     scalar), from which the outputs' logical shapes evaluate."""
+    return self.call_with_shapes(args, logical_env)[:2]
+
+  def call_with_shapes(self, args: Sequence[Any], logical_env: Mapping[str, Any]
+                       ) -> tuple[Any, Any, list[list[Any]] | None]:
+    """`call_with_sizes`, and the outputs' logical shapes where traced sizes
+    may be 0 (int32 scalars per output leaf; None: evaluate the shapes)."""
+    shapes: list[list[Any]] | None = None
     in_contract: Any = None   # traced sizes: whether they keep the contract (a traced bool)
     try:
       binding = self.bind(args)
       logical = _spec.logical_values(logical_env, binding)
       leaves = jax.tree.leaves(tuple(args))
+      env = dict(zip(binding.dim_names, logical, strict=True))
       if all(_spec.is_concrete(logical_env[k]) for k in binding.dim_names):
         sizes = {k: int(logical_env[k]) for k in binding.dim_names}
+        if 0 in sizes.values():   # an empty example (`_masking/empty.py`)
+          return _empty.concrete(self, args, binding, sizes), None, None
         variant = self.variant_for(args, sizes, binding)
         _spec.check_constraints(binding.padded, variant.scope, what="padded")
         traced = variant.traced
-        outs = _apply_variant(variant, binding.padded, leaves,
-                              dict(zip(binding.dim_names, logical, strict=True)))
+        outs = _apply_variant(variant, binding.padded, leaves, env)
       else:
         found = self.variants(args, binding)
         traced = found[0].traced
-        outs = _apply_selected(found, binding, leaves, logical)
-        n_out = len(traced.out_avals)   # (created sizes and check codes follow)
-        guarded, in_contract = _size_range.guard(
-            outs[:n_out], dict(zip(binding.dim_names, logical, strict=True)),
-            binding.padded, f"pj.mask({self._name})", self.scope)
-        outs = [*guarded, *outs[n_out:]]
+        outs, shapes, in_contract = _call_traced(self, found, binding, args, env)
     except (MaskingError, ShapeError) as e:
       e.add_note(f"(while masking {self._name}, called at {jc.current_user_line()})")
       raise
@@ -383,14 +392,14 @@ class Masked:
       result = jax.tree.unflatten(traced.out_tree, outs)
       if _verify.enabled():
         self._verify(args, binding, logical_env, result)
-      return result, None
+      return result, None, shapes
     outs, sizes, failed = _data_dependent.split_outputs(traced, outs)
     _data_dependent.raise_if_failed(failed)
     outs = _data_dependent.poison_if_failed(outs, failed)
     env = {**logical_env, **sizes}
     if in_contract is not None:   # traced sizes: the counts are poisoned with the rest
       env[_size_range.IN_CONTRACT] = _size_range.ok_and_checked(in_contract, failed)
-    return jax.tree.unflatten(traced.out_tree, outs), env
+    return jax.tree.unflatten(traced.out_tree, outs), env, None
 
 
   def _verify(self, args: Sequence[Any], binding: _spec.Binding,
@@ -410,6 +419,30 @@ class Masked:
     want = self.fun(*jax.tree.unflatten(tree, [jnp.asarray(x) for x in sliced]))
     got = self.unpad(result, args, sizes)
     _verify.compare(repr(self), f"sizes {sizes}", got, want, sliced)
+
+
+def _call_traced(masked: Masked, found: Sequence[_variants.Variant], binding: _spec.Binding,
+                 args: Sequence[Any], env: dict[str, Any]) -> tuple[list[Any], Any, Any]:
+  """(outputs, their logical shapes or None, whether the sizes keep the
+  contract: a traced bool) at traced sizes: the variant they select, and the
+  empty paths where sizes may be 0 (`_masking/empty.py`); poisoned outside
+  the sizes that have a computation or that violate a declared constraint."""
+  traced = found[0].traced
+  leaves, logical = jax.tree.leaves(tuple(args)), [env[k] for k in binding.dim_names]
+  what = f"pj.mask({masked._name})"
+  if traced.size_names or masked.empty_paths is None:
+    outs = _apply_selected(found, binding, leaves, logical)
+    n_out = len(traced.out_avals)   # (created sizes and check codes follow)
+    guarded, in_contract = _size_range.guard(outs[:n_out], env, binding.padded, what,
+                                             masked.scope)
+    return [*guarded, *outs[n_out:]], None, in_contract
+
+  def main(xs: list[Any], e: dict[str, Any]) -> list[Any]:
+    return _apply_selected(found, binding, xs, [e[k] for k in binding.dim_names])
+  outs, shapes, ok = _empty.selected(masked, args, binding, env, main, traced.out_avals)
+  guarded, in_contract = _size_range.guard(outs, env, binding.padded, what, masked.scope,
+                                           lowest=0, ok=ok)
+  return guarded, shapes, in_contract
 
 
 def _apply_selected(variants: Sequence[_variants.Variant], binding: _spec.Binding,

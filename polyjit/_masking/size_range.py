@@ -1,9 +1,12 @@
-"""Traced logical sizes outside `[1, padded]`: never a plausible number.
+"""Traced logical sizes outside `[0, padded]`: never a plausible number.
 
 A traced size comes from the user's own program (`jax.jit(pj.mask(f))`, a
 `pj.Ragged` built inside `jax.jit`, `jax.vmap` over sizes), where nothing can
-raise at run time. A size below 1 or above its padded size has no unpadded
-computation to match, so such a call's outputs are *poisoned* instead of
+raise at run time. A size below 0 or above its padded size has no unpadded
+computation to match, nor has an empty size whose own trace fails (JAX
+refuses `jnp.max` of an empty array; `_masking/empty.py`), nor, for a
+function that creates data-dependent sizes (or a path that only runs where
+its sizes are >= 1), a size of 0, so such a call's outputs are *poisoned* instead of
 computed on garbage: NaN in floating and complex dtypes, the dtype's minimum
 in signed integers, its maximum in unsigned ones, False in bools (the values
 the pj.mask and Ragged guides document), the key data's maximum in typed
@@ -34,7 +37,7 @@ from .padding import is_key_dtype
 
 
 class SizeRangeError(ShapeError):
-  """A traced logical size was outside `[1, padded size]` (checking mode)."""
+  """A traced logical size was outside `[0, padded size]` (checking mode)."""
 
 
 def poison_value(dtype: Any) -> Any:
@@ -52,8 +55,8 @@ def poison_value(dtype: Any) -> Any:
   return None   # (typed keys, float0: nothing to poison)
 
 
-def in_range(env: Mapping[str, Any], padded: Mapping[str, int]) -> Any:
-  """Whether every size of `env` lies in [1, padded] (a traced bool).
+def in_range(env: Mapping[str, Any], padded: Mapping[str, int], lowest: int = 1) -> Any:
+  """Whether every size of `env` lies in [lowest, padded] (a traced bool).
 
   In lax, not jnp: this runs in every masked trace with traced sizes, and each
   jnp operator costs a jitted helper's dispatch there (the same comparisons).
@@ -61,7 +64,7 @@ def in_range(env: Mapping[str, Any], padded: Mapping[str, int]) -> Any:
   ok: Any = None
   for name, value in env.items():
     dtype = np.dtype(value.dtype)
-    here = lax.bitwise_and(lax.ge(value, np.asarray(1, dtype)),
+    here = lax.bitwise_and(lax.ge(value, np.asarray(lowest, dtype)),
                            lax.le(value, np.asarray(padded[name], dtype)))
     ok = here if ok is None else lax.bitwise_and(ok, here)
   return jnp.bool_(True) if ok is None else ok
@@ -98,13 +101,17 @@ def constraints_hold(env: Mapping[str, Any], scope: jc.SymbolicScope | None) -> 
 
 
 def guard(outs: Sequence[Any], env: Mapping[str, Any], padded: Mapping[str, int],
-          what: str, scope: jc.SymbolicScope | None = None) -> tuple[list[Any], Any]:
-  """(`outs`, poisoned where a size of `env` is out of range or violates a
-  declared constraint of `scope`; the traced bool that says they are not).
+          what: str, scope: jc.SymbolicScope | None = None, *, lowest: int = 1,
+          ok: Any = None) -> tuple[list[Any], Any]:
+  """(`outs`, poisoned where a size of `env` is outside [lowest, padded], `ok`
+  is False (a path that has no computation at these sizes) or a declared
+  constraint of `scope` is violated; the traced bool that says they are not).
   Checking, the call raises instead."""
   if not env:
     return list(outs), jnp.bool_(True)
-  in_bounds = in_range(env, padded)
+  in_bounds = in_range(env, padded, lowest)
+  if ok is not None:
+    in_bounds = lax.bitwise_and(in_bounds, ok)
   declared = constraints_hold(env, scope)
   ok = lax.bitwise_and(in_bounds, declared)
   if _verify.enabled():
@@ -141,10 +148,13 @@ def _raise_if_out_of_range(in_bounds: Any, declared: Any, values: Sequence[Any],
   bounds = {n: int(np.asarray(p)) for n, p in zip(names, padded, strict=True)}
   if not bool(np.all(in_bounds)):
     raise SizeRangeError(
-        f"{what}: a traced logical size is outside [1, padded size]: sizes {given}, padded "
-        f"sizes {bounds}. Each logical size must be at least 1 and at most its padded "
-        "size (a pj.Ragged length at most the data's padded length).\nWhat to do: pad "
-        "the arguments to at least the largest size, or fix the sizes passed.")
+        f"{what}: a traced logical size is outside [0, padded size], or is 0 where the "
+        f"function is not defined for empty arrays: sizes {given}, padded sizes {bounds}. "
+        "Each logical size must be at least 0 and at most its padded size (a pj.Ragged "
+        "length at most the data's padded length); JAX raises for some functions of "
+        "empty arrays (jnp.max without initial=, x[0]).\nWhat to do: pad the arguments "
+        "to at least the largest size, fix the sizes passed, or make the function "
+        "defined for empty arrays (jnp.max(x, initial=-jnp.inf)).")
   raise SizeRangeError(
       f"{what}: traced logical sizes {given} violate the declared constraints "
       f"{list(constraints)}.\nWhat to do: pass sizes that satisfy them (a jax.jit of "

@@ -256,7 +256,7 @@ def is_concrete(x: object) -> bool:
 def logical_values(logical_env: Mapping[str, Any], binding: Binding) -> tuple[Any, ...]:
   """Logical sizes in `binding.dim_names` order, as int scalars (maybe traced).
 
-  Concrete values are checked here: each must be in [1, padded], every spec
+  Concrete values are checked here: each must be in [0, padded], every spec
   expression must fit its padded axis, and the scope's constraints must hold.
   Traced values cannot be checked; they are the caller's promise.
   """
@@ -285,9 +285,9 @@ def logical_values(logical_env: Mapping[str, Any], binding: Binding) -> tuple[An
         raise ShapeError(
             f"the logical size of '{name}' must be an integer scalar, got {v!r}.")
       iv = int(arr)
-      if not 1 <= iv <= binding.padded[name]:
+      if not 0 <= iv <= binding.padded[name]:
         raise ShapeError(
-            f"the logical size {name}={iv} does not fit: it must be between 1 "
+            f"the logical size {name}={iv} does not fit: it must be between 0 "
             f"and its padded size {binding.padded[name]}.")
       concrete[name] = iv
       values.append(np.asarray(iv, dtype))

@@ -15,7 +15,8 @@ restores that thread's previous state, as `jax.debug_nans` is), it makes
 * every `pj.vmap` call over `pj.Ragged` values with concrete lengths (and
   `out_axes=0`) also run the function on each example unpadded, and compare
   that example's outputs;
-* a traced size outside `[1, padded]` raise `SizeRangeError` instead of
+* a traced size outside `[0, padded]` (or 0 where the function's empty path
+  fails), or violating a declared constraint, raise `SizeRangeError` instead of
   poisoning the outputs (`_masking/size_range.py`).
 
 The last is decided when the program is traced: a `jax.jit` around `pj.mask`

@@ -99,10 +99,6 @@ def _checked_columns(examples: Sequence[Any], k: int
             f"only the leading {k} axes may vary (ragged_axes={k}); raise "
             "ragged_axes if more of the leading axes vary.")
       column.append(x)
-    if 0 in size:
-      raise ShapeError(
-          f"example {i} is empty (sizes {size} on its ragged axes): polyjit "
-          "runs each example with logical sizes >= 1; leave empty examples out.")
     sizes.append(size)
   return columns, tree, sizes
 

@@ -369,12 +369,10 @@ def _validate(r: Ragged) -> None:
   if is_concrete(r.lengths):
     lengths = np.asarray(r.lengths).reshape(batch, k)[:real]
     for j, size in enumerate(padded):
-      bad = np.flatnonzero((lengths[:, j] < 1) | (lengths[:, j] > size))
+      bad = np.flatnonzero((lengths[:, j] < 0) | (lengths[:, j] > size))
       if bad.size:
         i = int(bad[0])
-        empty = (" (an empty example: polyjit runs each example with logical sizes "
-                 ">= 1; leave empty examples out)" if lengths[i, j] < 1 else "")
         raise ShapeError(
             f"example {i} has length {int(lengths[i, j])} on ragged axis {j}, which "
-            f"must be between 1 and its padded size {size}{empty}.")
+            f"must be between 0 and its padded size {size}.")
 

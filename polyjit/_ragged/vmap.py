@@ -185,12 +185,15 @@ class RaggedVmapped:
       example = treedef.unflatten([next(sources[0] if r else sources[1]) for r in kinds])
       env = {name: s for ns, ss in zip(names, sizes, strict=True)
              for name, s in zip(ns, ss, strict=True)}
-      outs, computed = masked.call_with_sizes(list(example), env)
+      outs, computed, shapes = masked.call_with_shapes(list(example), env)
       env = env if computed is None else computed   # with data-dependent sizes
       traced = masked.trace(list(example))
       out_paths = [describe(p) for p, _ in jax.tree_util.tree_flatten_with_path(outs)[0]]
-      return outs, [_out_lengths(a, env, p)
-                    for a, p in zip(traced.out_avals, out_paths, strict=True)]
+      lengths = [_out_lengths(a, env, p)
+                 for a, p in zip(traced.out_avals, out_paths, strict=True)]
+      if shapes is not None:   # sizes that may be 0: each path's own (`_masking/empty.py`)
+        lengths = [s[:len(l)] for l, s in zip(lengths, shapes, strict=True)]
+      return outs, lengths
 
     mapped = jax.vmap(per_example, in_axes=(0, 0, plain_axes), out_axes=(self.out_axes, 0))
     try:

@@ -36,5 +36,7 @@ ELEMENTWISE = UNARY + BINARY + NARY
 
 @register(*ELEMENTWISE)
 @register("one_minus_square", optional=True)  # (1 - x**2: tanh's derivative, JAX after 0.11.0)
+# (Horner's rule on x and its coefficients, which broadcast: erf's, JAX 0.12)
+@register("polynomial", optional=True)
 def _elementwise(ctx: RuleContext, *args: Any, **params: Any) -> list[Any]:
   return ctx.bind(*args, **params)

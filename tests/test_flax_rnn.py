@@ -1,0 +1,142 @@
+"""Flax's own recurrent modules over a variable-length axis (issue 33 §1).
+
+`nn.RNN`, `nn.scan` and `nn.Bidirectional` collect their scan lengths with
+`set(jax.tree_util.tree_leaves(lengths))` (flax/core/lift.py): a set *built*
+from sizes, which needs no size's value (`_jax.decisions.SIZE_HASH`). Each
+model runs exactly under `pj.vmap` over a NaN-padded `pj.Ragged` (against
+`model.apply` on each unpadded example), under `jax.jit(pj.mask)` with a
+traced length, and under `pj.jit` in both modes, compiling once per bucket
+(counted with jax.monitoring). A lookup of a size by value (`n in {1, 2}`)
+stays exact at concrete sizes and refused when sizes are traced.
+Skipped without Flax."""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import polyjit as pj
+from harness import nan_padded
+from test_jit import default_compiles as expected_compiles
+
+nn = pytest.importorskip("flax.linen")
+
+D, H = 4, 6
+LENGTHS = (5, 9, 3, 17, 12)
+PADDED = 17
+
+
+def sequence(n, seed=0):
+  return np.random.default_rng(100 * n + seed).standard_normal((n, D)).astype(np.float32)
+
+
+MODELS = {
+    "lstm": lambda: nn.RNN(nn.LSTMCell(H)),
+    "optimized_lstm": lambda: nn.RNN(nn.OptimizedLSTMCell(H)),
+    "bidirectional": lambda: nn.Bidirectional(nn.RNN(nn.LSTMCell(H)), nn.RNN(nn.GRUCell(H))),
+    "reverse_gru": lambda: nn.RNN(nn.GRUCell(H), reverse=True, keep_order=True),
+}
+
+
+@pytest.fixture(params=sorted(MODELS))
+def model(request):
+  m = MODELS[request.param]()
+  return m, m.init(jax.random.key(0), jnp.ones((3, D)))
+
+
+def loss(apply, params, x):
+  return jnp.sum(jnp.tanh(apply(params, x)) ** 2)
+
+
+def ragged(xs):
+  """A pj.Ragged whose padding holds NaN (it must not matter)."""
+  data = np.stack([nan_padded(x, PADDED) for x in xs])
+  return pj.Ragged(data, np.array([len(x) for x in xs], np.int32))
+
+
+def test_rnn_under_pj_vmap_is_exact(model):
+  m, params = model
+  xs = [sequence(n) for n in LENGTHS]
+  outs = pj.vmap(m.apply, in_axes=(None, 0))(params, ragged(xs)).to_list()
+  for x, out in zip(xs, outs, strict=True):
+    ref = np.asarray(m.apply(params, x))
+    assert out.shape == ref.shape
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_rnn_gradient_under_pj_vmap_is_exact(model):
+  m, params = model
+  xs = [sequence(n, 1) for n in LENGTHS]
+  grad = jax.jit(jax.grad(lambda p, r: jnp.sum(pj.vmap(lambda p, x: loss(m.apply, p, x), in_axes=(None, 0))(p, r))))
+  got = grad(params, ragged(xs))
+  want = jax.tree.map(lambda *g: sum(g), *[jax.grad(lambda p: loss(m.apply, p, x))(params)
+                                           for x in xs])
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+    assert np.isfinite(np.asarray(a)).all()
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+
+
+def test_rnn_under_jit_of_mask_with_a_traced_length(model):
+  m, params = model
+  f = jax.jit(lambda p, xp, n: pj.mask(m.apply, [None, "(n, _)"])([p, xp], {"n": n}))
+  for n in (1, 4, PADDED):
+    x = sequence(n, 2)
+    out = np.asarray(f(params, nan_padded(x, PADDED), n))[:n]
+    np.testing.assert_allclose(out, np.asarray(m.apply(params, x)), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["auto", "explicit"])
+def test_rnn_under_pj_jit_compiles_once_per_bucket(model, mode):
+  m, params = model
+  fun = lambda p, x: loss(m.apply, p, x)
+  shapes = None if mode == "auto" else [None, "(n, _)"]
+  f = pj.jit(fun, polymorphic_shapes=shapes, fallback="error")
+  refs = [jax.jit(fun)(params, sequence(n, 3)) for n in LENGTHS]
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", pj.FallbackWarning)
+    with pj.diagnostics.count_compiles() as compiles:
+      outs = [f(params, sequence(n, 3)) for n in LENGTHS]
+  for out, ref in zip(outs, refs, strict=True):
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=1e-5, atol=1e-5)
+  if mode == "auto":
+    assert len(compiles) == expected_compiles(LENGTHS)
+  else:
+    assert len(compiles) < len(set(LENGTHS))
+
+
+# --- hashing sizes: building a set of them, looking one up --------------------------
+
+def _set_of_sizes(x, y):
+  return jnp.sum(x) * len({x.shape[0], y.shape[0]}) + len(set([x.shape[0], x.shape[0]]))
+
+
+def test_a_set_of_sizes_deduplicates_as_the_sizes_compare():
+  f = pj.jit(_set_of_sizes, fallback="error")
+  for a, b in ((3, 3), (3, 4), (6, 6), (7, 2)):
+    x, y = np.ones(a, np.float32), np.ones(b, np.float32)
+    assert float(f(x, y)) == float(_set_of_sizes(x, y))
+  g = jax.jit(lambda xp, yp, n, m: pj.mask(_set_of_sizes, ["n", "m"])([xp, yp], {"n": n, "m": m}))
+  for a, b in ((3, 3), (3, 4)):
+    x, y = np.ones(a, np.float32), np.ones(b, np.float32)
+    out = g(nan_padded(x, 8), nan_padded(y, 8), a, b)
+    assert float(out) == float(_set_of_sizes(x, y))
+
+
+def test_a_lookup_by_value_stays_exact_or_refused():
+  fun = lambda x: jnp.sum(x) + (7.0 if x.shape[0] in {1, 2} else 1.0) + {1: 3.0}.get(x.shape[0], 0.0)
+  f = pj.jit(fun, polymorphic_shapes=["n"])
+  for n in (1, 2, 3, 5):
+    x = np.ones(n, np.float32)
+    assert float(f(x)) == float(fun(x))
+  with pytest.raises(pj.MaskingError, match="dictionary key or set member"):
+    jax.jit(lambda xp, n: pj.mask(fun, ["n"])([xp], {"n": n}))(np.ones(4, np.float32), 2)
+
+
+def test_a_lookup_in_a_set_of_sizes_is_refused():
+  fun = lambda x: jnp.sum(x) * (x.shape[0] in {x.shape[0]})
+  with pytest.raises(pj.MaskingError, match="set of sizes was built"):
+    pj.jit(fun, polymorphic_shapes=["n"], fallback="error")(np.ones(3, np.float32))
