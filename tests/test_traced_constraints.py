@@ -1,9 +1,9 @@
 """Traced sizes that break the contract poison every output (issue 31).
 
 The contract (docs/guide/mask.md, "The contract for traced sizes"): a traced
-size outside `[1, padded]` gets no plausible number. Every output, so also
+size outside `[0, padded]` gets no plausible number. Every output, so also
 the logical shapes a data-dependent function returns (its counts: 1 at n = 20
-on 8 padded values before, 0 at n = 0, 5 at n = 2**31 - 1) and typed PRNG
+on 8 padded values before, 5 at n = 2**31 - 1) and typed PRNG
 keys (returned unchanged before). A declared constraint (`constraints=["n >=
 3"]`) is part of the contract too: with a traced size that violates it,
 `lax.top_k(x, 3)` returned `[5, 1, nan]` where jax.jit raises; now the
@@ -67,7 +67,7 @@ def test_typed_keys_are_poisoned_with_sizes_out_of_range():
   assert float(total) == 9.0
   want = jax.random.key_data(jax.random.split(key)[0])
   assert np.array_equal(jax.random.key_data(good), want)
-  for n in (0, 20):
+  for n in (-1, 20):
     total, bad = call(np.nan_to_num(X), n)
     assert np.isnan(total)
     assert np.all(np.asarray(jax.random.key_data(bad)) == np.iinfo(np.uint32).max)

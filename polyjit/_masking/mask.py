@@ -362,10 +362,13 @@ class Masked:
     scalar), from which the outputs' logical shapes evaluate."""
     return self.call_with_shapes(args, logical_env)[:2]
 
-  def call_with_shapes(self, args: Sequence[Any], logical_env: Mapping[str, Any]
-                       ) -> tuple[Any, Any, list[list[Any]] | None]:
+  def call_with_shapes(self, args: Sequence[Any], logical_env: Mapping[str, Any],
+                       may_be_empty: bool = True) -> tuple[Any, Any, list[list[Any]] | None]:
     """`call_with_sizes`, and the outputs' logical shapes where traced sizes
-    may be 0 (int32 scalars per output leaf; None: evaluate the shapes)."""
+    may be 0 (int32 scalars per output leaf; None: evaluate the shapes).
+    `may_be_empty=False`: the caller knows traced sizes are >= 1 (a
+    `pj.Ragged` built without empty examples), so no empty path runs and a 0
+    is out of range (poisoned)."""
     shapes: list[list[Any]] | None = None
     in_contract: Any = None   # traced sizes: whether they keep the contract (a traced bool)
     try:
@@ -384,7 +387,8 @@ class Masked:
       else:
         found = self.variants(args, binding)
         traced = found[0].traced
-        outs, shapes, in_contract = _call_traced(self, found, binding, args, env)
+        outs, shapes, in_contract = _call_traced(self, found, binding, args, env,
+                                                 may_be_empty)
     except (MaskingError, ShapeError) as e:
       e.add_note(f"(while masking {self._name}, called at {jc.current_user_line()})")
       raise
@@ -422,7 +426,8 @@ class Masked:
 
 
 def _call_traced(masked: Masked, found: Sequence[_variants.Variant], binding: _spec.Binding,
-                 args: Sequence[Any], env: dict[str, Any]) -> tuple[list[Any], Any, Any]:
+                 args: Sequence[Any], env: dict[str, Any], may_be_empty: bool = True
+                 ) -> tuple[list[Any], Any, Any]:
   """(outputs, their logical shapes or None, whether the sizes keep the
   contract: a traced bool) at traced sizes: the variant they select, and the
   empty paths where sizes may be 0 (`_masking/empty.py`); poisoned outside
@@ -430,7 +435,7 @@ def _call_traced(masked: Masked, found: Sequence[_variants.Variant], binding: _s
   traced = found[0].traced
   leaves, logical = jax.tree.leaves(tuple(args)), [env[k] for k in binding.dim_names]
   what = f"pj.mask({masked._name})"
-  if traced.size_names or masked.empty_paths is None:
+  if traced.size_names or masked.empty_paths is None or not may_be_empty:
     outs = _apply_selected(found, binding, leaves, logical)
     n_out = len(traced.out_avals)   # (created sizes and check codes follow)
     guarded, in_contract = _size_range.guard(outs[:n_out], env, binding.padded, what,

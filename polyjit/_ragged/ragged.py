@@ -93,6 +93,11 @@ class Ragged:
     lengths: int32 logical sizes, `(batch,)` for one ragged axis, `(batch, k)`
       for k (`(batch, 0)` for none).
     ragged_axes: k, the number of leading example axes that vary.
+    nonempty: whether every example is known, when the batch was built, to
+      have sizes >= 1 (`from_list` without empty examples, or concrete
+      lengths). Static (pytree metadata): `pj.vmap` then runs the masked
+      function without the paths of empty examples (`_masking/empty.py`), so
+      a shared parameter keeps one cotangent for the whole batch.
   """
 
   def __init__(self, data: Any, lengths: ArrayLike, num_examples: ArrayLike | None = None) -> None:
@@ -106,34 +111,36 @@ class Ragged:
     k = 1 if lengths.ndim == 1 else lengths.shape[1]
     if num_examples is not None and not isinstance(num_examples, jax.Array):
       num_examples = np.asarray(num_examples, np.int32)
-    self._set(data, lengths, num_examples, k)
+    self._set(data, lengths, num_examples, k, _known_nonempty(lengths, num_examples))
     _validate(self)
 
-  def _set(self, data: Any, lengths: Any, count: Any, k: int) -> None:
+  def _set(self, data: Any, lengths: Any, count: Any, k: int, nonempty: bool = False) -> None:
     self.data = data
     self.lengths = lengths
     self._count = count
     self.ragged_axes = k
+    self.nonempty = nonempty
 
   @classmethod
-  def _make(cls, data: Any, lengths: Any, count: Any, k: int) -> "Ragged":
+  def _make(cls, data: Any, lengths: Any, count: Any, k: int,
+            nonempty: bool = False) -> "Ragged":
     """Builds without validation (traced parts, pytree unflattening)."""
     r = object.__new__(cls)
-    r._set(data, lengths, count, k)
+    r._set(data, lengths, count, k, nonempty)
     return r
 
   # --- pytree ----------------------------------------------------------------
 
-  def tree_flatten_with_keys(self) -> tuple[tuple[tuple[Any, Any], ...], int]:
+  def tree_flatten_with_keys(self) -> tuple[tuple[tuple[Any, Any], ...], tuple[int, bool]]:
     key = jax.tree_util.GetAttrKey
     children = ((key("data"), self.data), (key("lengths"), self.lengths),
                 (key("num_examples"), self._count))
-    return children, self.ragged_axes
+    return children, (self.ragged_axes, self.nonempty)
 
   @classmethod
-  def tree_unflatten(cls, k: int, children: Sequence[Any]) -> "Ragged":
+  def tree_unflatten(cls, aux: tuple[int, bool], children: Sequence[Any]) -> "Ragged":
     data, lengths, count = children
-    return cls._make(data, lengths, count, k)
+    return cls._make(data, lengths, count, *aux)
 
   # --- construction on the host ----------------------------------------------
 
@@ -336,8 +343,21 @@ def from_host(host: HostExamples, padded: Sequence[int], rows: int,
   to `padded` in `rows` rows, each array placed on the device(s) by `put`:
   the one way from examples on the host to a batch (no device program runs)."""
   data, lengths = host.pad(padded, rows, indices)
+  picked = host.sizes if indices is None else host.sizes[np.asarray(indices, np.int64)]
+  # (rows past the examples hold length 0: they never count, and are poisoned)
+  nonempty = bool(picked.size == 0 or picked.min() >= 1)
   return Ragged._make(host.unflatten([put(d) for d in data]), put(lengths), count,
-                      host.ragged_axes)
+                      host.ragged_axes, nonempty)
+
+
+def _known_nonempty(lengths: Any, count: Any) -> bool:
+  """Whether concrete `lengths` (of the first `count` rows) are all >= 1."""
+  if not is_concrete(lengths) or (count is not None and not is_concrete(count)):
+    return False
+  values = np.asarray(lengths)
+  if count is not None:
+    values = values[:int(np.asarray(count))]
+  return bool(values.size == 0 or values.min() >= 1)
 
 
 def _validate(r: Ragged) -> None:

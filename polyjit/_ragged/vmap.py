@@ -178,6 +178,9 @@ class RaggedVmapped:
     sizes = [split_lengths(l, r.ragged_axes)
              for l, r in zip(lengths, [x for x in leaves if is_ragged(x)], strict=True)]
     kinds = [is_ragged(x) for x in leaves]
+    # Every example known to be non-empty: no empty paths, whose selection
+    # would make shared parameters per-example under vmap (issue 32).
+    nonempty = all(x.nonempty for x in leaves if is_ragged(x))
 
     def per_example(datas: list[Any], sizes: list[list[Any]], plains: list[Any]
                     ) -> tuple[Any, list[list[Any]]]:
@@ -185,7 +188,8 @@ class RaggedVmapped:
       example = treedef.unflatten([next(sources[0] if r else sources[1]) for r in kinds])
       env = {name: s for ns, ss in zip(names, sizes, strict=True)
              for name, s in zip(ns, ss, strict=True)}
-      outs, computed, shapes = masked.call_with_shapes(list(example), env)
+      outs, computed, shapes = masked.call_with_shapes(list(example), env,
+                                                       may_be_empty=not nonempty)
       env = env if computed is None else computed   # with data-dependent sizes
       traced = masked.trace(list(example))
       out_paths = [describe(p) for p, _ in jax.tree_util.tree_flatten_with_path(outs)[0]]
