@@ -214,11 +214,13 @@ def test_length_zero_behaves_as_jax_jit(name, mode):
   np.testing.assert_allclose(jf(example(7)), f(jnp.asarray(example(7))), rtol=1e-6)
 
 
-def test_length_zero_in_pj_mask_and_ragged_is_a_clear_error():
-  with pytest.raises(pj.ShapeError, match="between 1 and"):
-    pj.mask(jnp.sum, ["n"])([padded(example(3))], {"n": 0})
-  with pytest.raises(pj.ShapeError):
-    pj.Ragged.from_list([np.zeros(0, np.float32), example(3)])
+def test_length_zero_is_an_empty_example_and_below_zero_a_clear_error():
+  # sizes 0..padded are in the contract (issue 33): an empty sum is 0, as in NumPy
+  assert float(pj.mask(jnp.sum, ["n"])([padded(example(3))], {"n": 0})) == 0.0
+  with pytest.raises(pj.ShapeError, match="between 0 and"):
+    pj.mask(jnp.sum, ["n"])([padded(example(3))], {"n": -1})
+  r = pj.Ragged.from_list([np.zeros(0, np.float32), example(3)])
+  np.testing.assert_allclose(pj.vmap(jnp.sum)(r)[:2], [0.0, float(jnp.sum(example(3)))], rtol=1e-6)
 
 
 # --- None leaves --------------------------------------------------------------------

@@ -65,8 +65,8 @@ def test_rank_and_prefix_mismatches():
 
 
 @pytest.mark.parametrize("env, match", [
-    ({"n": 9}, "n=9 does not fit: it must be between 1 and its padded size 8"),
-    ({"n": 0}, "n=0 does not fit"),
+    ({"n": 9}, "n=9 does not fit: it must be between 0 and its padded size 8"),
+    ({"n": -1}, "n=-1 does not fit"),
     ({}, r"missing sizes for \['n'\]"),
     ({"n": 3, "k": 2}, r"sizes for \['k'\], which no spec mentions"),
     ({"n": 2.5}, "must be an integer scalar"),
