@@ -1,0 +1,393 @@
+"""Training four models: polyjit against hand-written masks, hand buckets and jax.jit (issue 32).
+
+Four models written for ONE unpadded example (`training_models.py`: an
+embedding + bidirectional LSTM text classifier like Flax's sst2 example, a
+small attention encoder, a message-passing graph network, Deep Sets), trained
+with SGD with momentum (optax) on batches of 16 examples. Four contenders, in
+the same run, on the same batches, from the same initial parameters:
+
+  masks       the model rewritten by hand for a padded batch with explicit
+              masks, each batch padded to the SAME sizes as polyjit's batch
+              (`pj.Ragged.from_list`'s buckets): one compile per padded size.
+              The baseline of every ratio.
+  pow2        hand buckets: the same hand-masked step, each ragged part padded
+              to the next power of two of the batch's longest.
+  longest     `jax.jit` of the hand-masked step, padded to each batch's
+              longest: one compile per distinct longest.
+  polyjit     the one-example model under `pj.vmap` over `pj.Ragged` parts,
+              inside `jax.jit(jax.value_and_grad(loss))` and the optax step.
+
+Before anything is timed, every contender's loss and gradients on the first
+batch, at the initial parameters, are compared with the `masks` contender's
+(and with a loop over the unpadded examples when `--reference`, the default
+in `--smoke`); `agreement` in the JSON.
+
+Reported per model and contender:
+  * forward, gradient (value_and_grad) and full optimizer step, each one
+    compiled call, steady state: the median of `--reps` calls on the first
+    batch (each contender at its own padded sizes for it), after a warm-up
+    call, with `block_until_ready`; the contenders' calls interleaved, so a
+    load change on this shared machine hits them alike;
+  * the `--steps`-step total of training (host padding, compiles and steps,
+    wall clock and process CPU time), with the number of compiles and their
+    seconds, counted with `jax.monitoring`'s backend-compile event.
+Ratios are against `masks`.
+
+    python benchmarks/training.py [--quick | --smoke] [--issue-sizes] [--json out.json]
+
+Only polyjit's public API is used (`pj.vmap`, `pj.Ragged`), so the script runs
+unchanged on any branch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import os
+import platform
+import statistics
+import threading
+import time
+from pathlib import Path
+
+# Cold runs: no programs from an earlier run on disk.
+os.environ.setdefault("POLYJIT_NO_CACHE", "1")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+import polyjit as pj  # noqa: E402
+
+try:
+  from benchmarks import training_models as tm
+except ImportError:  # run as a script from benchmarks/
+  import training_models as tm  # type: ignore[no-redef]
+
+CONTENDERS = ("masks", "pow2", "longest", "polyjit")
+MODELS = ("text", "attention", "graph", "sets")
+BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+# --- counting compiles (jax.monitoring; one listener, scoped by a list) ----------
+
+_compile_logs: list[list[float]] = []
+_lock = threading.Lock()
+
+
+def _on_duration(event: str, duration_secs: float, **_kwargs) -> None:
+  if event == BACKEND_COMPILE:
+    with _lock:
+      for log in _compile_logs:
+        log.append(float(duration_secs))
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_duration)
+
+
+@contextlib.contextmanager
+def compiles():
+  log: list[float] = []
+  with _lock:
+    _compile_logs.append(log)
+  try:
+    yield log
+  finally:
+    with _lock:
+      _compile_logs.remove(log)
+
+
+# --- the contenders: host preparation of a batch, and the loss on it --------------
+
+def next_pow2(n: int) -> int:
+  return 1 << max(0, int(n) - 1).bit_length()
+
+
+def pad_part(arrays, size: int) -> tuple[np.ndarray, np.ndarray]:
+  """Stacks arrays of different leading sizes, zero-padded to `size`, and the mask."""
+  out = np.zeros((len(arrays), size, *arrays[0].shape[1:]), arrays[0].dtype)
+  for i, a in enumerate(arrays):
+    out[i, :len(a)] = a
+  lengths = np.array([len(a) for a in arrays])
+  return out, np.arange(size)[None, :] < lengths[:, None]
+
+
+def polyjit_sizes(examples) -> tuple[int, ...]:
+  """The padded size of each ragged part in polyjit's batch (its default buckets)."""
+  parts = list(zip(*examples, strict=True))
+  return tuple(pj.Ragged.from_list(list(p)).padded_lengths[0] for p in parts)
+
+
+class Hand:
+  """A hand-masked contender: `sizes(examples) -> padded size per part`."""
+
+  def __init__(self, model: tm.Model, sizes):
+    self.model, self.sizes = model, sizes
+
+  def prepare(self, examples, labels):
+    sizes = self.sizes(examples)
+    padded = [pad_part(list(p), s)
+              for p, s in zip(zip(*examples, strict=True), sizes, strict=True)]
+    return (tuple(d for d, _ in padded), tuple(m for _, m in padded), labels)
+
+  def loss(self, params, parts, valid, labels):
+    return self.model.padded(params, parts, valid, labels)
+
+
+class Polyjit:
+  """The one-example model under `pj.vmap`, one `pj.Ragged` per ragged part."""
+
+  def __init__(self, model: tm.Model, sizes):
+    self.sizes = sizes
+    # a fresh function object per contender: no trace of another contender is reused
+    self.per_example = pj.vmap(functools.partial(model.one),
+                               in_axes=(None, *[0] * model.parts, 0))
+
+  def prepare(self, examples, labels):
+    parts = tuple(pj.Ragged.from_list(list(p)) for p in zip(*examples, strict=True))
+    return parts, labels
+
+  def loss(self, params, parts, labels):
+    return self.per_example(params, *parts, labels).mean()
+
+
+def longest(examples) -> tuple[int, ...]:
+  return tuple(max(len(e[j]) for e in examples) for j in range(len(examples[0])))
+
+
+def make_contender(name: str, model: tm.Model, sizes_table: dict):
+  """`sizes_table`: polyjit's padded sizes of each batch, by `id` of its example list."""
+  sizes = {"masks": lambda ex: sizes_table[id(ex)], "polyjit": lambda ex: sizes_table[id(ex)],
+           "pow2": lambda ex: tuple(next_pow2(n) for n in longest(ex)),
+           "longest": longest}[name]
+  return Polyjit(model, sizes) if name == "polyjit" else Hand(model, sizes)
+
+
+class Compiled:
+  """One contender's three compiled programs: forward, gradient, optimizer step."""
+
+  def __init__(self, contender, optimizer):
+    loss = contender.loss
+    self.sizes, self.prepare = contender.sizes, contender.prepare
+    self.forward = jax.jit(loss)
+    self.grad = jax.jit(jax.value_and_grad(loss))
+
+    def step(params, state, *batch):
+      value, grads = jax.value_and_grad(loss)(params, *batch)
+      updates, state = optimizer.update(grads, state, params)
+      return optax.apply_updates(params, updates), state, value
+    self.step = jax.jit(step)
+
+
+# --- the run ----------------------------------------------------------------------
+
+def build_model(name: str, opts) -> tm.Model:
+  if name == "text":
+    return tm.text_model(opts.vocab, opts.embed, opts.hidden, 3, opts.max_tokens, opts.flax_rnn)
+  if name == "attention":
+    return tm.attention_model(opts.vocab, opts.width, opts.heads, opts.layers, 3, opts.max_tokens)
+  if name == "graph":
+    return tm.graph_model(16, opts.width, 4, opts.max_nodes)
+  return tm.sets_model(16, opts.width, 1, opts.max_set)
+
+
+def make_batches(model: tm.Model, steps: int, batch: int, seed: int = 1):
+  rng = np.random.default_rng(seed)
+  out = []
+  for _ in range(steps):
+    examples, labels = zip(*(model.make_example(rng) for _ in range(batch)), strict=True)
+    out.append((list(examples), np.array(labels, np.float32)))
+  return out
+
+
+def max_rel_diff(got, want) -> float:
+  """The largest difference, relative to the largest magnitude of each leaf."""
+  worst = 0.0
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+    g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
+    worst = max(worst, float(np.max(np.abs(g - w)) / max(np.max(np.abs(w)), 1e-30)))
+  return worst
+
+
+def reference(model: tm.Model, params, examples, labels):
+  """The loss and gradients of the batch, one unpadded example at a time."""
+  vg = jax.jit(jax.value_and_grad(model.one))
+  results = [vg(params, *ex, y) for ex, y in zip(examples, labels, strict=True)]
+  n = len(results)
+  return (sum(float(v) for v, _ in results) / n,
+          jax.tree.map(lambda *gs: sum(gs) / n, *[g for _, g in results]))
+
+
+def check_agreement(model, params, batch, sizes_table, with_reference: bool) -> dict:
+  examples, labels = batch
+  values = {}
+  for name in CONTENDERS:
+    contender = make_contender(name, model, sizes_table)
+    args = contender.prepare(examples, labels)
+    value, grads = jax.jit(jax.value_and_grad(contender.loss))(params, *args)
+    values[name] = (float(value), grads)
+  base_value, base_grads = values["masks"]
+  if with_reference:
+    values["reference"] = reference(model, params, examples, labels)
+  return {name: {"loss": value, "loss_rel_diff": abs(value - base_value) / abs(base_value),
+                 "grad_rel_diff": max_rel_diff(grads, base_grads)}
+          for name, (value, grads) in values.items()}
+
+
+def train(compiled: Compiled, params, state, batches) -> dict:
+  with compiles() as log:
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    losses = []
+    for examples, labels in batches:
+      params, state, loss = compiled.step(params, state, *compiled.prepare(examples, labels))
+      losses.append(loss)
+    jax.block_until_ready(params)
+    total, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+  return {"total_s": total, "cpu_s": cpu, "compiles": len(log), "compile_s": sum(log),
+          "first_loss": float(losses[0]), "final_loss": float(losses[-1])}
+
+
+def per_call(compiled_by_name: dict, params, state, batch, reps: int) -> dict:
+  """Median seconds of one compiled forward, gradient and step call, interleaved."""
+  examples, labels = batch
+  args = {name: jax.device_put(c.prepare(examples, labels)) for name, c in compiled_by_name.items()}
+  calls = {name: {"forward": lambda c=c, a=a: c.forward(params, *a),
+                  "grad": lambda c=c, a=a: c.grad(params, *a),
+                  "step": lambda c=c, a=a: c.step(params, state, *a)}
+           for (name, c), a in zip(compiled_by_name.items(), args.values(), strict=True)}
+  for fns in calls.values():
+    for fn in fns.values():
+      jax.block_until_ready(fn())  # compile and warm up, untimed
+  times = {name: {kind: [] for kind in fns} for name, fns in calls.items()}
+  for _ in range(reps):
+    for name, fns in calls.items():
+      for kind, fn in fns.items():
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times[name][kind].append(time.perf_counter() - t0)
+  return {name: {f"{kind}_ms": statistics.median(ts) * 1e3 for kind, ts in kinds.items()}
+          for name, kinds in times.items()}
+
+
+def run_model(name: str, opts) -> dict:
+  model = build_model(name, opts)
+  batches = make_batches(model, opts.steps, opts.batch)
+  params = model.init(jax.random.key(0))
+  optimizer = optax.sgd(opts.lr, momentum=0.9)
+  state = optimizer.init(params)
+  sizes_table = {id(ex): polyjit_sizes(ex) for ex, _ in batches}
+  print(f"model {name}: {sum(x.size for x in jax.tree.leaves(params)):,} parameters", flush=True)
+
+  agreement = check_agreement(model, params, batches[0], sizes_table, opts.reference)
+  for contender, row in agreement.items():
+    ok = row["loss_rel_diff"] <= opts.tolerance and row["grad_rel_diff"] <= opts.tolerance
+    row["ok"] = ok
+    print(f"  agree {contender:<9} loss {row['loss']:.6f} (rel {row['loss_rel_diff']:.1e}) "
+          f"grads rel {row['grad_rel_diff']:.1e} {'ok' if ok else 'DISAGREE'}", flush=True)
+
+  compiled = {c: Compiled(make_contender(c, model, sizes_table), optimizer)
+              for c in opts.contenders}
+  rows: dict = {}
+  for c in opts.contenders:
+    rows[c] = train(compiled[c], params, state, batches)
+    print(f"  trained {c}: {rows[c]['total_s']:.1f} s, {rows[c]['compiles']} compiles", flush=True)
+  timings = per_call(compiled, params, state, batches[0], opts.reps)
+  examples = batches[0][0]
+  for c in opts.contenders:
+    rows[c] |= timings[c]
+    rows[c]["padded_sizes"] = list(compiled[c].sizes(examples))
+  base = rows.get("masks")
+  if base:
+    for row in rows.values():
+      for key in ("forward_ms", "grad_ms", "step_ms", "total_s", "cpu_s"):
+        row[key.rsplit("_", 1)[0] + "_ratio"] = row[key] / base[key]
+  distinct = {c: len({compiled[c].sizes(ex) for ex, _ in batches}) for c in opts.contenders}
+  return {"contenders": rows, "agreement": agreement, "distinct_padded_sizes": distinct}
+
+
+def print_table(results: dict, steps: int) -> list[str]:
+  lines = [f"| model | contender | padded | forward ms | gradient ms | step ms | step vs masks "
+           f"| {steps} steps s | compiles (s) | total vs masks |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+  for model, r in results.items():
+    for c, row in r["contenders"].items():
+      ratio = lambda k: f"{row[k]:.2f}x" if k in row else "-"
+      lines.append(
+          f"| {model} | {c} | {'/'.join(map(str, row['padded_sizes']))} "
+          f"| {row['forward_ms']:.2f} | {row['grad_ms']:.2f} | {row['step_ms']:.2f} "
+          f"| {ratio('step_ratio')} | {row['total_s']:.1f} | {row['compiles']} "
+          f"({row['compile_s']:.1f}) | {ratio('total_ratio')} |")
+  print("\n".join(lines))
+  return lines
+
+
+def parse(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--quick", action="store_true", help="about a minute: fewer steps and reps")
+  p.add_argument("--smoke", action="store_true",
+                 help="tiny sizes, 2 steps, 1 rep, reference check (for the test)")
+  p.add_argument("--issue-sizes", action="store_true",
+                 help="the issue's text classifier: embedding 300, LSTM 256")
+  p.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+  p.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS))
+  p.add_argument("--steps", type=int, help="training steps (default 200; quick 40; smoke 2)")
+  p.add_argument("--reps", type=int, help="timed calls per program (default 15; quick 5)")
+  p.add_argument("--batch", type=int, default=16)
+  p.add_argument("--vocab", type=int, default=5000)
+  p.add_argument("--embed", type=int, default=64, help="text: embedding size")
+  p.add_argument("--hidden", type=int, default=64, help="text: LSTM size")
+  p.add_argument("--width", type=int, default=64, help="attention, graph, sets: width")
+  p.add_argument("--heads", type=int, default=4)
+  p.add_argument("--layers", type=int, default=1, help="attention: encoder layers")
+  p.add_argument("--max-tokens", type=int, default=120, help="sentences of 3..N tokens")
+  p.add_argument("--max-nodes", type=int, default=64, help="graphs of 4..N nodes, N..3N edges")
+  p.add_argument("--max-set", type=int, default=256, help="sets of 1..N elements")
+  p.add_argument("--lr", type=float, default=0.05)
+  p.add_argument("--flax-rnn", action="store_true",
+                 help="text: the one-example model with nn.RNN (issue 33)")
+  p.add_argument("--reference", action=argparse.BooleanOptionalAction, default=None,
+                 help="also check against a loop over unpadded examples (default: smoke only)")
+  p.add_argument("--tolerance", type=float, default=1e-4,
+                 help="largest relative difference of loss and gradients in the check")
+  p.add_argument("--json", help="write the results here (default benchmarks/results/"
+                                "training[-quick|-smoke].json)")
+  opts = p.parse_args(argv)
+  if opts.issue_sizes:
+    opts.embed, opts.hidden = 300, 256
+  if opts.smoke:
+    opts.vocab, opts.embed, opts.hidden, opts.width, opts.heads = 50, 8, 8, 8, 2
+    opts.max_tokens, opts.max_nodes, opts.max_set, opts.batch = 12, 8, 12, 4
+  opts.steps = opts.steps or (2 if opts.smoke else 40 if opts.quick else 200)
+  opts.reps = opts.reps or (1 if opts.smoke else 5 if opts.quick else 15)
+  if opts.reference is None:
+    opts.reference = opts.smoke
+  return opts
+
+
+def main(argv=None) -> dict:
+  opts = parse(argv)
+  t0 = time.perf_counter()
+  results = {m: run_model(m, opts) for m in opts.models}
+  mode = "smoke" if opts.smoke else "quick" if opts.quick else "full"
+  print(f"\n{mode} run, {opts.steps} steps of {opts.batch} examples, {opts.reps} timed calls; "
+        f"{os.cpu_count()} cores (shared with other work: compare ratios within one run), "
+        f"{jax.devices()[0].platform}, JAX {jax.__version__}, "
+        f"{time.perf_counter() - t0:.0f} s in all")
+  table = print_table(results, opts.steps)
+  meta = {"jax": jax.__version__, "polyjit": pj.__version__, "polyjit_path": pj.__file__,
+          "machine": platform.machine(), "cores": os.cpu_count(),
+          "device": str(jax.devices()[0]), "mode": mode,
+          "argv": vars(opts) | {"json": None}, "seconds": time.perf_counter() - t0}
+  out = Path(opts.json) if opts.json else RESULTS / f"training{'' if mode == 'full' else '-' + mode}.json"
+  out.parent.mkdir(parents=True, exist_ok=True)
+  out.write_text(json.dumps({"meta": meta, "models": results, "table": table}, indent=1))
+  print(f"results: {out}")
+  return {"meta": meta, "models": results}
+
+
+if __name__ == "__main__":
+  main()
