@@ -21,8 +21,12 @@ Reported per model and contender:
   * forward, gradient (value_and_grad) and full optimizer step, each one
     compiled call, steady state: the median of `--reps` calls on the first
     batch (each contender at its own padded sizes for that batch), after an
-    untimed first call, with `block_until_ready`; the contenders' calls are
-    interleaved, so a load change on this shared machine hits them alike;
+    untimed first call, with `block_until_ready`. The calls of all programs
+    and contenders run in rounds, in a new random order each round, so load
+    from other processes lands on all alike. Wall clock; the step's ratio
+    also by process CPU time (in parentheses), steadier on a shared machine:
+    `masks` and `pow2` usually run the same padded sizes, so their ratio
+    shows the noise;
   * training from scratch with fresh programs: the total of `--steps` steps
     (host padding, compiles and steps; wall clock, and process CPU time in
     the JSON), the compiles and their seconds, counted with
@@ -30,7 +34,9 @@ Reported per model and contender:
     every batch, so it trains `--longest-steps` steps only, and its ratio is
     taken against `masks` after as many steps (each step waits for its loss,
     so the time after every step is known).
-Ratios are against `masks`.
+Ratios are against `masks`. On this 2-core machine, shared with other work,
+the default run takes about 5 minutes unloaded (more under load: the output
+gives the load average), `--quick` about 1.5.
 
 After the untimed first calls and before any timed one, every contender's
 loss and gradients on the first batch, at the initial parameters, are
@@ -61,7 +67,6 @@ from pathlib import Path
 os.environ.setdefault("POLYJIT_NO_CACHE", "1")
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
@@ -256,7 +261,7 @@ def train(compiled: Compiled, params, state, batches) -> dict:
           "first_loss": float(losses[0]), "final_loss": float(losses[-1])}
 
 
-def per_call(compiled_by_name: dict, params, state, batch, reps: int, tolerance: float,
+def per_call(compiled_by_name: dict, params, state, batch, reps: int, programs, tolerance: float,
              model: tm.Model, with_reference: bool) -> tuple[dict, dict]:
   """Median seconds of one compiled forward, gradient and step call, interleaved;
   and, after the untimed first calls and before any timed one, the agreement of
@@ -269,9 +274,9 @@ def per_call(compiled_by_name: dict, params, state, batch, reps: int, tolerance:
            for (name, c), a in zip(compiled_by_name.items(), args.values(), strict=True)}
   values = {}
   for name, fns in calls.items():  # compile and warm up, untimed
-    jax.block_until_ready(fns["forward"]())
-    jax.block_until_ready(fns["step"]())
     values[name] = jax.block_until_ready(fns["grad"]())
+    for kind in programs:
+      jax.block_until_ready(fns[kind]())
   if with_reference:
     values["reference"] = reference(model, params, examples, labels)
   agree = agreement(values)
@@ -280,17 +285,27 @@ def per_call(compiled_by_name: dict, params, state, batch, reps: int, tolerance:
     print(f"  agree {name:<9} loss {row['loss']:.6f} (rel {row['loss_rel_diff']:.1e}) "
           f"grads rel {row['grad_rel_diff']:.1e} {'ok' if row['ok'] else 'DISAGREE'}",
           flush=True)
-  times: dict = {name: {kind: [] for kind in fns} for name, fns in calls.items()}
+  # Rounds of one call of each program of each contender, in a new random order
+  # each round: load from other processes lands on all of them alike.
+  times: dict = {name: {kind: ([], []) for kind in programs} for name in calls}
+  order = [(name, kind) for name in calls for kind in programs]
+  shuffle = np.random.default_rng(0).permutation
   for _ in range(reps):
-    for name, fns in calls.items():
-      for kind, fn in fns.items():
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times[name][kind].append(time.perf_counter() - t0)
-  timing = {name: {f"{kind}_ms": statistics.median(ts) * 1e3 if ts else None
-                   for kind, ts in kinds.items()}
-            | {f"{kind}_min_ms": min(ts) * 1e3 if ts else None for kind, ts in kinds.items()}
-            for name, kinds in times.items()}
+    for i in shuffle(len(order)):
+      name, kind = order[i]
+      t0, cpu0 = time.perf_counter(), time.process_time()
+      jax.block_until_ready(calls[name][kind]())
+      wall, cpu = times[name][kind]
+      wall.append(time.perf_counter() - t0)
+      cpu.append(time.process_time() - cpu0)
+  timing = {}
+  for name in calls:
+    timing[name] = {}
+    for kind in ("forward", "grad", "step"):
+      wall, cpu = times[name].get(kind, ([], []))
+      timing[name] |= {f"{kind}_ms": statistics.median(wall) * 1e3 if wall else None,
+                       f"{kind}_min_ms": min(wall) * 1e3 if wall else None,
+                       f"{kind}_cpu_ms": statistics.median(cpu) * 1e3 if cpu else None}
   return timing, agree
 
 
@@ -307,8 +322,8 @@ def run_model(name: str, opts) -> dict:
   # Per-call timing (and the agreement check) on the first batch, with their own programs.
   t0 = time.perf_counter()
   timed = {c: Compiled(make_contender(c, model, sizes_table), optimizer) for c in contenders}
-  timings, agree = per_call(timed, params, state, batches[0], opts.reps, opts.tolerance, model,
-                            opts.reference)
+  timings, agree = per_call(timed, params, state, batches[0], opts.reps, opts.programs,
+                            opts.tolerance, model, opts.reference)
   phases = {"per_call_s": time.perf_counter() - t0}
 
   # Training from scratch, with fresh programs: every compile counts.
@@ -324,7 +339,7 @@ def run_model(name: str, opts) -> dict:
   phases["total_s"] = time.perf_counter() - t0
   base = rows["masks"]
   for row in rows.values():
-    for key in ("forward_ms", "grad_ms", "step_ms"):
+    for key in ("forward_ms", "grad_ms", "step_ms", "step_cpu_ms"):
       if row[key] is not None:
         row[key.rsplit("_", 1)[0] + "_ratio"] = row[key] / base[key]
     row["total_ratio"] = row["total_s"] / base["elapsed_s"][row["steps"] - 1]  # at equal steps
@@ -335,7 +350,7 @@ def run_model(name: str, opts) -> dict:
 
 def print_table(results: dict) -> list[str]:
   lines = ["| model | contender | padded | forward ms | gradient ms | step ms | step vs masks "
-           "| steps | total s | compiles (s) | total vs masks |",
+           "(cpu) | steps | total s | compiles (s) | total vs masks |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
   for model, r in results.items():
     for c, row in r["contenders"].items():
@@ -343,7 +358,8 @@ def print_table(results: dict) -> list[str]:
       ms = lambda k: "-" if row[k] is None else f"{row[k]:.2f}"
       lines.append(
           f"| {model} | {c} | {'/'.join(map(str, row['padded_sizes']))} "
-          f"| {ms('forward_ms')} | {ms('grad_ms')} | {ms('step_ms')} | {ratio('step_ratio')} "
+          f"| {ms('forward_ms')} | {ms('grad_ms')} | {ms('step_ms')} "
+          f"| {ratio('step_ratio')} ({ratio('step_cpu_ratio')}) "
           f"| {row['steps']} | {row['total_s']:.1f} | {row['compiles']} ({row['compile_s']:.1f}) "
           f"| {ratio('total_ratio')} |")
   print("\n".join(lines))
@@ -352,20 +368,23 @@ def print_table(results: dict) -> list[str]:
 
 def parse(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--quick", action="store_true", help="about a minute: fewer steps and reps")
+  p.add_argument("--quick", action="store_true",
+                 help="a quick look: 30 steps, 5 for longest, 8 reps")
   p.add_argument("--smoke", action="store_true",
-                 help="tiny sizes, 2 steps, 1 timed call, reference check (the test)")
+                 help="tiny sizes, 2 steps, the gradient timed once, reference check (the test)")
   p.add_argument("--issue-sizes", action="store_true",
                  help="the issue's text classifier: embedding 300, LSTM 256")
   p.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
   p.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS))
-  p.add_argument("--steps", type=int, help="training steps (default 200; quick 40; smoke 2)")
+  p.add_argument("--steps", type=int, help="training steps (default 200; quick 30; smoke 2)")
   p.add_argument("--longest-steps", type=int,
                  help="steps of the `longest` contender, which compiles for nearly every "
-                      "batch (default 30; quick 8; 0: all); its total is compared with "
+                      "batch (default 30; quick 5; 0: all); its total is compared with "
                       "`masks` after as many steps")
   p.add_argument("--reps", type=int,
-                 help="timed calls per program (default 15; quick 5; smoke 1)")
+                 help="timed calls per program (default 30; quick 8; smoke 1)")
+  p.add_argument("--programs", nargs="+", choices=("forward", "grad", "step"),
+                 help="the programs timed per call (default all three; smoke: grad)")
   p.add_argument("--batch", type=int, default=16)
   p.add_argument("--vocab", type=int, default=5000)
   p.add_argument("--embed", type=int, default=64, help="text: embedding size")
@@ -391,11 +410,13 @@ def parse(argv=None):
   if opts.smoke:
     opts.vocab, opts.embed, opts.hidden, opts.width, opts.heads = 50, 8, 8, 8, 2
     opts.max_tokens, opts.max_nodes, opts.max_set, opts.batch = 12, 8, 12, 4
-  opts.steps = opts.steps or (2 if opts.smoke else 40 if opts.quick else 200)
+  opts.steps = opts.steps or (2 if opts.smoke else 30 if opts.quick else 200)
   if opts.longest_steps is None:
-    opts.longest_steps = 0 if opts.smoke else 8 if opts.quick else 30
+    opts.longest_steps = 0 if opts.smoke else 5 if opts.quick else 30
   if opts.reps is None:
-    opts.reps = 1 if opts.smoke else 5 if opts.quick else 15
+    opts.reps = 1 if opts.smoke else 8 if opts.quick else 30
+  if opts.programs is None:
+    opts.programs = ["grad"] if opts.smoke else ["forward", "grad", "step"]
   if opts.reference is None:
     opts.reference = opts.smoke
   return opts
@@ -419,7 +440,8 @@ def main(argv=None) -> dict:
           "machine": platform.machine(), "cores": os.cpu_count(), "load_average": load,
           "device": str(jax.devices()[0]), "mode": mode,
           "argv": vars(opts) | {"json": None}, "seconds": time.perf_counter() - t0}
-  out = Path(opts.json) if opts.json else RESULTS / f"training{'' if mode == 'full' else '-' + mode}.json"
+  suffix = "" if mode == "full" else f"-{mode}"
+  out = Path(opts.json) if opts.json else RESULTS / f"training{suffix}.json"
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text(json.dumps({"meta": meta, "models": results, "table": table}, indent=1))
   print(f"results: {out}")

@@ -2,7 +2,7 @@
 
 The benchmark (issue 32) trains four models written for one example under
 `pj.vmap`, against the same models written by hand for padded batches. Its
-`--smoke` mode (tiny sizes, 2 steps, no timing) runs here in a subprocess (the
+`--smoke` mode (tiny sizes, 2 steps, the gradient timed once) runs here in a subprocess (the
 script sets its own environment: no on-disk program cache) and its JSON is
 read back: every contender's loss and gradients on the first batch agree
 with the hand-masked ones and with a loop over the unpadded examples, and
@@ -49,6 +49,6 @@ def test_smoke_run_contenders_agree(tmp_path):
       assert abs(row["first_loss"] - masks["first_loss"]) <= 1e-5 * abs(masks["first_loss"])
       if contender != "polyjit":
         assert row["compiles"] == row["distinct_padded_sizes"], (model, contender, row)
-      for key in ("forward_ms", "grad_ms", "step_ms", "total_s"):
+      for key in ("grad_ms", "total_s"):
         assert row[key] > 0, (model, contender, key)  # the timing path ran (nothing asserted)
   assert any(line.startswith("| sets | polyjit |") for line in result["table"])
