@@ -413,7 +413,8 @@ def parse(argv=None):
   p.add_argument("--tolerance", type=float, default=1e-4,
                  help="largest relative difference of loss and gradients in the check")
   p.add_argument("--json", help="write the results here (default benchmarks/results/"
-                                "training[-quick|-smoke].json)")
+                                "training[-quick|-smoke][-CHECKOUT].json, CHECKOUT: the "
+                                "folder polyjit was imported from, when it is not this one)")
   opts = p.parse_args(argv)
   if opts.issue_sizes:
     opts.embed, opts.hidden = 300, 256
@@ -451,6 +452,9 @@ def main(argv=None) -> dict:
           "device": str(jax.devices()[0]), "mode": mode,
           "argv": vars(opts) | {"json": None}, "seconds": time.perf_counter() - t0}
   suffix = "" if mode == "full" else f"-{mode}"
+  checkout = Path(pj.__file__).resolve().parent.parent
+  if checkout != RESULTS.parent.parent:  # polyjit from another checkout: named after it
+    suffix += f"-{checkout.name}"
   out = Path(opts.json) if opts.json else RESULTS / f"training{suffix}.json"
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text(json.dumps({"meta": meta, "models": results, "table": table}, indent=1))
