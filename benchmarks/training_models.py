@@ -264,7 +264,7 @@ def sets_model(features: int, hidden: int, low: int, high: int) -> Model:
     return layers(params, "rho2", nn.relu(layers(params, "rho1", pooled)))[..., 0]
 
   def one(params, x, target):
-    h = phi(params, x)
+    h = phi(params, x)  # the sum scaled by a constant: sets of up to hundreds of elements
     return (rho(params, jnp.concatenate([jnp.sum(h, 0) / 16, jnp.mean(h, 0)])) - target) ** 2
 
   def padded(params, parts, valid, targets):
