@@ -408,21 +408,8 @@ class Masked:
 
   def _verify(self, args: Sequence[Any], binding: _spec.Binding,
               logical_env: Mapping[str, Any], result: Any) -> None:
-    """The checking mode: `fun` on the arguments sliced to their logical
-    shapes agrees with the valid region of `result` (concrete sizes only)."""
-    if not all(_spec.is_concrete(logical_env[k]) for k in binding.dim_names):
-      return
-    if any(isinstance(x, jc.Tracer) for x in jax.tree.leaves((tuple(args), result))):
-      return
-    sizes = {k: int(logical_env[k]) for k in binding.dim_names}
-    leaves, tree = jax.tree.flatten(tuple(args))
-    sliced = [np.asarray(x)[tuple(slice(0, _dims.evaluate_dim(d, sizes))
-                                  for d in leaf.symbolic_shape)]
-              for x, leaf in zip(leaves, binding.leaves, strict=True)]
-    # (as JAX arrays: `v.sum() * 2.` on a NumPy array computes in NumPy's types)
-    want = self.fun(*jax.tree.unflatten(tree, [jnp.asarray(x) for x in sliced]))
-    got = self.unpad(result, args, sizes)
-    _verify.compare(repr(self), f"sizes {sizes}", got, want, sliced)
+    """The checking mode (concrete sizes only): `_verify.check_call`."""
+    _verify.check_call(self, args, binding, logical_env, result)
 
 
 def _call_traced(masked: Masked, found: Sequence[_variants.Variant], binding: _spec.Binding,

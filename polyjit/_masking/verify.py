@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _jax as jc
+from . import dims as _dims, spec as _spec
 from .errors import PolyjitError
 from .padding import is_key_dtype
 
@@ -186,3 +187,23 @@ def compare(name: str, sizes: str, got: Any, want: Any, inputs: Any = ()) -> Non
           "(jax.jit at the exact shapes) disagrees with polyjit's: a size decision "
           "polyjit could not see (isinstance(n, int), a size passed through a cache or "
           "a C extension) or a polyjit bug. Please report it with the function.")
+
+
+def check_call(masked: Any, args: Sequence[Any], binding: Any,
+               logical_env: Any, result: Any) -> None:
+  """`masked` (a `pj.mask` result) run on `args`: `fun` on the arguments
+  sliced to their logical shapes agrees with the valid region of `result`
+  (concrete sizes only; under a transformation there is nothing to compare)."""
+  if not all(_spec.is_concrete(logical_env[k]) for k in binding.dim_names):
+    return
+  if any(isinstance(x, jc.Tracer) for x in jax.tree.leaves((tuple(args), result))):
+    return
+  sizes = {k: int(logical_env[k]) for k in binding.dim_names}
+  leaves, tree = jax.tree.flatten(tuple(args))
+  sliced = [np.asarray(x)[tuple(slice(0, _dims.evaluate_dim(d, sizes))
+                                for d in leaf.symbolic_shape)]
+            for x, leaf in zip(leaves, binding.leaves, strict=True)]
+  # (as JAX arrays: `v.sum() * 2.` on a NumPy array computes in NumPy's types)
+  want = masked.fun(*jax.tree.unflatten(tree, [jnp.asarray(x) for x in sliced]))
+  got = masked.unpad(result, args, sizes)
+  compare(repr(masked), f"sizes {sizes}", got, want, sliced)
