@@ -20,6 +20,8 @@ again). Contenders:
 * `torch.compile(dynamic=True)`: its on-disk caches on, as by default, in the
   contender's own directory; Inductor's one-time start-up (about 9 s in a
   fresh process) runs untimed before the timing, as does JAX's backend start;
+* `torch.compile+1t`: the same with `torch.set_num_threads(1)` (on a loaded
+  machine its spinning OpenMP threads wait to be scheduled);
 * `tf.function(reduce_retracing=True)`, where TensorFlow is installed.
 
 Each process reports the cumulative time after 1, 10, 100, 300, 1000, ...
@@ -58,7 +60,7 @@ CHECKPOINTS = (1, 10, 100, 300, 1000, 3000, 10000, 20000, 100000, 1000000)
 STEADY_SIZES = 50
 _PJ: list = []  # the pj.jit function of this process, for its statistics
 CONTENDERS = ("numpy", "jax.jit", "jax.jit+cache", "jax.jit+sync", "pj.jit", "pj.jit+sync",
-              "torch.compile", "tf.function")
+              "torch.compile", "torch.compile+1t", "tf.function")
 
 
 #: distribution -> (kind, smallest, largest length)
@@ -132,9 +134,11 @@ def make(contender: str, cache_dir: str):
     else:
       f = jax.jit(loglik)
     return lambda x, mu, ls: float(f(x, mu, ls))
-  if contender == "torch.compile":
+  if contender.startswith("torch.compile"):
     import torch
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    # +1t: one thread (its OpenMP threads spin-wait; on a loaded machine they
+    # wait to be scheduled: 200-300 us a call here against 25 us with one)
+    torch.set_num_threads(1 if contender.endswith("+1t") else max(1, os.cpu_count() or 1))
     torch.compile(lambda t: t * 2 + 1, dynamic=True)(torch.ones(3))  # Inductor up, untimed
     torch._dynamo.reset()
 
@@ -263,7 +267,8 @@ def run_process(contender: str, calls: int, distribution: str, cache_dir: str,
 
 
 def available(contender: str) -> str | None:
-  module = {"torch.compile": "torch", "tf.function": "tensorflow"}.get(contender)
+  module = {"torch.compile": "torch", "torch.compile+1t": "torch",
+            "tf.function": "tensorflow"}.get(contender)
   if module is None:
     return None
   import importlib.util
@@ -440,12 +445,13 @@ def interleaved(a: argparse.Namespace) -> None:
       parts.append(f"programs {[r.get('programs') for r in reps]}, padding "
                    f"{[round(r.get('padding', 0), 3) for r in reps]}")
     print(f"{name}: " + "; ".join(parts))
-  pj, torch_ = runs.get("pj.jit", []), runs.get("torch.compile", [])
-  ratios = [x / y for p, t in zip(pj, torch_, strict=False)
-            if (x := at(p, a.calls)) and (y := at(t, a.calls))]
-  if ratios:
-    print(f"pj.jit / torch.compile, {a.calls} calls cold, per round: "
-          + ", ".join(f"{v:.2f}" for v in ratios))
+  for theirs in ("torch.compile", "torch.compile+1t"):
+    pj, torch_ = runs.get("pj.jit", []), runs.get(theirs, [])
+    ratios = [x / y for p, t in zip(pj, torch_, strict=False)
+              if (x := at(p, a.calls)) and (y := at(t, a.calls))]
+    if ratios:
+      print(f"pj.jit / {theirs}, {a.calls} calls cold, per round: "
+            + ", ".join(f"{v:.2f}" for v in ratios))
 
 
 if __name__ == "__main__":
