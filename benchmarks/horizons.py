@@ -20,6 +20,8 @@ again). Contenders:
 * `torch.compile(dynamic=True)`: its on-disk caches on, as by default, in the
   contender's own directory; Inductor's one-time start-up (about 9 s in a
   fresh process) runs untimed before the timing, as does JAX's backend start;
+* `torch.compile+1t`: the same with `torch.set_num_threads(1)` (on a loaded
+  machine its spinning OpenMP threads wait to be scheduled);
 * `tf.function(reduce_retracing=True)`, where TensorFlow is installed.
 
 Each process reports the cumulative time after 1, 10, 100, 300, 1000, ...
@@ -37,6 +39,8 @@ are noisy.
         [--distribution uniform|loguniform|loguniform-wide] [--only pj.jit,torch]
         [--json out.json]
         [--plot out.png]
+    python benchmarks/horizons.py --rounds 3 --only pj.jit,torch.compile,jax.jit   # cold only,
+        # interleaved over rounds (a loaded machine): medians and ranges
     python benchmarks/horizons.py --from-json out.json --plot out.png   # plot an earlier run
     python benchmarks/horizons.py --workload rnn --calls 60   # ragged RNN training steps
 """
@@ -56,7 +60,7 @@ CHECKPOINTS = (1, 10, 100, 300, 1000, 3000, 10000, 20000, 100000, 1000000)
 STEADY_SIZES = 50
 _PJ: list = []  # the pj.jit function of this process, for its statistics
 CONTENDERS = ("numpy", "jax.jit", "jax.jit+cache", "jax.jit+sync", "pj.jit", "pj.jit+sync",
-              "torch.compile", "tf.function")
+              "torch.compile", "torch.compile+1t", "tf.function")
 
 
 #: distribution -> (kind, smallest, largest length)
@@ -130,9 +134,11 @@ def make(contender: str, cache_dir: str):
     else:
       f = jax.jit(loglik)
     return lambda x, mu, ls: float(f(x, mu, ls))
-  if contender == "torch.compile":
+  if contender.startswith("torch.compile"):
     import torch
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    # +1t: one thread (its OpenMP threads spin-wait; on a loaded machine they
+    # wait to be scheduled: 200-300 us a call here against 25 us with one)
+    torch.set_num_threads(1 if contender.endswith("+1t") else max(1, os.cpu_count() or 1))
     torch.compile(lambda t: t * 2 + 1, dynamic=True)(torch.ones(3))  # Inductor up, untimed
     torch._dynamo.reset()
 
@@ -261,7 +267,8 @@ def run_process(contender: str, calls: int, distribution: str, cache_dir: str,
 
 
 def available(contender: str) -> str | None:
-  module = {"torch.compile": "torch", "tf.function": "tensorflow"}.get(contender)
+  module = {"torch.compile": "torch", "torch.compile+1t": "torch",
+            "tf.function": "tensorflow"}.get(contender)
   if module is None:
     return None
   import importlib.util
@@ -289,6 +296,9 @@ def main() -> None:
                  help="rnn: ragged RNN training steps (--calls is the number of steps; "
                  "contenders jax.jit, jax.jit+cache, pj.jit)")
   p.add_argument("--from-json", help="no runs: the table (and --plot) from an earlier --json")
+  p.add_argument("--rounds", type=int, default=1,
+                 help="> 1: cold runs only, the contenders interleaved over this many "
+                 "rounds (a loaded machine), medians and ranges")
   p.add_argument("--worker")
   p.add_argument("--cache-dir")
   a = p.parse_args()
@@ -305,6 +315,8 @@ def main() -> None:
   print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
         + (f"{a.calls} calls, lengths {describe(a.distribution)}" if a.workload == "seed"
            else f"ragged RNN training, {a.calls} steps"))
+  if a.rounds > 1 and a.workload == "seed" and not a.from_json:
+    return interleaved(a)
   table = {}
   if a.from_json:
     with open(a.from_json) as f:
@@ -399,6 +411,47 @@ def main() -> None:
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(a.plot, dpi=120)
+
+
+def interleaved(a: argparse.Namespace) -> None:
+  """Cold runs only, each contender once per round in turn (so a load spike
+  hits them alike), then per contender the median and range over the rounds,
+  and pj.jit / torch.compile per round."""
+  import statistics
+  names = [c for c in CONTENDERS if c in a.only.split(",") and not available(c)]
+  runs: dict[str, list[dict]] = {c: [] for c in names}
+  for r in range(a.rounds):
+    for contender in names:
+      calls = a.jax_calls if contender.startswith("jax.jit") else a.calls
+      with tempfile.TemporaryDirectory(prefix="horizons-") as cache:
+        rep = run_process(contender, calls, a.distribution, cache)
+      rep["calls"] = calls
+      runs[contender].append(rep)
+      print(f"round {r} {contender}: {json.dumps(rep)}", flush=True)
+
+  def summary(values: list[float], unit: str) -> str:
+    if not values:
+      return "-"
+    return (f"{statistics.median(values):.3g}{unit} "
+            f"({min(values):.3g}-{max(values):.3g})")
+  print()
+  for name, reps in runs.items():
+    calls = reps[0]["calls"]
+    parts = [f"first 300 {summary([v for r in reps if (v := at(r, 300))], ' s')}",
+             f"{calls} calls {summary([v for r in reps if (v := at(r, calls))], ' s')}",
+             f"steady {summary([steady(r) for r in reps if 'steady_us' in r], ' us')}"]
+    if any("floor_ratio" in r for r in reps):
+      parts.append(f"steady/floor {summary([r['floor_ratio'] for r in reps if 'floor_ratio' in r], 'x')}")
+      parts.append(f"programs {[r.get('programs') for r in reps]}, padding "
+                   f"{[round(r.get('padding', 0), 3) for r in reps]}")
+    print(f"{name}: " + "; ".join(parts))
+  for theirs in ("torch.compile", "torch.compile+1t"):
+    pj, torch_ = runs.get("pj.jit", []), runs.get(theirs, [])
+    ratios = [x / y for p, t in zip(pj, torch_, strict=False)
+              if (x := at(p, a.calls)) and (y := at(t, a.calls))]
+    if ratios:
+      print(f"pj.jit / {theirs}, {a.calls} calls cold, per round: "
+            + ", ".join(f"{v:.2f}" for v in ratios))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ structures, templates and programs, so it lives here, beside them.
 
 from __future__ import annotations
 
+import bisect
 import functools
 from concurrent.futures import Future
 from typing import Any, Callable
@@ -29,7 +30,8 @@ from typing import Any, Callable
 import jax
 
 from .._buckets.cost_aware import LOOSE, CostAware, Rental
-from .._buckets.fixed import BucketPolicy, PerDimBucketSpec, PowersOfTwo, as_policy
+from .._buckets.fixed import (BucketPolicy, Exact, Explicit, Multiples, PerDimBucketSpec,
+                             PowersOfTwo, as_policy)
 from .._caching import disk as _disk_cache
 from .._masking.errors import PolyjitError
 from .._masking.spec import Binding
@@ -42,6 +44,11 @@ from .plans import (Plan, ProgramKey, Shapes, Structure, bucket_key, logical_val
                     plan_in, waste)
 from .stats import Cause
 
+#: Policies whose bucket is monotone in the size, so that where b(n) is its own
+#: bucket (b(b(n)) == b(n), checked) up to their `maximum`, every size in
+#: [n, b(n)] has the bucket b(n) (`IntervalMemo`; above the maximum an overflow
+#: is exact or refused: not kept).
+MONOTONE = (PowersOfTwo, Multiples, Explicit, Exact)
 DEFAULT_BUCKETS = CostAware()  # pj.jit's policy when `buckets` is not given
 MESH_BUCKETS = PowersOfTwo()   # in place of a cost-aware policy on a mesh
 
@@ -87,7 +94,9 @@ class BucketChoice:
 
   def _grid(self, dim: str) -> Callable[[int], int]:
     policy = self.policy(dim)
-    grid = self._grids[dim] = policy.grid.bucket if isinstance(policy, CostAware) else policy.bucket
+    fixed = policy.grid if isinstance(policy, CostAware) else policy
+    grid = self._grids[dim] = (IntervalMemo(fixed.bucket, fixed.maximum)
+                               if type(fixed) in MONOTONE else fixed.bucket)
     return grid
 
   def _bucket(self, struct: Structure, dim: str, size: int) -> int:
@@ -226,3 +235,42 @@ class BucketChoice:
     done: Future[Any] = Future()
     done.set_result(self._compiler.cache.get(key, build))
     return done
+
+
+class IntervalMemo:
+  """A monotone policy's `bucket`, remembered as intervals: each bucket b
+  computed is kept with the smallest size seen to map to it (`low`), and
+  every size in [low, b] maps to b (b(low) = b = b(b), and b is monotone),
+  for buckets up to the policy's maximum that are their own bucket (checked
+  once per bucket; the others are computed each time).
+  A never-seen size in a known interval costs a bisection, not the policy's
+  arithmetic (every never-seen size asks: `BucketChoice.tight_key`)."""
+  __slots__ = ("bucket", "maximum", "tops", "low")
+  LIMIT = 4096  # intervals kept (then it starts over: an `Exact` policy has one per size)
+
+  def __init__(self, bucket: Callable[[int], int], maximum: int | None) -> None:
+    self.bucket = bucket
+    self.maximum = maximum
+    self.tops: list[int] = []     # the buckets computed, ascending
+    self.low: dict[int, int] = {}  # bucket -> the smallest size seen in it
+
+  def __call__(self, n: int) -> int:
+    tops = self.tops
+    i = bisect.bisect_left(tops, n)
+    if i < len(tops):
+      top = tops[i]
+      if self.low[top] <= n:
+        return top
+    b = self.bucket(n)
+    if (self.maximum is not None and b > self.maximum) or self.bucket(b) != b:
+      return b  # (an overflow; a grid point that is not its own bucket: steps=3)
+    low = self.low.get(b)
+    if low is None:
+      if len(tops) >= self.LIMIT:
+        tops.clear()
+        self.low.clear()
+      bisect.insort(tops, b)
+      self.low[b] = n
+    elif n < low:
+      self.low[b] = n
+    return b
