@@ -6,8 +6,9 @@ from sizes, which needs no size's value (`_jax.decisions.SIZE_HASH`). Each
 model runs exactly under `pj.vmap` over a NaN-padded `pj.Ragged` (against
 `model.apply` on each unpadded example), under `jax.jit(pj.mask)` with a
 traced length, and under `pj.jit` in both modes, compiling once per bucket
-(counted with jax.monitoring). A lookup of a size by value (`n in {1, 2}`)
-stays exact at concrete sizes and refused when sizes are traced.
+(counted with jax.monitoring). A lookup of a size by value (`n in {1, 2}`),
+and a set of sizes that meets other values (`{n, 5}`, `5 in sizes`, a set
+passed on), stay exact at concrete sizes and refused when sizes are traced.
 Skipped without Flax."""
 
 from __future__ import annotations
@@ -136,7 +137,77 @@ def test_a_lookup_by_value_stays_exact_or_refused():
     jax.jit(lambda xp, n: pj.mask(fun, ["n"])([xp], {"n": n}))(np.ones(4, np.float32), 2)
 
 
-def test_a_lookup_in_a_set_of_sizes_is_refused():
+def _mixed_display(x):
+  return jnp.sum(x) * len({x.shape[0], 5})
+
+
+def _probed_later(x):
+  sizes = {x.shape[0]}
+  return jnp.sum(x) * (5 in sizes)
+
+
+def _mixed_call(x):
+  sizes = set([x.shape[0], 4])
+  return jnp.sum(x) * len(sizes)
+
+
+def _comprehension(x):
+  return jnp.sum(x) * len({d for d in (x.shape[0], 5)})
+
+
+def _escaping(x):
+  sizes = set(jax.tree_util.tree_leaves([x.shape[0]]))
+  return jnp.sum(x) * _contains_five(sizes)
+
+
+def _contains_five(s):
+  return 5 in s
+
+
+def _proven(x):
+  sizes = set(jax.tree_util.tree_leaves([x.shape[0], x.shape[0]]))
+  (only,) = sizes
+  return jnp.sum(x) * len(sizes) * only
+
+
+SETS_WITH_VALUES = [_mixed_display, _probed_later, _mixed_call, _comprehension, _escaping]
+
+
+@pytest.mark.parametrize("fun", SETS_WITH_VALUES, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("mode", ["auto", "explicit"])
+def test_a_set_that_meets_other_values_is_exact(fun, mode):
+  # A size sharing one hash would miss the int 5 (or 4): the set would keep
+  # two members, or `5 in s` answer False, at exactly the size that equals it.
+  f = pj.jit(fun, polymorphic_shapes=None if mode == "auto" else ["n"])
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", pj.FallbackWarning)
+    for n in (5, 4, 6, 5):
+      x = np.ones(n, np.float32)
+      assert float(f(x)) == float(jax.jit(fun)(x)), (fun.__name__, n)
+
+
+@pytest.mark.parametrize("fun", SETS_WITH_VALUES, ids=lambda f: f.__name__)
+def test_a_set_that_meets_other_values_is_refused_with_traced_sizes(fun):
+  g = jax.jit(lambda xp, n: pj.mask(fun, ["n"])([xp], {"n": n}))
+  with pytest.raises(pj.MaskingError, match="dictionary key or set member"):
+    g(np.ones(8, np.float32), 5)
+
+
+def test_a_set_of_sizes_alone_counted_and_unpacked_needs_no_value():
+  f = pj.jit(_proven, polymorphic_shapes=["n"], fallback="error")
+  xs = [np.ones(n, np.float32) for n in (3, 5, 7)]
+  want = [float(_proven(x)) for x in xs]
+  with pj.diagnostics.count_compiles() as compiles:
+    got = [float(f(x)) for x in xs]
+  assert got == want
+  assert len(compiles) == 1   # (one bucket: no size's value was taken)
+  g = jax.jit(lambda xp, n: pj.mask(_proven, ["n"])([xp], {"n": n}))
+  for n in (5, 6):
+    assert float(g(nan_padded(np.ones(n, np.float32), 8), n)) == float(_proven(np.ones(n)))
+
+
+def test_a_size_looked_up_in_a_set_of_itself_is_exact():
   fun = lambda x: jnp.sum(x) * (x.shape[0] in {x.shape[0]})
-  with pytest.raises(pj.MaskingError, match="set of sizes was built"):
-    pj.jit(fun, polymorphic_shapes=["n"], fallback="error")(np.ones(3, np.float32))
+  f = pj.jit(fun, polymorphic_shapes=["n"], fallback="error")
+  for n in (3, 4):
+    assert float(f(np.ones(n, np.float32))) == float(fun(np.ones(n, np.float32)))

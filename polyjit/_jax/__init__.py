@@ -16,6 +16,7 @@ Modules (dependencies point up the list):
   core        JAX's version, jaxpr data structures, the call path, jaxpr helpers
   dims        symbolic dimension accessors (`jax.export`'s `_DimExpr`)
   frames      source locations; which frames are the user's
+  set_sites   whether a set user code builds of sizes may skip their values
   decisions   size comparisons asked by user code (hooks on `DimExpr`)
   primitives  JAX's primitives by name; polyjit's size primitives
   calls       polyjit's call primitive (the masked evaluation and its derivatives)

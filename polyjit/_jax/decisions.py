@@ -1,12 +1,8 @@
 """Size comparisons in user code: the oracle hooks on `DimExpr`."""
 from __future__ import annotations
 
-import ast
-import builtins
 import contextlib
 import dis
-import functools
-import linecache
 import numbers
 import os
 import threading
@@ -22,6 +18,7 @@ from jax._src.export import shape_poly as _shape_poly
 from .core import InconclusiveDimensionOperation
 from .dims import DimExpr, is_symbolic_dim, symbolic_vars
 from .frames import current_user_line, is_user_path, stack_outward
+from .set_sites import may_share_one_hash
 
 # --- size comparisons in user code -----------------------------------------------
 #
@@ -173,64 +170,16 @@ def _too_large(e1: Any, e2: Any) -> bool:
 # A set finds an entry only among entries of equal hash and asks `==` of those
 # alone, so no single hash of `n` can make `n in {1, 2}` right for every n:
 # a lookup keeps the value (recorded at concrete sizes, refused when traced).
-# Building a set gives every symbolic size one shared hash, `SIZE_HASH`, that
-# does not depend on the sizes' values: equal expressions are then the same
-# member, and two different ones (`n`, `m`) meet in `==`, which the oracle
-# answers and records like any comparison. A set that holds sizes is refused
-# as a lookup target later in the same trace (its members carry SIZE_HASH,
-# which a value-hashed lookup would miss).
+# Building a set of sizes alone, never looked up afterwards (`set_sites`
+# proves both from the source), gives every symbolic size one shared hash,
+# `SIZE_HASH`, that does not depend on the sizes' values: equal expressions
+# are then the same member, and two different ones (`n`, `m`) meet in `==`,
+# which the oracle answers and records like any comparison. Every other set
+# (`{n, 5}`, a set later asked `5 in s`) hashes by value. A later lookup of a
+# size in a trace that built such a set is refused (a value-hashed lookup
+# would miss members carrying SIZE_HASH).
 
 SIZE_HASH = 0x5EED_512E   # an int that hashes to itself; it meets sizes in `==`
-
-_SET_BUILDING_OPS = frozenset(
-    dis.opmap[name] for name in ("BUILD_SET", "SET_ADD", "SET_UPDATE") if name in dis.opmap)
-# (Python 3.11's specialized PRECALL runs a builtin's call itself.)
-_CALL_OPS = frozenset(dis.opmap[name] for name in ("PRECALL", "CALL", "CALL_KW", "CALL_FUNCTION_EX")
-                      if name in dis.opmap)
-_SET_BUILDERS = (builtins.set, builtins.frozenset)
-
-
-@functools.lru_cache(maxsize=1024)
-def _called_name(code: types.CodeType, lasti: int) -> str | None:
-  """The bare name called by the call at `lasti` (`set` for
-  `set(jax.tree_util.tree_leaves(x))`), read from the call's source span;
-  None when the callee is not a bare name or the source is not at hand."""
-  positions = list(code.co_positions())
-  if not 0 <= lasti // 2 < len(positions):
-    return None
-  line, end_line, col, end_col = positions[lasti // 2]
-  if line is None or end_line is None or col is None or end_col is None:
-    return None
-  lines = [linecache.getline(code.co_filename, i).encode() for i in range(line, end_line + 1)]
-  if not lines or not lines[0]:
-    return None
-  if len(lines) == 1:
-    segment = lines[0][col:end_col]
-  else:  # (positions are byte offsets into UTF-8 lines)
-    segment = lines[0][col:] + b"".join(lines[1:-1]) + lines[-1][:end_col]
-  try:
-    node = ast.parse(b"(" + segment + b"\n)", mode="eval").body
-  except (SyntaxError, ValueError):
-    return None
-  if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-    return node.func.id
-  return None
-
-
-def _builds_a_set(frame: types.FrameType) -> bool:
-  """Whether the instruction running in `frame` builds a set from sizes (a
-  set display or comprehension, `set(...)`, `frozenset(...)`) rather than
-  looking one up."""
-  code = frame.f_code
-  op = code.co_code[frame.f_lasti]
-  if op in _SET_BUILDING_OPS:
-    return True
-  if op not in _CALL_OPS:
-    return False
-  name = _called_name(code, frame.f_lasti)
-  if name is None or name in code.co_varnames or name in code.co_cellvars or name in code.co_freevars:
-    return False
-  return frame.f_globals.get(name, frame.f_builtins.get(name)) in _SET_BUILDERS
 
 
 def _hashing_frame() -> types.FrameType | None:
@@ -339,8 +288,7 @@ def _install_decision_hooks() -> None:
     if frame is None:
       return original_hash(self)
     where = f"{_abspath(frame.f_code.co_filename)}:{frame.f_lineno}"
-    if _builds_a_set(frame):
-      _ask(oracle.hashed_into_set, self, where)
+    if may_share_one_hash(frame):
       return SIZE_HASH
     value = int(_ask(oracle.value_of, self, where))
     return hash(value)

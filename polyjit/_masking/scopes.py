@@ -75,9 +75,6 @@ class LeaveOnQuestion:
       return None
     raise LeftSharedScope()
 
-  def hashed_into_set(self, expr: Any, where: str) -> None:
-    pass   # a set of sizes answers nothing (a later lookup by value leaves)
-
   def value_of(self, expr: Any, where: str) -> int:
     raise LeftSharedScope()
 
@@ -164,9 +161,6 @@ class _RefuseQuestions:
 
   def assume(self, expr: Any, text: str) -> bool | None:
     return None   # JAX's own shape rule: JAX raises its own error
-
-  def hashed_into_set(self, expr: Any, where: str) -> None:
-    pass   # a set of sizes answers nothing
 
   def value_of(self, expr: Any, where: str) -> int:
     raise self._refuse(f"hash('{expr}')", where)

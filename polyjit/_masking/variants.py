@@ -181,7 +181,6 @@ class _Oracle:
     self.asked: list[tuple[jc.SizeDecision, bool, bool]] = []   # (decision, answer, free)
     self.assumed: list[tuple[Any, bool, str]] = []   # (expr, expr >= 0, text): `assume`
     self._answers: dict[tuple[str, str], bool] = {}
-    self.set_member: str | None = None      # where a size was put in a set, if anywhere
 
   def __call__(self, decision: jc.SizeDecision) -> bool:
     _data_dependent.refuse_decision(decision)
@@ -259,25 +258,12 @@ class _Oracle:
     """A comparison of sizes too large for JAX's decision procedure."""
     return expression_too_large(text, where)
 
-  def hashed_into_set(self, expr: Any, where: str) -> None:
-    """`expr` was put in a set of sizes (`set(leaves)`) at `where`: it has the
-    shared hash there, which needs no value (`_jax.decisions.SIZE_HASH`)."""
-    if self.set_member is None:
-      self.set_member = where
-
   def value_of(self, expr: Any, where: str) -> int:
     """A size's value, asked from user code by hashing it (`n in {1, 2}`,
-    `{1: a}.get(n)`): at concrete sizes the value, recorded as the decision
-    `expr == value` (this trace then serves that value only); refused when
-    sizes are traced, where no single value exists, and after this trace put
-    a size in a set (whose members a value's hash would not find)."""
+    `{1: a}.get(n)`, `{n, 5}`): at concrete sizes the value, recorded as the
+    decision `expr == value` (this trace then serves that value only); refused
+    when sizes are traced, where no single value exists."""
     text = f"hash('{expr}')"
-    if self.set_member is not None:
-      raise MaskingError(
-          f"the size '{expr}' is looked up in a dictionary or set at {where}, after a "
-          f"set of sizes was built at {self.set_member}; a size's hash in a set of "
-          "sizes does not depend on its value, so a lookup by value could miss it.\n"
-          "What to do: compare explicitly (`n == m`, `any(n == s for s in sizes)`).")
     if self.sizes is None:
       _data_dependent.refuse_decision(jc.SizeDecision("eq", expr, text, where))
       raise MaskingError(
@@ -286,8 +272,10 @@ class _Oracle:
           "its value; with traced sizes (jax.jit of a masked function, pj.vmap) one "
           "program serves every size, so there is none.\nWhat to do: compare "
           "explicitly (`n == 1 or n == 2`), or call with concrete sizes (pj.jit, "
-          "pj.mask with ints). (Building a set of sizes, `set(leaves)` or "
-          "`{x.shape[0] for x in xs}`, needs no value and works.)")
+          "pj.mask with ints). (A set built of sizes alone and then only counted, "
+          "unpacked or iterated, `s = set(leaves); len(s)`, needs no value and works; "
+          "one that also holds other values, `{n, 5}`, is built in a comprehension, "
+          "or is looked up later, `5 in s`, needs the values.)")
     value = int(_dims.evaluate_dim(expr, self.sizes))
     self(jc.SizeDecision("eq", expr - value, f"{text} (value {value})", where))
     return value
