@@ -6,14 +6,22 @@ padding of the reduced axes is replaced by the operation's identity (0 for sum,
 stays in the padding of the result. `argmax`/`argmin` fill with the value that
 can never win, and ties go to the lowest index, which is always a valid one.
 
+A maximum or minimum of floats differentiates with the count of positions
+that reach it (JAX divides the tangent among ties); a padding filled with
+-inf ties with a valid maximum of -inf, so that count is taken over the valid
+positions only (`_extremum`, a custom JVP).
+
 Cumulative ops run forward need nothing: position i only sees positions <= i.
 Run in reverse, position i sees the padding, so they fill it with the identity.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 from jax import lax
 
 from ..core import Rule, RuleContext, register
@@ -34,9 +42,34 @@ _CUMULATIVE = {
 def _reducer(kind: str) -> Rule:
   def rule(ctx: RuleContext, x: Any, *, axes: Any, **params: Any) -> list[Any]:
     aval, = ctx.in_avals
+    if kind in ("max", "min") and ctx.eqn.primitive.name.startswith("reduce_") \
+        and jnp.issubdtype(aval.dtype, jnp.inexact):
+      valid = ctx.valid_mask(aval, axes)
+      if valid is not None:
+        return [_extremum(kind, tuple(axes), identity_value(kind, aval.dtype), x,
+                          lax.broadcast_in_dim(valid, x.shape, tuple(range(x.ndim))))]
     x = ctx.fill_padding_if(x, aval, identity_value(kind, aval.dtype), axes)
     return ctx.bind(x, axes=axes, **params)
   return rule
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2))
+def _extremum(kind: str, axes: tuple[int, ...], identity: Any, x: Any, valid: Any) -> Any:
+  """max/min of `x` over `axes` where `valid`; ties counted among valid positions."""
+  filled = lax.select(valid, x, lax.full_like(x, identity))
+  return (lax.reduce_max if kind == "max" else lax.reduce_min)(filled, axes)
+
+
+@_extremum.defjvp
+def _extremum_jvp(kind: str, axes: tuple[int, ...], identity: Any,
+                  primals: Any, tangents: Any) -> Any:
+  x, valid = primals
+  t, _ = tangents
+  ans = _extremum(kind, axes, identity, x, valid)
+  kept = tuple(d for d in range(x.ndim) if d not in axes)
+  at = valid & (x == lax.broadcast_in_dim(ans, x.shape, kept))
+  count = jnp.maximum(jnp.sum(at, axis=axes, dtype=x.dtype), 1)   # (no valid position: 0, not 0/0)
+  return ans, jnp.sum(jnp.where(at, t, 0), axis=axes) / count
 
 
 for _name, _kind in _REDUCERS.items():
