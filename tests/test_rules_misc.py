@@ -247,6 +247,10 @@ ELEMENTWISE_CASES = [
     # `eq_to` only appears in sort comparators, where no operand is padded.
     row("eq_to", lax.eq_to_p.bind, ["n", "n"], ints("n", low=0, high=3), ints("n", low=0, high=3),
         modes=("jit", "vmap")),
+    # `lt_to` and `le_to` likewise (on JAX 0.12 the sort rows reach them no more).
+    row("lt_to", lax.lt_to_p.bind, ["n", "n"], normal("n"), normal("n"), modes=("jit", "vmap")),
+    row("le_to", lax.le_to_p.bind, ["n", "n"], ints("n", low=0, high=3), ints("n", low=0, high=3),
+        modes=("jit", "vmap")),
     row("approx_top_k_along_a_fixed_axis",
         lambda x: lax.approx_min_k(x, 2, reduction_dimension=1)[0], ["(n, _)"], normal("n", 4),
         modes=COMPILED),

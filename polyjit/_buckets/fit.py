@@ -37,7 +37,7 @@ def fit(sizes: Iterable[int], max_programs: int, *, power: float = 1.0, align: i
   if align < 1:
     raise ValueError(f"align must be >= 1, got {align}")
   data = np.asarray(list(sizes), dtype=np.int64)
-  if data.size == 0 or data.min() < 1:
+  if data.size == 0 or int(np.min(data)) < 1:
     raise ValueError("fit needs a non-empty sample of sizes >= 1")
   data = -(-data // align) * align
   values, counts = np.unique(data, return_counts=True)

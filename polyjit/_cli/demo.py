@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   parser.add_argument("--plot", default="polyjit-demo.png", help="where to write the plot")
   opts = parser.parse_args(argv)
   print(f"polyjit {pj.__version__} on JAX {jax.__version__}, {jax.devices()[0].platform}")
-  if jax.config.jax_compilation_cache_dir:  # type: ignore[attr-defined]  # (absent from the stubs)
+  if jax.config.jax_compilation_cache_dir:  # type: ignore[attr-defined, unused-ignore]  # (absent from the stubs)
     # the user's JAX cache would load the baselines' programs: this process
     # (the demo's own, not a library call) measures compiles without it
     jax.config.update("jax_enable_compilation_cache", False)  # type: ignore[no-untyped-call, unused-ignore]

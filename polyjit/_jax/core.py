@@ -8,6 +8,9 @@ from typing import Any, Callable, Iterable
 
 import jax
 import jax.extend.core as jex_core
+# (an import, not an assignment: on JAX 0.12 it names `Jaxpr` under another
+# name, which mypy accepts as a type only when imported)
+from jax.extend.core import ClosedJaxpr as ClosedJaxpr  # type: ignore[attr-defined, unused-ignore]
 import numpy as np
 from jax._src.array import ArrayImpl as _ArrayImpl
 from jax._src.interpreters import pxla as _pxla
@@ -42,7 +45,6 @@ _jaxprs_in_params = getattr(jex_core, "jaxprs_in_params", None) or _core.jaxprs_
 
 # --- jaxpr data structures (public through jax.extend.core) -----------------
 
-ClosedJaxpr = jex_core.ClosedJaxpr
 Jaxpr = jex_core.Jaxpr
 JaxprEqn = jex_core.JaxprEqn
 Literal = jex_core.Literal

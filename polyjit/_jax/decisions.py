@@ -217,7 +217,7 @@ def _size_operand(other: Any) -> Any:
     return other
   if isinstance(other, (bool, int, np.integer)):
     return int(other)
-  if isinstance(other, (numbers.Number, np.ndarray, np.generic)) and np.ndim(other) == 0:  # type: ignore[arg-type]
+  if isinstance(other, (numbers.Number, np.ndarray, np.generic)) and np.ndim(other) == 0:  # type: ignore[arg-type, unused-ignore]
     try:
       c = complex(other)  # type: ignore[arg-type]
     except (TypeError, ValueError):

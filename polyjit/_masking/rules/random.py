@@ -56,7 +56,7 @@ def _position_by_position(ctx: RuleContext, *args: Any, **params: Any) -> list[A
 
 def _check_counter_based(ctx: RuleContext, keys: Any, shape: Any) -> None:
   impl = str(jax.random.key_impl(keys))
-  partitionable = jax.config.jax_threefry_partitionable  # type: ignore[attr-defined]  # flag set at runtime, absent from jax.config's stubs
+  partitionable = jax.config.jax_threefry_partitionable  # type: ignore[attr-defined, unused-ignore]  # flag set at runtime, absent from jax.config's stubs
   if impl in COUNTER_BASED and (impl != "threefry2x32" or partitionable):
     return
   why = (f"the '{impl}' PRNG draws different numbers for different sizes, so "
