@@ -124,12 +124,15 @@ def _masked_eval(traced: "SymbolicTrace", padded: dict[str, int], inputs: Sequen
 
 
 def _native_eval(traced: "SymbolicTrace", padded: dict[str, int], inputs: Sequence[Any],
-                 logical: Sequence[Any]) -> list[Any]:
+                 logical: Sequence[Any], live: Sequence[int]) -> list[Any]:
   """The masked evaluation in native mode (`native.py`), for JAX to differentiate:
-  inputs and outputs wrapped, so tangents are zero in their padding."""
+  the inputs with tangents (`live`) and the outputs wrapped, so tangents are
+  zero in their padding (the other inputs have none to mask)."""
   env = MaskEnv(traced.dim_names, padded, logical, traced.cache)
   env.native = _native.step
-  inputs = [_native.wrap(env, x, a) for x, a in zip(inputs, traced.in_avals, strict=True)]
+  inputs = list(inputs)
+  for i in live:
+    inputs[i] = _native.wrap(env, inputs[i], traced.in_avals[i])
   outs = eval_jaxpr_masked(traced.jaxpr, (), inputs, env)
   return [_native.wrap(env, y, a) for y, a in zip(outs, traced.out_avals, strict=True)]
 
@@ -211,7 +214,7 @@ class Call(Node):
       full = list(inputs)
       for i, v in zip(live, values, strict=True):
         full[i] = v
-      return _native_eval(self.traced, self.padded, full, logical)
+      return _native_eval(self.traced, self.padded, full, logical, live)
 
     outs, touts = jax.jvp(fun, [inputs[i] for i in live], [tangents[i] for i in live])
     return list(outs), [t if _inexact(jc.typeof(o)) else None
