@@ -62,6 +62,7 @@ import numpy as np
 from .. import _jax as jc
 from .core import MaskEnv, eval_jaxpr_masked
 from .data_dependent import extra_outputs
+from .errors import PerformanceWarning, warn_user_code
 from . import native as _native
 from .trace import SymbolicTrace
 
@@ -334,6 +335,9 @@ class Batched(Node):
 
   def jvp(self, primals: list[Any], tangents: list[Any | None]
           ) -> tuple[list[Any], list[Any | None]]:
+    if isinstance(self.inner, Call):
+      _announce_per_example(self.inner.traced, self.dims, self.in_avals, tangents)
+
     def rule(p: list[Any], t: list[Any | None]) -> tuple[list[Any], list[Any | None]]:
       outs, touts = self.inner.jvp(p, t)
       return outs, [_zeros_like(o) if d is None and _inexact(jc.typeof(o)) else d
@@ -357,3 +361,35 @@ class Batched(Node):
       d = self.dims[i]
       result[i] = g.sum(0) if d is None else jnp.moveaxis(g, 0, d)
     return result
+
+
+#: The traced functions whose per-example gradients were announced (by id;
+#: the entry keeps the trace alive, so the id is not reused).
+_announced: dict[int, "SymbolicTrace"] = {}
+
+
+def _announce_per_example(traced: "SymbolicTrace", dims: tuple[int | None, ...],
+                          avals: tuple[Any, ...], tangents: list[Any | None]) -> None:
+  """A `pj.PerformanceWarning`, once per traced function, where the native
+  gate refuses it and the batch differentiates it with respect to an input
+  every example shares: that input's cotangent is then built per example (the
+  symbolic path transposes each example) and summed."""
+  shared = [i for i in traced.diff_in if dims[i] is None and tangents[i] is not None]
+  if not shared or _announced.get(id(traced)) is traced:
+    return
+  reason = _native.refusal(traced)
+  if reason is None:
+    return
+  _announced[id(traced)] = traced
+  inputs = ", ".join(f"input {i} ({avals[i].str_short()})" for i in shared)
+  warn_user_code(
+      f"polyjit differentiates a masked function under vmap with respect to {inputs}, "
+      "which every example shares, one example at a time: that gradient is built once "
+      "per example and then summed (a copy per example: slow and memory-hungry for an "
+      f"embedding table or a weight matrix), because {reason}, so JAX cannot "
+      "differentiate the masked evaluation of the whole batch itself.\nWhat to do: "
+      "rewrite that part of the function (a jax.custom_vjp function as plain JAX or a "
+      "jax.custom_jvp one; a scatter with mode='drop'; sizes that do not depend on the "
+      "data), or, if the cost is acceptable, filter this warning: "
+      "warnings.filterwarnings('ignore', category=pj.PerformanceWarning).",
+      PerformanceWarning)

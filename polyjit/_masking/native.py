@@ -229,7 +229,8 @@ def _padded_inexact(v: Any) -> bool:
 
 
 def _broadcast_operand(eqn: jc.JaxprEqn, v: Any) -> bool:
-  return (tuple(v.aval.shape) != tuple(eqn.outvars[0].aval.shape)
+  out_shape: Any = getattr(eqn.outvars[0].aval, "shape")
+  return (tuple(v.aval.shape) != tuple(out_shape)
           and not isinstance(v, jc.Literal) and inexact(v.aval))
 
 
