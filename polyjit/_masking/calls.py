@@ -60,6 +60,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _jax as jc
+from .call_nodes import NodeShell
 from .core import MaskEnv, eval_jaxpr_masked
 from .data_dependent import extra_outputs
 from .errors import PerformanceWarning, warn_user_code
@@ -80,32 +81,12 @@ def _zeros_like(x: Any) -> Any:
   return jnp.zeros(aval.shape, aval.dtype)
 
 
-class Node:
+class Node(NodeShell):
   """A function of a fixed list of arrays; see the module docstring."""
 
   def __init__(self, in_avals: tuple[Any, ...]) -> None:
-    self.in_avals = in_avals
-    self._jaxpr: jc.ClosedJaxpr | None = None
+    super().__init__(in_avals)
     self._batched: dict[Any, Node] = {}
-
-  @property
-  def jaxpr(self) -> jc.ClosedJaxpr:
-    if self._jaxpr is None:
-      self._jaxpr = jc.make_closed_jaxpr(lambda *a: self.impl(*a), list(self.in_avals))
-    return self._jaxpr
-
-  def out_avals(self) -> list[Any] | None:
-    return None
-
-  def impl(self, *args: Any) -> list[Any]:
-    raise NotImplementedError
-
-  def jvp(self, primals: list[Any], tangents: list[Any | None]
-          ) -> tuple[list[Any], list[Any | None]]:
-    raise NotImplementedError
-
-  def transpose(self, cts: list[Any], args: list[Any | None]) -> list[Any | None]:
-    raise NotImplementedError
 
   def batch(self, dims: tuple[int | None, ...], avals: tuple[Any, ...], axis_size: int,
             axis_name: Any, spmd_axis_name: tuple[Any, ...] | None) -> "Node":

@@ -76,6 +76,7 @@ from jax import lax
 
 from .. import _jax as jc
 from . import scopes as _scopes
+from .call_nodes import NodeShell
 from .core import eqn_is_symbolic
 from .rules.elementwise import ELEMENTWISE
 
@@ -407,24 +408,17 @@ def _promised_gather(ctx: Any, rule: Callable[..., list[Any]], operand: Any,
   return out
 
 
-class _Linear:
+class _Linear(NodeShell):
   """A call node (`_jax/calls.py`) of a map linear in its first argument,
   `fwd(t, *known) -> [out]`, with its own transpose `bwd(ct, *known) -> t`."""
 
   def __init__(self, in_avals: tuple[Any, ...], fwd: Callable[..., list[Any]],
                bwd: Callable[..., Any]) -> None:
-    self.in_avals = in_avals
+    super().__init__(in_avals)
     self.fwd, self.bwd = fwd, bwd
-    self._jaxpr: jc.ClosedJaxpr | None = None
 
-  @property
-  def jaxpr(self) -> jc.ClosedJaxpr:
-    if self._jaxpr is None:
-      self._jaxpr = jc.make_closed_jaxpr(lambda *a: self.fwd(*a), list(self.in_avals))
-    return self._jaxpr
-
-  def out_avals(self) -> list[Any] | None:
-    return None
+  def impl(self, *args: Any) -> list[Any]:
+    return self.fwd(*args)
 
   def jvp(self, primals: list[Any], tangents: list[Any | None]
           ) -> tuple[list[Any], list[Any | None]]:
