@@ -12,7 +12,8 @@ from . import _spellings  # noqa: F401
 from . import buckets, diagnostics
 from ._caching.executables import disable_persistent_cache, enable_persistent_cache
 from ._masking.errors import (CacheWarning, CompileLimitError, FallbackWarning, MaskingError,
-                              PolyjitError, PolyjitWarning, ShapeError, SizeValueError)
+                              PerformanceWarning, PolyjitError, PolyjitWarning, ShapeError,
+                              SizeValueError)
 from ._jit.filter_jit import FilterJitFunction, filter_jit
 from ._jit.function import JitFunction, jit
 from ._masking.mask import Masked, mask
@@ -28,7 +29,7 @@ __version__ = "0.1.0"
 
 __all__ = ["CacheWarning", "CompileLimitError", "FallbackWarning", "FilterJitFunction",
            "GroupedRagged", "JitFunction", "LengthGroups", "MaskingError", "Masked", "Padded",
-           "PolyjitError", "PolyjitWarning", "Ragged", "ShapeError", "SizeRangeError",
+           "PerformanceWarning", "PolyjitError", "PolyjitWarning", "Ragged", "ShapeError", "SizeRangeError",
            "SizeValueError", "VerificationError", "assert_max_compiles", "boolean_mask",
            "buckets", "diagnostics", "disable_persistent_cache", "enable_persistent_cache",
            "explain", "filter_jit", "jit", "mask", "nonzero", "shapecheck", "stats", "unique",

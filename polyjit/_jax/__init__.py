@@ -45,7 +45,8 @@ from .core import (
     make_closed_jaxpr as make_closed_jaxpr, promote_dtypes_inexact as promote_dtypes_inexact,
     replay_unsafe_effects as replay_unsafe_effects, shaped as shaped,
     subjaxprs_in_params as subjaxprs_in_params, trace_context as trace_context,
-    typeof as typeof, custom_jvp_rule_jaxpr as custom_jvp_rule_jaxpr)
+    typeof as typeof, custom_jvp_rule_jaxpr as custom_jvp_rule_jaxpr,
+    vmap_trace_of as vmap_trace_of)
 from .dims import (
     DimExpr as DimExpr, SymbolicScope as SymbolicScope, dim_scope as dim_scope,
     dim_terms as dim_terms, dim_value_dtype as dim_value_dtype, dim_variable as dim_variable,
@@ -61,6 +62,7 @@ from .frames import (
     is_polyjit_path as is_polyjit_path, is_user_path as is_user_path,
     passed_user_code as passed_user_code, user_code_can_catch as user_code_can_catch,
     stacklevel_outside_polyjit as stacklevel_outside_polyjit,
+    stacklevel_at_user_code as stacklevel_at_user_code,
     library_function_of as library_function_of, source_line as source_line,
     static_size_user as static_size_user,
     user_line_of as user_line_of)

@@ -18,6 +18,7 @@ from jax._src import config as _config
 from jax._src import core as _core
 from jax._src import effects as _effects
 from jax._src.numpy import util as _np_util
+from jax._src.interpreters import batching as _batching_internal
 from jax._src.interpreters import partial_eval as _pe
 
 # --- JAX versions: every difference between the supported lines is here ------
@@ -162,3 +163,12 @@ def custom_jvp_rule_jaxpr(eqn: JaxprEqn, zeros: list[bool]
   call = getattr(thunk, "call_wrapped", thunk)
   jaxpr, consts, out_zeros = call(*zeros)
   return ClosedJaxpr(jaxpr, consts), list(out_zeros)
+
+
+def vmap_trace_of(x: Any) -> Any:
+  """The `jax.vmap` trace that maps `x` along an axis, or None (not mapped by
+  the innermost vmap that sees it, or not traced)."""
+  if (isinstance(x, _batching_internal.BatchTracer)
+      and isinstance(x.batch_dim, int)):   # (else `NotMapped`)
+    return x._trace
+  return None

@@ -15,6 +15,7 @@ import dis
 import os
 import re
 import sys
+import sysconfig
 import types
 import typing
 from typing import Any, Iterator
@@ -115,6 +116,23 @@ def stacklevel_outside_polyjit() -> int:
       break
     level += 1
   return level
+
+
+def stacklevel_at_user_code() -> int:
+  """Like `stacklevel_outside_polyjit`, but past JAX's frames too: the first
+  frame of user code (where a transformation's rule runs, JAX's frames lie
+  between polyjit's and the user's). The outermost frame if none is."""
+  level = 2
+  for frame in stack_outward(2):
+    path = frame.f_code.co_filename
+    if is_user_path(path) and not _inside(os.path.abspath(path), _STDLIB_DIR):
+      return level
+    level += 1
+  return level - 1
+
+
+# (contextlib's frames, between JAX's: not the user's line)
+_STDLIB_DIR = os.path.abspath(sysconfig.get_paths()["stdlib"])
 
 
 def eqn_context(eqn: JaxprEqn) -> _EqnContext:

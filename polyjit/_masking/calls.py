@@ -60,8 +60,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _jax as jc
+from .call_nodes import NodeShell
 from .core import MaskEnv, eval_jaxpr_masked
 from .data_dependent import extra_outputs
+from .errors import PerformanceWarning, warn_user_code
 from . import native as _native
 from .trace import SymbolicTrace
 
@@ -79,32 +81,12 @@ def _zeros_like(x: Any) -> Any:
   return jnp.zeros(aval.shape, aval.dtype)
 
 
-class Node:
+class Node(NodeShell):
   """A function of a fixed list of arrays; see the module docstring."""
 
   def __init__(self, in_avals: tuple[Any, ...]) -> None:
-    self.in_avals = in_avals
-    self._jaxpr: jc.ClosedJaxpr | None = None
+    super().__init__(in_avals)
     self._batched: dict[Any, Node] = {}
-
-  @property
-  def jaxpr(self) -> jc.ClosedJaxpr:
-    if self._jaxpr is None:
-      self._jaxpr = jc.make_closed_jaxpr(lambda *a: self.impl(*a), list(self.in_avals))
-    return self._jaxpr
-
-  def out_avals(self) -> list[Any] | None:
-    return None
-
-  def impl(self, *args: Any) -> list[Any]:
-    raise NotImplementedError
-
-  def jvp(self, primals: list[Any], tangents: list[Any | None]
-          ) -> tuple[list[Any], list[Any | None]]:
-    raise NotImplementedError
-
-  def transpose(self, cts: list[Any], args: list[Any | None]) -> list[Any | None]:
-    raise NotImplementedError
 
   def batch(self, dims: tuple[int | None, ...], avals: tuple[Any, ...], axis_size: int,
             axis_name: Any, spmd_axis_name: tuple[Any, ...] | None) -> "Node":
@@ -124,12 +106,15 @@ def _masked_eval(traced: "SymbolicTrace", padded: dict[str, int], inputs: Sequen
 
 
 def _native_eval(traced: "SymbolicTrace", padded: dict[str, int], inputs: Sequence[Any],
-                 logical: Sequence[Any]) -> list[Any]:
+                 logical: Sequence[Any], live: Sequence[int]) -> list[Any]:
   """The masked evaluation in native mode (`native.py`), for JAX to differentiate:
-  inputs and outputs wrapped, so tangents are zero in their padding."""
+  the inputs with tangents (`live`) and the outputs wrapped, so tangents are
+  zero in their padding (the other inputs have none to mask)."""
   env = MaskEnv(traced.dim_names, padded, logical, traced.cache)
   env.native = _native.step
-  inputs = [_native.wrap(env, x, a) for x, a in zip(inputs, traced.in_avals, strict=True)]
+  inputs = list(inputs)
+  for i in live:
+    inputs[i] = _native.wrap(env, inputs[i], traced.in_avals[i])
   outs = eval_jaxpr_masked(traced.jaxpr, (), inputs, env)
   return [_native.wrap(env, y, a) for y, a in zip(outs, traced.out_avals, strict=True)]
 
@@ -211,7 +196,7 @@ class Call(Node):
       full = list(inputs)
       for i, v in zip(live, values, strict=True):
         full[i] = v
-      return _native_eval(self.traced, self.padded, full, logical)
+      return _native_eval(self.traced, self.padded, full, logical, live)
 
     outs, touts = jax.jvp(fun, [inputs[i] for i in live], [tangents[i] for i in live])
     return list(outs), [t if _inexact(jc.typeof(o)) else None
@@ -331,6 +316,9 @@ class Batched(Node):
 
   def jvp(self, primals: list[Any], tangents: list[Any | None]
           ) -> tuple[list[Any], list[Any | None]]:
+    if isinstance(self.inner, Call):
+      _announce_per_example(self.inner.traced, self.dims, self.in_avals, tangents)
+
     def rule(p: list[Any], t: list[Any | None]) -> tuple[list[Any], list[Any | None]]:
       outs, touts = self.inner.jvp(p, t)
       return outs, [_zeros_like(o) if d is None and _inexact(jc.typeof(o)) else d
@@ -354,3 +342,35 @@ class Batched(Node):
       d = self.dims[i]
       result[i] = g.sum(0) if d is None else jnp.moveaxis(g, 0, d)
     return result
+
+
+#: The traced functions whose per-example gradients were announced (by id;
+#: the entry keeps the trace alive, so the id is not reused).
+_announced: dict[int, "SymbolicTrace"] = {}
+
+
+def _announce_per_example(traced: "SymbolicTrace", dims: tuple[int | None, ...],
+                          avals: tuple[Any, ...], tangents: list[Any | None]) -> None:
+  """A `pj.PerformanceWarning`, once per traced function, where the native
+  gate refuses it and the batch differentiates it with respect to an input
+  every example shares: that input's cotangent is then built per example (the
+  symbolic path transposes each example) and summed."""
+  shared = [i for i in traced.diff_in if dims[i] is None and tangents[i] is not None]
+  if not shared or _announced.get(id(traced)) is traced:
+    return
+  reason = _native.refusal(traced)
+  if reason is None:
+    return
+  _announced[id(traced)] = traced
+  inputs = ", ".join(f"input {i} ({avals[i].str_short()})" for i in shared)
+  warn_user_code(
+      f"polyjit differentiates a masked function under vmap with respect to {inputs}, "
+      "which every example shares, one example at a time: that gradient is built once "
+      "per example and then summed (a copy per example: slow and memory-hungry for an "
+      f"embedding table or a weight matrix), because {reason}, so JAX cannot "
+      "differentiate the masked evaluation of the whole batch itself.\nWhat to do: "
+      "rewrite that part of the function (a jax.custom_vjp function as plain JAX or a "
+      "jax.custom_jvp one; a scatter with mode='drop'; sizes that do not depend on the "
+      "data), or, if the cost is acceptable, filter this warning: "
+      "warnings.filterwarnings('ignore', category=pj.PerformanceWarning).",
+      PerformanceWarning)

@@ -210,7 +210,7 @@ class MaskEnv:
     # Native mode (`native.py`): JAX differentiates this evaluation itself,
     # with tangents masked at the equations' outputs; then `native` is the
     # function that evaluates one symbolic equation (`native.step`).
-    self.native: Callable[[RuleContext, Rule, list[Any]], list[Any]] | None = None
+    self.native: Callable[[RuleContext, Rule, list[Any], jc.Jaxpr], list[Any]] | None = None
 
   def bind_size(self, name: str, padded: int, logical: Any) -> None:
     """Adds a data-dependent size, computed by the program, to the sizes."""
@@ -397,7 +397,7 @@ def eval_jaxpr_masked(jaxpr: jc.Jaxpr, consts: Sequence[Any],
         if rule is None:
           raise _no_rule_error(eqn)
         if env.native is not None:
-          outs = env.native(RuleContext(env, eqn), rule, invals)
+          outs = env.native(RuleContext(env, eqn), rule, invals, jaxpr)
         else:
           outs = rule(RuleContext(env, eqn), *invals, **eqn.params)
       else:

@@ -40,7 +40,7 @@ import numpy as np
 
 from . import dims as _dims, spec as _spec
 from .. import _jax as jc
-from .errors import MaskingError
+from .errors import MaskingError, PerformanceWarning, warn_user_code
 
 MAX_EMPTY_SIZES = 3   # sizes that may be 0 together: 2**3 - 1 empty paths at most
 
@@ -181,6 +181,8 @@ def selected(masked: Any, args: Sequence[Any], binding: _spec.Binding,
       hit = hit & (z if k in zero else ~z)
     index = jnp.where(hit, jnp.int32(i + 1), index)
 
+  _announce_per_example(masked, index, leaves)
+
   def guarded(i: int, xs: list[Any]) -> list[Any]:
     # A path that was not selected sends no gradient (a select drops its NaN).
     return [jnp.where(index == i, x, jax.lax.stop_gradient(x))
@@ -210,6 +212,37 @@ def selected(masked: Any, args: Sequence[Any], binding: _spec.Binding,
       for i, zero in enumerate(subsets)]
   outs, shapes, ok = jax.lax.switch(index, branches, list(leaves), env)
   return list(outs), _split(shapes), ok
+
+
+#: The functions whose per-example shared inputs were announced (by id; the
+#: entry keeps the function alive, so the id is not reused).
+_announced: dict[int, Any] = {}
+
+
+def _announce_per_example(masked: Any, index: Any, leaves: Sequence[Any]) -> None:
+  """A `pj.PerformanceWarning`, once per masked function, where the path is
+  chosen per example under `jax.vmap` (the sizes are batched) and an input
+  every example shares goes through the select of `guarded`: that makes it,
+  and its gradient, one copy per example."""
+  trace = jc.vmap_trace_of(index)
+  if trace is None or _announced.get(id(masked)) is masked:
+    return
+  shared = [x for x in leaves if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+            and jc.vmap_trace_of(x) is not trace]
+  if not shared:
+    return
+  _announced[id(masked)] = masked
+  what = ", ".join(jc.typeof(x).str_short() for x in shared[:4])
+  warn_user_code(
+      f"polyjit: {masked._name} runs under vmap with sizes that may be 0, so each example "
+      "selects between its computation and an empty example's path, and the inputs "
+      f"every example shares ({what}) are copied once per example, their gradients too "
+      "(slow and memory-hungry for an embedding table or a weight matrix).\nWhat to do: "
+      "pass pj.vmap a pj.Ragged whose lengths are known to be >= 1 when it is built "
+      "(pj.Ragged.from_list, or lengths as a NumPy array): then no empty path runs; or, "
+      "if the cost is acceptable, filter this warning: "
+      "warnings.filterwarnings('ignore', category=pj.PerformanceWarning).",
+      PerformanceWarning)
 
 
 def _split(shapes: Sequence[Any]) -> list[list[Any]]:

@@ -155,6 +155,12 @@ class FallbackWarning(PolyjitWarning):
   """`pj.jit` compiles every distinct shape exactly because it cannot mask."""
 
 
+class PerformanceWarning(PolyjitWarning):
+  """A computation polyjit runs exactly but slowly, and why: for example the
+  gradient of an input every example of a batch shares, built once per
+  example because the masked function cannot be differentiated natively."""
+
+
 class CacheWarning(PolyjitWarning):
   """polyjit's on-disk cache cannot be used (a read-only or full disk): it is off."""
 
@@ -162,3 +168,9 @@ class CacheWarning(PolyjitWarning):
 def warn_user(message: str, category: type[Warning]) -> None:
   """`warnings.warn`, attributed to the user's line that called into polyjit."""
   warnings.warn(message, category, stacklevel=jc.stacklevel_outside_polyjit())
+
+
+def warn_user_code(message: str, category: type[Warning]) -> None:
+  """`warnings.warn`, attributed to the first line of user code on the stack
+  (past JAX's frames: for warnings raised inside a transformation's rule)."""
+  warnings.warn(message, category, stacklevel=jc.stacklevel_at_user_code())

@@ -41,6 +41,22 @@ both halves of that product for every equation with a dynamic axis:
 * The function's inputs and outputs are wrapped too: gradients with respect
   to padded inputs are zero in their padding.
 
+A wrap is needed only where the cotangent reaching a value may be nonzero in
+the padding; elsewhere its transpose, a select on a cotangent already zero
+there, is an identity that still costs a pass over the array (and XLA
+computes each masked variant of one cotangent once per consumer). `wrap_plan`
+finds, per jaxpr, by one backward pass, which cotangents are *clean* (zero in
+the padding): those whose every consumer is a fill (`dot_general`'s operands:
+the transpose of `select(valid, x, 0)` is clean), a LINEAR equation (its
+outputs are clean, wrapped or not, and a masking rule's valid outputs never
+depend on padding, so its transpose sends nothing from them into the padding
+of its inputs), or an elementwise equation whose output cotangent is clean and
+whose derivative cannot turn 0 into NaN (`add`, `select_n`, `max`: a select or
+a finite coefficient; a `custom_jvp` function whose rule is such, as
+jax.nn.relu's). Only LINEAR/FILL outputs and broadcast operands whose
+cotangent is not clean are wrapped. A sub-jaxpr's outputs are assumed
+unclean, and so are the inputs of anything else (calls, scans, `mul`, `exp`).
+
 The gate (`refusal`) admits a traced function when every equation with a
 dynamic axis, recursively through calls, scan bodies and custom_jvp rules, is
 of one of those kinds, it creates no data-dependent sizes and it calls no
@@ -60,6 +76,7 @@ from jax import lax
 
 from .. import _jax as jc
 from . import scopes as _scopes
+from .call_nodes import NodeShell
 from .core import eqn_is_symbolic
 from .rules.elementwise import ELEMENTWISE
 
@@ -193,18 +210,135 @@ def custom_jvp_rule(eqn: jc.JaxprEqn) -> tuple[jc.ClosedJaxpr, list[bool]]:
   return rule
 
 
+# --- where a wrap is needed ---------------------------------------------------
+
+#: Elementwise primitives whose derivative maps a zero tangent to zero whatever
+#: their operands hold (a select, a sum, a finite coefficient, or none at all).
+_ZERO_PRESERVING = frozenset({
+    "add", "add_any", "sub", "neg", "select_n", "max", "min", "clamp", "convert_element_type",
+    "copy", "reduce_precision", "real", "imag", "conj", "sign", "floor", "ceil", "round",
+    "stop_gradient"})
+
+#: Per equation (by id; the jaxpr keeps it alive): the outputs to wrap
+#: (LINEAR, FILL) or the broadcast operands to wrap (ELEMENTWISE).
+Plan = dict[int, tuple[bool, ...]]
+_plans: "weakref.WeakKeyDictionary[jc.Jaxpr, Plan]" = weakref.WeakKeyDictionary()
+
+
+def _padded_inexact(v: Any) -> bool:
+  return not isinstance(v, jc.Literal) and inexact(v.aval) and is_dynamic(v.aval)
+
+
+def _broadcast_operand(eqn: jc.JaxprEqn, v: Any) -> bool:
+  out_shape: Any = getattr(eqn.outvars[0].aval, "shape")
+  return (tuple(v.aval.shape) != tuple(out_shape)
+          and not isinstance(v, jc.Literal) and inexact(v.aval))
+
+
+def _finite_literal(v: Any) -> bool:
+  return isinstance(v, jc.Literal) and bool(np.all(np.isfinite(np.asarray(v.val))))
+
+
+def _zero_preserving(eqn: jc.JaxprEqn) -> bool:
+  name = eqn.primitive.name
+  if name in _ZERO_PRESERVING:
+    return True
+  if name == "mul":  # by a finite constant
+    return sum(not isinstance(v, jc.Literal) for v in eqn.invars) == 1 and any(
+        _finite_literal(v) for v in eqn.invars)
+  if name == "div":  # by a finite nonzero constant
+    d = eqn.invars[1]
+    return (not isinstance(eqn.invars[0], jc.Literal) and _finite_literal(d)
+            and bool(np.all(np.asarray(d.val) != 0)))  # type: ignore[union-attr]
+  if name == "custom_jvp_call":
+    return _rule_zero_preserving(eqn)
+  return False
+
+
+def _rule_zero_preserving(eqn: jc.JaxprEqn) -> bool:
+  """Whether a custom_jvp function's rule maps zero tangents to zero tangents
+  by zero-preserving equations only (jax.nn.relu's select)."""
+  try:
+    rule, _ = custom_jvp_rule(eqn)
+  except Exception:  # (judged by the gate; here only a missed saving)
+    return False
+  jaxpr = rule.jaxpr
+  n_in = len(eqn.invars) - eqn.params["num_consts"]
+  tangent = set(jaxpr.invars[n_in:])
+  for e in jaxpr.eqns:
+    if not any(v in tangent for v in e.invars if not isinstance(v, jc.Literal)):
+      continue
+    if e.primitive.name == "broadcast_in_dim" or _zero_preserving(e):
+      tangent.update(e.outvars)
+    else:
+      return False
+  return True
+
+
+def wrap_plan(jaxpr: jc.Jaxpr) -> Plan:
+  """Which outputs and broadcast operands of `jaxpr`'s symbolic equations
+  need a wrap (see the module docstring): one backward pass over `jaxpr`."""
+  plan = _plans.get(jaxpr)
+  if plan is not None:
+    return plan
+  plan = {}
+  unclean = {v for v in jaxpr.outvars if _padded_inexact(v)}
+  for eqn in reversed(jaxpr.eqns):
+    if not eqn_is_symbolic(eqn):
+      continue  # (no padded value in or out)
+    name = eqn.primitive.name
+    outs_unclean = any(v in unclean for v in eqn.outvars)
+    if name in _ELEMENTWISE:
+      passes_unclean = outs_unclean or not _zero_preserving(eqn)
+      plan[id(eqn)] = tuple(passes_unclean and _broadcast_operand(eqn, v) for v in eqn.invars)
+      if passes_unclean:
+        unclean.update(v for v in eqn.invars
+                       if _padded_inexact(v) and not _broadcast_operand(eqn, v))
+    elif name in _LINEAR or name in _FILL:
+      plan[id(eqn)] = tuple(v in unclean for v in eqn.outvars)
+      if name == "scan" or (name == "custom_jvp_call" and not _rule_zero_preserving(eqn)):
+        unclean.update(v for v in eqn.invars if _padded_inexact(v))
+    else:  # calls evaluated inline, and anything unjudged
+      unclean.update(v for v in eqn.invars if _padded_inexact(v))
+  _plans[jaxpr] = plan
+  return plan
+
+
 # --- the masks ---------------------------------------------------------------
 
+def _clean(env: Any) -> dict[int, Any]:
+  """The values of this evaluation whose tangent is already zero in the
+  padding (outputs of `wrap` and of a fill), by id (the entry keeps the value
+  alive, so its id is not reused)."""
+  clean: dict[int, Any] | None = getattr(env, "_native_clean", None)
+  if clean is None:
+    clean = env._native_clean = {}
+  return clean
+
+
+def _mark_clean(env: Any, y: Any) -> Any:
+  _clean(env)[id(y)] = y
+  return y
+
+
 def wrap(env: Any, y: Any, aval: Any) -> Any:
-  """`y` with its tangent (and cotangent) zeroed in the padding; value unchanged."""
+  """`y` with its tangent (and cotangent) zeroed in the padding; value unchanged.
+
+  Once per value: wrapping a wrapped or filled value again would give each
+  consumer its own masked copy of one cotangent, which XLA then computes
+  once per consumer (each a pass over the array)."""
   if not (inexact(aval) and is_dynamic(aval)):
     return y
+  if _clean(env).get(id(y)) is y:
+    return y
   mask = env.valid_mask(aval)
-  return lax.select(mask, y, lax.stop_gradient(y))
+  return _mark_clean(env, lax.select(mask, y, lax.stop_gradient(y)))
 
 
-def step(ctx: Any, rule: Callable[..., list[Any]], invals: Sequence[Any]) -> list[Any]:
-  """One symbolic equation in native mode: its rule, with the masks above."""
+def step(ctx: Any, rule: Callable[..., list[Any]], invals: Sequence[Any], jaxpr: jc.Jaxpr
+         ) -> list[Any]:
+  """One symbolic equation of `jaxpr` in native mode: its rule, with the masks
+  above where `wrap_plan` says so."""
   eqn, env = ctx.eqn, ctx.env
   name = eqn.primitive.name
   if name not in _ALL:  # (only a second derivative of an unjudged rule gets here)
@@ -214,25 +348,27 @@ def step(ctx: Any, rule: Callable[..., list[Any]], invals: Sequence[Any]) -> lis
                     "(pj.mask(jax.hessian(f), ...))")
   if name in _INLINE:
     return rule(ctx, *invals, **eqn.params)
+  flags = wrap_plan(jaxpr)[id(eqn)]
   if name in _ELEMENTWISE:
     out_aval = eqn.outvars[0].aval
     args = list(invals)
-    for i, (v, x) in enumerate(zip(eqn.invars, invals, strict=True)):
-      if (tuple(v.aval.shape) != tuple(out_aval.shape) and not isinstance(v, jc.Literal)
-          and inexact(v.aval)):
+    for i, (v, x, flag) in enumerate(zip(eqn.invars, invals, flags, strict=True)):
+      if flag:
         # (an operand broadcast over positions: its cotangent sums them)
         b = jnp.broadcast_to(x, env.padded_shape(out_aval.shape, eqn))
         args[i] = wrap(env, b, jc.shaped(out_aval.shape, v.aval.dtype))
     return rule(ctx, *args, **eqn.params)
   if name in _FILL:
-    invals = [env.fill_padding(x, v.aval, np.zeros((), v.aval.dtype)[()], None, eqn)
+    invals = [_mark_clean(env, env.fill_padding(x, v.aval, np.zeros((), v.aval.dtype)[()],
+                                                None, eqn))
               if inexact(v.aval) and is_dynamic(v.aval) else x
               for v, x in zip(eqn.invars, invals, strict=True)]
   if name == "gather" and _promises_in_bounds(eqn) and inexact(eqn.invars[0].aval):
     outs = [_promised_gather(ctx, rule, *invals)]
   else:
     outs = rule(ctx, *invals, **eqn.params)
-  return [wrap(env, y, v.aval) for y, v in zip(outs, eqn.outvars, strict=True)]
+  return [wrap(env, y, v.aval) if flag else y
+          for y, v, flag in zip(outs, eqn.outvars, flags, strict=True)]
 
 
 # --- a gather that promises to be in bounds ------------------------------------
@@ -272,24 +408,17 @@ def _promised_gather(ctx: Any, rule: Callable[..., list[Any]], operand: Any,
   return out
 
 
-class _Linear:
+class _Linear(NodeShell):
   """A call node (`_jax/calls.py`) of a map linear in its first argument,
   `fwd(t, *known) -> [out]`, with its own transpose `bwd(ct, *known) -> t`."""
 
   def __init__(self, in_avals: tuple[Any, ...], fwd: Callable[..., list[Any]],
                bwd: Callable[..., Any]) -> None:
-    self.in_avals = in_avals
+    super().__init__(in_avals)
     self.fwd, self.bwd = fwd, bwd
-    self._jaxpr: jc.ClosedJaxpr | None = None
 
-  @property
-  def jaxpr(self) -> jc.ClosedJaxpr:
-    if self._jaxpr is None:
-      self._jaxpr = jc.make_closed_jaxpr(lambda *a: self.fwd(*a), list(self.in_avals))
-    return self._jaxpr
-
-  def out_avals(self) -> list[Any] | None:
-    return None
+  def impl(self, *args: Any) -> list[Any]:
+    return self.fwd(*args)
 
   def jvp(self, primals: list[Any], tangents: list[Any | None]
           ) -> tuple[list[Any], list[Any | None]]:
