@@ -314,6 +314,13 @@ class Batched(Node):
     outs: list[Any] = self._vmap(self.inner.impl, self.dims)(*args)
     return outs
 
+  def out_avals(self) -> list[Any] | None:
+    # (a batched tangent map: known without tracing it, as the inner one's are;
+    # reverse mode through a custom_vjp function never traces it)
+    inner = self.inner.out_avals()
+    return None if inner is None else [jc.shaped((self.axis_size, *a.shape), a.dtype)
+                                       for a in inner]
+
   def jvp(self, primals: list[Any], tangents: list[Any | None]
           ) -> tuple[list[Any], list[Any | None]]:
     if isinstance(self.inner, Call):
