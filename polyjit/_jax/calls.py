@@ -33,6 +33,7 @@ from jax._src import core as _core
 from jax._src.interpreters import ad as _ad
 from jax._src.interpreters import batching as _batching
 from jax._src.interpreters import mlir as _mlir
+from jax._src.interpreters import partial_eval as _pe
 
 from .core import ClosedJaxpr, Primitive
 
@@ -92,11 +93,19 @@ def set_lowering_order(order: Any) -> None:
   lowering_order = order
 
 
+def _lowerable(closed: Any) -> Any:
+  """`closed` with JAX 0.12's hi primitives (`call_hi_primitive`) expanded, as
+  `jit`'s lowering expands them (older JAX has none)."""
+  if getattr(closed, "is_high", False):
+    return _pe.lower_jaxpr2(closed)
+  return closed
+
+
 def _lower(ctx: Any, *args: Any, node: CallNode) -> Any:
   order = lowering_order
   if order is None or not order.wants(node):
     return _mlir.core_call_lowering(ctx, *args, name="polyjit_masked_call",
-                                    call_jaxpr=node.jaxpr)
+                                    call_jaxpr=_lowerable(node.jaxpr))
   block = _ir.InsertionPoint.current.block
   chain = ctx.module_context.cached_primitive_lowerings.setdefault(_CHAIN_KEY, [])
   token = next((t for b, t in chain if b == block), None)
@@ -106,7 +115,7 @@ def _lower(ctx: Any, *args: Any, node: CallNode) -> Any:
     args = tuple(chained(ctx.replace(avals_in=[token_aval, *ctx.avals_in],
                                      avals_out=list(ctx.avals_in)), token, *args))
   outs = _mlir.core_call_lowering(ctx, *args, name="polyjit_masked_call",
-                                  call_jaxpr=node.jaxpr)
+                                  call_jaxpr=_lowerable(node.jaxpr))
   if not any(order.gives_token(a) for a in ctx.avals_out):
     return outs   # (nothing to wait for: the chain stays as it was)
   if token is None:

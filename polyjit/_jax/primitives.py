@@ -176,3 +176,24 @@ def with_scan_counts(params: dict[str, Any], num_consts: int, num_carry: int,
   else:
     new["num_consts"], new["num_carry"] = num_consts, num_carry
   return new
+
+
+# --- JAX's "hi" primitives (0.12 and later) -----------------------------------------
+#
+# JAX 0.12 binds some operations (searchsorted, nonzero, ...) as one
+# `call_hi_primitive` equation whose `_prim` param is an object that knows its
+# own rules, and `_prim.expand(*args)` its implementation in ordinary
+# primitives. The masking rule evaluates that expansion, masked.
+
+def hi_primitive_expansion(params: dict[str, Any]) -> Callable[..., list[Any]]:
+  """The implementation of a `call_hi_primitive` equation in ordinary
+  primitives, as a function of its flat operands returning a flat list."""
+  from .registry import JAXPRS, require
+  require(JAXPRS)
+  import jax   # (this module otherwise needs no public JAX)
+  prim = params["_prim"]
+
+  def expand(*flat: Any) -> list[Any]:
+    args = jax.tree_util.tree_unflatten(prim.in_tree, flat)
+    return list(prim.out_tree.flatten_up_to(prim.expand(*args)))
+  return expand

@@ -247,6 +247,32 @@ def _jaxprs() -> None:
   assert callable(_effects.remat_allowed_effects.filter_not_in)
 
 
+@internal("call_hi_primitive's `_prim` (expand, in_tree, out_tree), Jaxpr.is_high, "
+          "pe.lower_jaxpr2 (JAX 0.12 and later; absent before)", JAXPRS, "read",
+          "JAX's hi primitives (searchsorted, nonzero) are masked through their "
+          "expansion and expanded before polyjit's call is lowered",
+          versions="0.12.0.1")
+def _hi_primitives() -> None:
+  closed = jax.make_jaxpr(lambda a, q: jax.numpy.searchsorted(a, q))(
+      np.zeros(3, np.float32), np.zeros(2, np.float32))
+  found = [e for e in _all_eqns(closed.jaxpr) if e.primitive.name == "call_hi_primitive"]
+  if not found:
+    return   # (a JAX without hi primitives: nothing is read)
+  prim = found[0].params["_prim"]
+  assert callable(prim.expand) and prim.in_tree.num_leaves == 2
+  assert prim.out_tree.num_leaves == 1
+  assert getattr(closed, "is_high", None) is not None and callable(_pe.lower_jaxpr2)
+
+
+def _all_eqns(jaxpr: Any) -> list[Any]:
+  out = []
+  for eqn in jaxpr.eqns:
+    out.append(eqn)
+    for sub in subjaxprs_in_params(eqn.params):
+      out.extend(_all_eqns(sub))
+  return out
+
+
 # --- the call path (reads) ---------------------------------------------------------
 
 @internal("array.ArrayImpl, pxla.batched_device_put(aval, sharding, xs, devices, committed), "
