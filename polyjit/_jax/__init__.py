@@ -67,7 +67,7 @@ from .frames import (
     static_size_user as static_size_user,
     user_line_of as user_line_of)
 from .primitives import (
-    EVAL_JAXPR_IS_THE_CALL as EVAL_JAXPR_IS_THE_CALL, hi_primitive_expansion as hi_primitive_expansion, all_primitives as all_primitives, bind_params as bind_params, primitive as primitive,
+    EVAL_JAXPR_IS_THE_CALL as EVAL_JAXPR_IS_THE_CALL, hi_primitive_expansion as hi_primitive_expansion, NUMPY_BINDS_HI_PRIMITIVES as NUMPY_BINDS_HI_PRIMITIVES, all_primitives as all_primitives, bind_params as bind_params, primitive as primitive,
     required_primitive as required_primitive, scan_counts as scan_counts,
     size_primitive as size_primitive, uncached_calls as uncached_calls,
     with_scan_counts as with_scan_counts)

@@ -185,6 +185,11 @@ def with_scan_counts(params: dict[str, Any], num_consts: int, num_carry: int,
 # own rules, and `_prim.expand(*args)` its implementation in ordinary
 # primitives. The masking rule evaluates that expansion, masked.
 
+#: Whether jax.numpy binds hi primitives (JAX 0.12 and later; 0.10 has the
+#: primitive but jax.numpy does not bind it, so it gets no rule, nor a row, there).
+NUMPY_BINDS_HI_PRIMITIVES = JAX_VERSION >= (0, 12)
+
+
 def hi_primitive_expansion(params: dict[str, Any]) -> Callable[..., list[Any]]:
   """The implementation of a `call_hi_primitive` equation in ordinary
   primitives, as a function of its flat operands returning a flat list."""

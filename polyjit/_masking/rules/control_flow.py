@@ -61,7 +61,7 @@ def _call(ctx: RuleContext, *args: Any, call_jaxpr: Any, **_: Any) -> list[Any]:
 # JAX 0.12's `call_hi_primitive` (searchsorted, nonzero, ... bound as one
 # equation): its expansion in ordinary primitives, traced at the equation's
 # symbolic avals and evaluated masked like a `jit`.
-@register("call_hi_primitive", optional=True)
+@register(*(("call_hi_primitive",) if jc.NUMPY_BINDS_HI_PRIMITIVES else ()))
 def _hi_primitive(ctx: RuleContext, *args: Any, **params: Any) -> list[Any]:
   expansion = jc.make_closed_jaxpr(jc.hi_primitive_expansion(params), list(ctx.in_avals))
   return ctx.eval_jaxpr(expansion, *args)
