@@ -16,7 +16,10 @@ again). Contenders:
 * `pj.jit+sync`: the same with `jax_cpu_enable_async_dispatch=False` (set
   before JAX's backend starts: XLA:CPU then runs a program in the calling
   thread instead of handing it to its thread pool, as torch does; the call
-  blocks for the program's run time);
+  blocks for the program's run time). Plain `pj.jit` runs its small
+  programs in the calling thread anyway (on a CPU client of its own,
+  `polyjit/_jit/inline.py`), so the two differ by moving results between
+  the clients;
 * `torch.compile(dynamic=True)`: its on-disk caches on, as by default, in the
   contender's own directory; Inductor's one-time start-up (about 9 s in a
   fresh process) runs untimed before the timing, as does JAX's backend start;

@@ -302,11 +302,13 @@ def _entry_name(name: str, key: str) -> str:
   return re.sub(r"[^A-Za-z0-9_.]", "_", name)[:80] + "-" + key
 
 
-def load_or_compile(lowered: Any, name: str, keep: bool) -> Any:
+def load_or_compile(lowered: Any, name: str, keep: bool, kept: list[bytes] | None = None) -> Any:
   """The program `lowered` compiles to: loaded from polyjit's directory when an
   earlier compile (this process or another) kept it, else compiled, and kept
   when `keep` (single-device programs) and the cache is on. A load is reported
-  to `count_compiles` as a load, not a compile."""
+  to `count_compiles` as a load, not a compile. `kept` receives the program's
+  bytes, loaded or written (a loaded executable cannot be serialized again:
+  `_jit/inline.py` loads these bytes onto its own client)."""
   ensure()
   cache: DiskCache | None = _state["programs"]
   # (a device chosen with `jax_default_device` may be on another backend than
@@ -323,11 +325,15 @@ def load_or_compile(lowered: Any, name: str, keep: bool) -> Any:
       cache.discard(entry)
     else:
       record_load(name, time.perf_counter() - t0)
+      if kept is not None:
+        kept.append(data)
       return program
   program = lowered.compile()
   data = jc.serialize_program(program)
   if data is not None:
     cache.put(entry, data)
+    if kept is not None:
+      kept.append(data)
   return program
 
 

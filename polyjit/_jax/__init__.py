@@ -24,6 +24,7 @@ Modules (dependencies point up the list):
   messages    parsers of JAX's texts (cache misses, compile events, errors)
   swaps       JAX functions replaced for the duration of a symbolic trace
   compilation_cache  polyjit's programs as bytes: their key, serialization and load
+  inline_cpu  polyjit's small programs on a synchronous CPU client of its own
   probes      the probes of the registry's rows (run once, before use)
 
 Tested against JAX 0.10.2 (full suite), 0.11.2 once, and 0.9.2 in part (see
@@ -96,6 +97,10 @@ from .compilation_cache import (
     config_values as config_values, default_device_chosen as default_device_chosen,
     load_program as load_program,
     program_key as program_key, serialize_program as serialize_program)
+from .inline_cpu import (
+    inline_copy as inline_copy, inline_device as inline_device,
+    inline_sharding as inline_sharding, program_cost as program_cost,
+    to_default as to_default, to_inline as to_inline)
 from .registry import (
     AUDITED as AUDITED, NEWEST_TESTED as NEWEST_TESTED, TESTED as TESTED,
     JaxBoundaryError as JaxBoundaryError, require as require)

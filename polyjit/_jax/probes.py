@@ -35,8 +35,8 @@ from .core import (InconclusiveDimensionOperation, Tracer, default_sharding, hos
                    is_dropvar, max_dim, replay_unsafe_effects, shaped, subjaxprs_in_params)
 from .messages import inconclusive_comparison, needs_concrete_size, trace_refusal_unchecked
 from .primitives import bind_params, primitive
-from .registry import (AD, CALL, DECISIONS, DIMS, JAXPRS, PROGRAMS, REFUSALS, SIZES, SOURCE, SWAPS,
-                       TEXTS, internal)
+from .registry import (AD, CALL, DECISIONS, DIMS, INLINE, JAXPRS, PROGRAMS, REFUSALS, SIZES,
+                       SOURCE, SWAPS, TEXTS, internal)
 from .swaps import ARRAY_GETITEM, site_plan
 
 
@@ -374,6 +374,23 @@ def _serialized_programs() -> None:
   lowered = jax.jit(lambda x: x * 2).lower(np.float32(1))
   assert "func.func" in lowered.as_text()
   assert lowered.in_tree is not None and lowered.out_tree is not None
+
+
+@internal("_jax.get_tfrt_cpu_client(asynchronous=...); serialize_executable.deserialize_and_load"
+          "(backend=, execution_devices=); UnloadedMeshExecutable.host_callbacks/ordered_effects/"
+          "unordered_effects/keepalive; Compiled._params.const_args, args_info[]._aval", INLINE, "read",
+          "polyjit's small programs run on a synchronous CPU client of its own, loaded from "
+          "their serialized bytes (`inline_cpu.py`); where a read fails there, the program "
+          "runs on JAX's default client instead (the feature is off, nothing raises)",
+          versions="0.10.2, main (cec06d1)")
+def _inline_cpu() -> None:
+  from jax._src.lib import _jax  # type: ignore[attr-defined, unused-ignore]
+  from jax.experimental import serialize_executable as se
+  assert "asynchronous" in (_jax.get_tfrt_cpu_client.__doc__ or ""), "no asynchronous option"
+  assert {"backend", "execution_devices"} <= set(_params(se.deserialize_and_load))
+  fields = set(getattr(_pxla.UnloadedMeshExecutable, "__annotations__", {}))
+  assert {"host_callbacks", "ordered_effects", "unordered_effects", "keepalive"} <= fields, fields
+  assert callable(_pxla.batched_device_put)
 
 
 @internal("mlir.core_call_lowering, ad.primitive_jvps/primitive_transposes, "

@@ -42,6 +42,7 @@ SIZES = "data-dependent sizes"
 TEXTS = "explanations of JAX's errors"
 REFUSALS = "explanations of JAX's refusals"
 PROGRAMS = "the on-disk programs"
+INLINE = "small CPU programs on the calling thread"
 
 
 class JaxBoundaryError(RuntimeError):

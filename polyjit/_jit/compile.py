@@ -26,6 +26,7 @@ from .._masking.mask import Masked
 from .._masking.spec import Binding
 from .._masking.variants import Variant
 from .._sharding import placement as _sharding
+from . import inline as _inline
 from .args import ArgLayout
 from .plans import ProgramKey, Shapes, Structure, borrow, masked_body, padded_shapes
 from .stats import Cause, Stats
@@ -81,6 +82,7 @@ class Compiler:
     t0 = time.perf_counter()
     if struct.on_mesh:  # (outside count_compiles: the check runs a collective)
       _sharding.agree_on_program(key.padded_shapes, key.bucket, self.label)
+    kept: list[bytes] = []   # the program's bytes, for its inline copy
     with count_compiles(this_thread_only=True) as log:
       lowered = _sharding.lower(body, self.name, key.padded_shapes, struct.avals, n_dims,
                                 donate, struct.shardings, self._out_shardings)
@@ -88,7 +90,12 @@ class Compiler:
       # in each process)
       program = _disk_cache.load_or_compile(
           lowered, jc.jit_program_name(self.name),
-          keep=struct.shardings is None and self._out_shardings is None)
+          keep=struct.shardings is None and self._out_shardings is None, kept=kept)
+    # small single-device programs run on the calling thread (`inline.py`)
+    program = _inline.inline(program, struct.dtypes,
+                             placed=struct.on_mesh or self._out_shardings is not None,
+                             donated=bool(donate), data=kept[0] if kept else None,
+                             fresh=not log.cache_loads)
     seconds = time.perf_counter() - t0
     self._stats.record_compile(key, cause, log, program_name=jc.jit_program_name(self.name),
                                wall_seconds=seconds)

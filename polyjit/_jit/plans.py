@@ -29,6 +29,7 @@ import numpy as np
 from .._masking import dims as _dims
 from .. import _jax as jc
 from .auto import DimTracker
+from .inline import size_sharding
 from .._masking.mask import Masked
 from .._masking.padding import pad_into
 from .._buckets.cost_aware import REPEATS, Account, Borrow, Rental
@@ -100,8 +101,8 @@ class Plan:
     self.dtypes = dtypes
     # The program's size arguments, put on the device once: a committed
     # array costs JAX's dispatch less than a NumPy scalar does, every call.
-    self.logical: tuple[Any, ...] = tuple(jc.host_to_device(v, jc.default_sharding())
-                                          for v in logical)
+    sharding = size_sharding(program)  # (an inline program's own client: `inline.py`)
+    self.logical: tuple[Any, ...] = tuple(jc.host_to_device(v, sharding) for v in logical)
     self.out_shapes = out_shapes        # per output leaf logical shape, or None
     self.waste = waste                  # fraction of input elements that are padding
     # future of the tighter bucket, if borrowing (a cost-aware policy: its `Borrow`)
