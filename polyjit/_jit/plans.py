@@ -101,8 +101,11 @@ class Plan:
     self.dtypes = dtypes
     # The program's size arguments, put on the device once: a committed
     # array costs JAX's dispatch less than a NumPy scalar does, every call.
-    sharding = size_sharding(program)  # (an inline program's own client: `inline.py`)
-    self.logical: tuple[Any, ...] = tuple(jc.host_to_device(v, sharding) for v in logical)
+    # (an inline program's own client: `inline.py`; asked only where there are
+    # sizes: a program on a mesh has none here, and the default device may not
+    # be this process's)
+    self.logical: tuple[Any, ...] = tuple(jc.host_to_device(v, size_sharding(program))
+                                          for v in logical)
     self.out_shapes = out_shapes        # per output leaf logical shape, or None
     self.waste = waste                  # fraction of input elements that are padding
     # future of the tighter bucket, if borrowing (a cost-aware policy: its `Borrow`)
