@@ -32,7 +32,7 @@ import dis
 import functools
 import linecache
 import types
-from typing import Any
+from typing import Any, TypeGuard
 
 import jax
 
@@ -260,7 +260,7 @@ def _later_uses(assign: ast.Assign, name: str, parents: dict[ast.AST, ast.AST]) 
   return uses
 
 
-def _is_a_use(node: ast.AST, name: str, parents: dict[ast.AST, ast.AST]) -> bool:
+def _is_a_use(node: ast.AST, name: str, parents: dict[ast.AST, ast.AST]) -> TypeGuard[ast.Name]:
   if not isinstance(node, ast.Name) or node.id != name:
     return False
   return isinstance(node.ctx, ast.Load) or isinstance(parents.get(node), ast.AugAssign)
