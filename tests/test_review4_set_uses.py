@@ -1,4 +1,5 @@
-"""A set of sizes shares one hash only if no later use can look a value up in it.
+"""A set of sizes shares one hash only if no later use can look a value up in it,
+nor see the order its members iterate in.
 
 `set_sites` proves from the source that a set of sizes is only counted,
 unpacked or iterated. Uses it missed: a `finally`, `except` or `else` block
@@ -106,3 +107,54 @@ def test_a_set_used_after_its_block_is_exact_or_refused_with_traced_sizes(fun):
   except pj.MaskingError:
     return
   assert got == float(fun(np.ones(5, np.float32)))
+
+
+# --- reads that see the set's iteration order --------------------------------------
+# A set iterates in the order of its members' hashes ({3, 5} and {5, 3} both as
+# 3, 5); with one shared hash it iterates in insertion order instead.
+
+def _unpacked_pair(x, y):
+  s = {x.shape[0], y.shape[0]}
+  a, b = s
+  return jnp.sum(x) * a - b
+
+
+def _iterated(x, y):
+  out = 0
+  for a in {x.shape[0], y.shape[0]}:
+    out = out * 10 + a
+  return jnp.sum(x) * 0 + out
+
+
+def _popped(x, y):
+  s = set([x.shape[0], y.shape[0]])
+  return jnp.sum(x) * 0 + s.pop()
+
+
+def _listed(x, y):
+  return jnp.sum(x) * 0 + jnp.asarray(list({x.shape[0], y.shape[0]}))[0]
+
+
+ORDERED = [_unpacked_pair, _iterated, _popped, _listed]
+
+
+@pytest.mark.parametrize("fun", ORDERED, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("mode", ["auto", "explicit"])
+def test_a_read_that_sees_the_order_is_exact(fun, mode):
+  f = pj.jit(fun, polymorphic_shapes=None if mode == "auto" else ["n", "m"])
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", pj.FallbackWarning)
+    for n, m in ((5, 3), (3, 5), (9, 2)):
+      x, y = np.ones(n, np.float32), np.ones(m, np.float32)
+      assert float(f(x, y)) == float(jax.jit(fun)(x, y)), (fun.__name__, n, m)
+
+
+@pytest.mark.parametrize("fun", ORDERED, ids=lambda f: f.__name__)
+def test_a_read_that_sees_the_order_is_exact_or_refused_with_traced_sizes(fun):
+  g = jax.jit(lambda xp, yp, n, m: pj.mask(fun, ["n", "m"])([xp, yp], {"n": n, "m": m}))
+  for n, m in ((5, 3), (3, 5)):
+    try:
+      got = float(g(np.ones(8, np.float32), np.ones(8, np.float32), n, m))
+    except pj.MaskingError:
+      continue
+    assert got == float(fun(np.ones(n, np.float32), np.ones(m, np.float32)))

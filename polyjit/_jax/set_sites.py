@@ -15,9 +15,10 @@ So the shortcut is taken only where both are ruled out from the source: the
 set is built by a display (`{a, b}`, `{*xs}`) or `set(...)`/`frozenset(...)`
 whose members, re-read by a side-effect-free evaluation of the expression
 (names, `.shape`, constant indices, `jax.tree_util.tree_leaves`, `list`,
-`tuple`), are all symbolic sizes; and the set itself is only counted,
-unpacked, iterated, sorted, printed or popped (`len(s)`, `(a,) = s`,
-`for a in s`, `f"{s}"`), directly or through one local name (not a global)
+`tuple`), are all symbolic sizes; and the set itself is only read in ways
+its iteration order cannot change (`len(s)`, `(a,) = s`, `sorted(s)`,
+`min(s)`, `if s:`, and `f"{s}"` for a message; not `for a in s`, `list(s)`,
+`s.pop()` or `a, b = s`, which see the order the shared hash gives), directly or through one local name (not a global)
 that no inner function captures and no `eval`/`locals()` reaches, wherever a
 use may run after the assignment: later in its block, or in any block of an
 enclosing statement (`except`, `else`, `finally`, a loop's next iteration).
@@ -46,10 +47,12 @@ _CALL_OPS = frozenset(dis.opmap[name] for name in ("PRECALL", "CALL", "CALL_KW",
 _SET_BUILDERS = (builtins.set, builtins.frozenset)
 # Functions the member check may call again: pure, and they return fresh lists.
 _PURE_CALLS = (jax.tree_util.tree_leaves, jax.tree.leaves, builtins.list, builtins.tuple)
-# Builtins that read a set without asking whether a value is in it.
-_READING_BUILTINS = {"len": builtins.len, "sorted": builtins.sorted, "list": builtins.list,
-                     "tuple": builtins.tuple, "min": builtins.min, "max": builtins.max,
-                     "bool": builtins.bool}
+# Builtins that read a set without asking whether a value is in it, and whose
+# answer does not depend on the order the set iterates in: that order follows
+# the hashes, so sharing one hash changes it (`list`, `tuple`, `for`, `pop` and
+# `a, b = s` would see {3, 5} as 5, 3).
+_READING_BUILTINS = {"len": builtins.len, "sorted": builtins.sorted, "min": builtins.min,
+                     "max": builtins.max, "bool": builtins.bool}
 # Names through which code reaches a local by its name, out of the syntax tree's sight.
 _READS_LOCALS_BY_NAME = frozenset({"eval", "exec", "locals", "vars", "_getframe", "currentframe",
                                    "f_locals"})
@@ -220,12 +223,11 @@ def _is_a_read(node: ast.AST, parent: ast.AST, frame: types.FrameType, code: typ
       except _Unknown:
         return False
     return False
-  if isinstance(parent, ast.Attribute) and parent.value is node and parent.attr == "pop":
-    return True
   if isinstance(parent, ast.Assign) and parent.value is node:
-    return all(isinstance(t, (ast.Tuple, ast.List)) for t in parent.targets)   # unpacking
-  if isinstance(parent, (ast.For, ast.comprehension)) and parent.iter is node:
-    return True
+    # `(a,) = s`: one member, or ValueError as unpadded (two targets see the order)
+    return all(isinstance(t, (ast.Tuple, ast.List)) and len(t.elts) == 1
+               and not isinstance(t.elts[0], ast.Starred) for t in parent.targets)
+  # (an f-string shows the order, in a message only)
   if isinstance(parent, ast.FormattedValue) or (isinstance(parent, ast.If) and parent.test is node):
     return True
   return isinstance(parent, ast.UnaryOp) and isinstance(parent.op, ast.Not)
