@@ -15,11 +15,15 @@ So the shortcut is taken only where both are ruled out from the source: the
 set is built by a display (`{a, b}`, `{*xs}`) or `set(...)`/`frozenset(...)`
 whose members, re-read by a side-effect-free evaluation of the expression
 (names, `.shape`, constant indices, `jax.tree_util.tree_leaves`, `list`,
-`tuple`), are all symbolic sizes; and the set itself is only counted,
-unpacked, iterated, sorted, printed or popped (`len(s)`, `(a,) = s`,
-`for a in s`, `f"{s}"`), directly or through one local name that no inner
-function captures. Anything else hashes by value (exact at concrete sizes,
-refused when sizes are traced).
+`tuple`), are all symbolic sizes; and the set itself is only read in ways
+its iteration order cannot change (`len(s)`, `(a,) = s`, `sorted(s)`,
+`min(s)`, `if s:`, and `f"{s}"` for a message; not `for a in s`, `list(s)`,
+`s.pop()` or `a, b = s`, which see the order the shared hash gives), directly or through one local name (not a global)
+that no inner function captures and no `eval`/`locals()` reaches, wherever a
+use may run after the assignment: later in its block, or in any block of an
+enclosing statement (`except`, `else`, `finally`, a loop's next iteration).
+`s |= {5}` counts as a use that is no read. Anything else hashes by value
+(exact at concrete sizes, refused when sizes are traced).
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ import dis
 import functools
 import linecache
 import types
-from typing import Any
+from typing import Any, TypeGuard
 
 import jax
 
@@ -43,10 +47,15 @@ _CALL_OPS = frozenset(dis.opmap[name] for name in ("PRECALL", "CALL", "CALL_KW",
 _SET_BUILDERS = (builtins.set, builtins.frozenset)
 # Functions the member check may call again: pure, and they return fresh lists.
 _PURE_CALLS = (jax.tree_util.tree_leaves, jax.tree.leaves, builtins.list, builtins.tuple)
-# Builtins that read a set without asking whether a value is in it.
-_READING_BUILTINS = {"len": builtins.len, "sorted": builtins.sorted, "list": builtins.list,
-                     "tuple": builtins.tuple, "min": builtins.min, "max": builtins.max,
-                     "bool": builtins.bool}
+# Builtins that read a set without asking whether a value is in it, and whose
+# answer does not depend on the order the set iterates in: that order follows
+# the hashes, so sharing one hash changes it (`list`, `tuple`, `for`, `pop` and
+# `a, b = s` would see {3, 5} as 5, 3).
+_READING_BUILTINS = {"len": builtins.len, "sorted": builtins.sorted, "min": builtins.min,
+                     "max": builtins.max, "bool": builtins.bool}
+# Names through which code reaches a local by its name, out of the syntax tree's sight.
+_READS_LOCALS_BY_NAME = frozenset({"eval", "exec", "locals", "vars", "_getframe", "currentframe",
+                                   "f_locals"})
 
 
 class _Unknown(Exception):
@@ -197,8 +206,10 @@ def _only_read(node: ast.AST, parents: dict[ast.AST, ast.AST], code: types.CodeT
   if (isinstance(parent, ast.Assign) and parent.value is node and len(parent.targets) == 1
       and isinstance(parent.targets[0], ast.Name)):
     name = parent.targets[0].id
-    if name in code.co_cellvars or name in code.co_freevars:
-      return False   # an inner function could look values up in it
+    if name not in code.co_varnames or name in code.co_cellvars or name in code.co_freevars:
+      return False   # a global, or captured: code elsewhere could look values up in it
+    if _READS_LOCALS_BY_NAME & set(code.co_names):
+      return False   # `eval("5 in s")`, `locals()["s"]`: uses the syntax tree does not show
     return all(_is_a_read(use, parents[use], frame, code) for use in _later_uses(parent, name, parents))
   return False
 
@@ -212,44 +223,46 @@ def _is_a_read(node: ast.AST, parent: ast.AST, frame: types.FrameType, code: typ
       except _Unknown:
         return False
     return False
-  if isinstance(parent, ast.Attribute) and parent.value is node and parent.attr == "pop":
-    return True
   if isinstance(parent, ast.Assign) and parent.value is node:
-    return all(isinstance(t, (ast.Tuple, ast.List)) for t in parent.targets)   # unpacking
-  if isinstance(parent, (ast.For, ast.comprehension)) and parent.iter is node:
-    return True
+    # `(a,) = s`: one member, or ValueError as unpadded (two targets see the order)
+    return all(isinstance(t, (ast.Tuple, ast.List)) and len(t.elts) == 1
+               and not isinstance(t.elts[0], ast.Starred) for t in parent.targets)
+  # (an f-string shows the order, in a message only)
   if isinstance(parent, ast.FormattedValue) or (isinstance(parent, ast.If) and parent.test is node):
     return True
   return isinstance(parent, ast.UnaryOp) and isinstance(parent.op, ast.Not)
 
 
 def _later_uses(assign: ast.Assign, name: str, parents: dict[ast.AST, ast.AST]) -> list[ast.Name]:
-  """Loads of `name` that may see the set bound by `assign`: the statements
-  after it in its block and in every enclosing block up to the function (the
-  whole loop body where a loop encloses it), stopping at a rebinding in the
-  assignment's own block."""
+  """Uses of `name` that may see the set bound by `assign` (loads, and the
+  target of `s |= {5}`, which is no read): the statements after it in its
+  block, then every block of each enclosing statement up to the function
+  (an `except`, `else` or `finally` block, a loop's body run again, may each
+  run after it), and the statements after those. A rebinding ends nothing:
+  an exception before it reaches a handler that still sees the set."""
   uses: list[ast.Name] = []
   statement: ast.AST = assign
-  own_block = True   # (a rebinding there ends the set's life, unless in a loop)
   while True:
-    block_owner = parents.get(statement)
-    if block_owner is None:
+    owner = parents.get(statement)
+    if owner is None:
       break
-    for field in ("body", "orelse", "finalbody", "handlers"):
-      block = getattr(block_owner, field, None)
-      if isinstance(block, list) and statement in block:
-        loop = isinstance(block_owner, (ast.For, ast.While, ast.AsyncFor))
-        start = 0 if loop else block.index(statement) + 1
-        for later in block[start:]:
-          uses.extend(n for n in ast.walk(later)
-                      if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
-                      and not (later is assign and not loop))
-          if own_block and not loop and any(isinstance(t, ast.Name) and t.id == name
-                                            for t in getattr(later, "targets", ())):
-            return uses
-        break
-    if isinstance(block_owner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.Module)):
+    for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+      block = getattr(owner, field, None)
+      if not isinstance(block, list):
+        continue
+      # (the assignment's own block from the statement after it; any other block whole)
+      later = block[block.index(statement) + 1:] if statement in block else block
+      uses.extend(n for stmt in later for n in ast.walk(stmt) if _is_a_use(n, name, parents))
+    if isinstance(owner, (ast.For, ast.While, ast.AsyncFor)):
+      uses.extend(n for n in ast.walk(owner) if _is_a_use(n, name, parents)
+                  and n is not assign.targets[0])
+    if isinstance(owner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.Module)):
       break
-    own_block = False
-    statement = block_owner
+    statement = owner
   return uses
+
+
+def _is_a_use(node: ast.AST, name: str, parents: dict[ast.AST, ast.AST]) -> TypeGuard[ast.Name]:
+  if not isinstance(node, ast.Name) or node.id != name:
+    return False
+  return isinstance(node.ctx, ast.Load) or isinstance(parents.get(node), ast.AugAssign)

@@ -68,8 +68,12 @@ def _extremum_jvp(kind: str, axes: tuple[int, ...], identity: Any,
   ans = _extremum(kind, axes, identity, x, valid)
   kept = tuple(d for d in range(x.ndim) if d not in axes)
   at = valid & (x == lax.broadcast_in_dim(ans, x.shape, kept))
-  count = jnp.maximum(jnp.sum(at, axis=axes, dtype=x.dtype), 1)   # (no valid position: 0, not 0/0)
-  return ans, jnp.sum(jnp.where(at, t, 0), axis=axes) / count
+  # No valid position: 0, not 0/0. A NaN among the valid positions equals no
+  # one (count 0): 0/0 = NaN, as JAX's own derivative of a maximum gives.
+  count = jnp.where(jnp.any(valid, axis=axes), jnp.sum(at, axis=axes, dtype=x.dtype), 1)
+  # (t times the indicator, as JAX's rule: its transpose carries a NaN cotangent
+  # to every valid position; the padding's tangent never enters)
+  return ans, jnp.sum(jnp.where(valid, t * at.astype(t.dtype), 0), axis=axes) / count
 
 
 for _name, _kind in _REDUCERS.items():

@@ -15,9 +15,8 @@ with the same logical row-major index, computed from the logical sizes.
 
 from __future__ import annotations
 
-from typing import Any
-
 import math
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
@@ -122,6 +121,10 @@ def _reshape_by_gather(ctx: RuleContext, x: Any, in_shape: Any, out_shape: Any) 
         f"than {np.dtype(dtype).name} indices can address.",
         "enable 64-bit mode (jax.config.update('jax_enable_x64', True)) or "
         "reshape smaller arrays.")
+  if x.size == 0 or math.prod(shape) == 0:
+    # (no entry to read: `jnp.take` of an empty array would return its own (0,)
+    # shape, not `shape`; jnp.pad's edge mode reshapes (n, 1, 0) to (n, 0))
+    return lax.full(shape, 0, x.dtype)
   flat = lax.full(shape, 0, dtype)  # logical row-major index of each entry
   for axis, d in enumerate(out_shape):
     flat = flat * ctx.logical(d) + lax.broadcasted_iota(dtype, shape, axis)
