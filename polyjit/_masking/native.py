@@ -75,6 +75,7 @@ import numpy as np
 from jax import lax
 
 from .. import _jax as jc
+from . import native_zeros as _zeros
 from . import scopes as _scopes
 from .call_nodes import NodeShell
 from .core import eqn_is_symbolic
@@ -332,7 +333,8 @@ def wrap(env: Any, y: Any, aval: Any) -> Any:
   if _clean(env).get(id(y)) is y:
     return y
   mask = env.valid_mask(aval)
-  return _mark_clean(env, lax.select(mask, y, lax.stop_gradient(y)))
+  out = _mark_clean(env, lax.select(mask, y, lax.stop_gradient(y)))
+  return _zeros.mark(env, out) if _zeros.known(env, y) else out
 
 
 def step(ctx: Any, rule: Callable[..., list[Any]], invals: Sequence[Any], jaxpr: jc.Jaxpr
@@ -357,18 +359,37 @@ def step(ctx: Any, rule: Callable[..., list[Any]], invals: Sequence[Any], jaxpr:
         # (an operand broadcast over positions: its cotangent sums them)
         b = jnp.broadcast_to(x, env.padded_shape(out_aval.shape, eqn))
         args[i] = wrap(env, b, jc.shaped(out_aval.shape, v.aval.dtype))
-    return rule(ctx, *args, **eqn.params)
+    outs = rule(ctx, *args, **eqn.params)
+    if _zeros.outputs(eqn, [_zeros.known(env, x) for x in invals])[0]:
+      _zeros.mark(env, outs[0])
+    return outs
   if name in _FILL:
-    invals = [_mark_clean(env, env.fill_padding(x, v.aval, np.zeros((), v.aval.dtype)[()],
-                                                None, eqn))
-              if inexact(v.aval) and is_dynamic(v.aval) else x
+    invals = [_operand(env, x, v, eqn) if inexact(v.aval) and is_dynamic(v.aval) else x
               for v, x in zip(eqn.invars, invals, strict=True)]
-  if name == "gather" and _promises_in_bounds(eqn) and inexact(eqn.invars[0].aval):
+  promised = name == "gather" and _promises_in_bounds(eqn) and inexact(eqn.invars[0].aval)
+  if promised:
     outs = [_promised_gather(ctx, rule, *invals)]
   else:
     outs = rule(ctx, *invals, **eqn.params)
+  zero = _zeros.outputs(eqn, [_zeros.known(env, x) for x in invals])
+  if promised:  # (`_promised_gather` zeroed its padding, value and tangent)
+    zero = [_mark_clean(env, outs[0]) is not None]
+  for y, z in zip(outs, zero, strict=True):
+    if z:
+      _zeros.mark(env, y)
   return [wrap(env, y, v.aval) if flag else y
           for y, v, flag in zip(outs, eqn.outvars, flags, strict=True)]
+
+
+def _operand(env: Any, x: Any, v: Any, eqn: jc.JaxprEqn) -> Any:
+  """A dynamic operand of a FILL equation: its padding zeroed, value and
+  tangent. Where its padding is known to be zero already (`native_zeros`)
+  only the tangent is masked (`wrap`: XLA folds its value away, and in
+  reverse its select fuses into the cotangent's consumer), saving a pass."""
+  if _zeros.known(env, x):
+    return wrap(env, x, v.aval)
+  filled = env.fill_padding(x, v.aval, np.zeros((), v.aval.dtype)[()], None, eqn)
+  return _zeros.mark(env, _mark_clean(env, filled))
 
 
 # --- a gather that promises to be in bounds ------------------------------------
@@ -386,7 +407,11 @@ def _promised_gather(ctx: Any, rule: Callable[..., list[Any]], operand: Any,
   dn = params["dimension_numbers"]
 
   def fwd(t: Any, idx: Any, *logical: Any) -> list[Any]:
-    return [rule(type(ctx)(env.with_logical(logical), eqn), t, idx, **params)[0]]
+    sub = env.with_logical(logical)
+    out = rule(type(ctx)(sub, eqn), t, idx, **params)[0]
+    # (the rows of padded indices zeroed, so that a dot need not fill them:
+    # a select that XLA fuses into the gather)
+    return [sub.fill_padding(out, eqn.outvars[0].aval, np.zeros((), out.dtype)[()], None, eqn)]
 
   def bwd(ct: Any, idx: Any, *logical: Any) -> Any:
     sub = type(ctx)(env.with_logical(logical), eqn)
@@ -411,6 +436,9 @@ def _promised_gather(ctx: Any, rule: Callable[..., list[Any]], operand: Any,
 class _Linear(NodeShell):
   """A call node (`_jax/calls.py`) of a map linear in its first argument,
   `fwd(t, *known) -> [out]`, with its own transpose `bwd(ct, *known) -> t`."""
+
+  #: (its maps are gathers and scatters: no LAPACK call to order, `lapack_order.py`)
+  calls_no_lapack = True
 
   def __init__(self, in_avals: tuple[Any, ...], fwd: Callable[..., list[Any]],
                bwd: Callable[..., Any]) -> None:
