@@ -4,7 +4,8 @@ already exactly zero (`_masking/native_zeros.py`).
 Both halves: the fact is proven only where it holds (a product with a
 NaN-padded value, a bias added, a function input are *not* zero-padded; a
 literal-zero broadcast, a segment_sum into zeros, a relu or tanh of zeros,
-x[i] in native mode are), and gradients stay exact and finite with NaN/inf
+x[i] in native mode are; a concatenation of both kinds has only its other
+parts filled), and gradients stay exact and finite with NaN/inf
 padding in every input, including where the fill was skipped and where a
 wrong fact would skip it (checked by forcing the fact: then they break).
 """
@@ -66,6 +67,9 @@ def _graph(p, x, e, u):
   msg = jax.nn.relu(pairs @ p["w"])
   scaled = h[e[:, 0]] * u                                  # 0 * NaN: filled
   msg = msg + jnp.tanh(scaled @ p["v"])
+  # a concatenation of a NaN-padded part and a zero-padded one: only the
+  # first is filled
+  msg = msg + jnp.tanh(jnp.concatenate([u, h[e[:, 1]]], -1) @ p["w"])
   agg = jax.ops.segment_sum(msg, e[:, 1], num_segments=x.shape[0])
   out = jnp.concatenate([agg, jax.nn.relu(agg)], -1) @ p["w"]   # zero-padded
   return jnp.sum(jnp.concatenate([h, agg], -1) @ p["w"]) + jnp.sum(out ** 2)

@@ -364,7 +364,7 @@ def step(ctx: Any, rule: Callable[..., list[Any]], invals: Sequence[Any], jaxpr:
       _zeros.mark(env, outs[0])
     return outs
   if name in _FILL:
-    invals = [_operand(env, x, v, eqn) if inexact(v.aval) and is_dynamic(v.aval) else x
+    invals = [_operand(env, x, v.aval, eqn) if inexact(v.aval) and is_dynamic(v.aval) else x
               for v, x in zip(eqn.invars, invals, strict=True)]
   promised = name == "gather" and _promises_in_bounds(eqn) and inexact(eqn.invars[0].aval)
   if promised:
@@ -377,18 +377,29 @@ def step(ctx: Any, rule: Callable[..., list[Any]], invals: Sequence[Any], jaxpr:
   for y, z in zip(outs, zero, strict=True):
     if z:
       _zeros.mark(env, y)
+  if name == "concatenate":
+    _zeros.record_parts(env, outs[0], invals, eqn)
   return [wrap(env, y, v.aval) if flag else y
           for y, v, flag in zip(outs, eqn.outvars, flags, strict=True)]
 
 
-def _operand(env: Any, x: Any, v: Any, eqn: jc.JaxprEqn) -> Any:
+def _operand(env: Any, x: Any, aval: Any, eqn: jc.JaxprEqn) -> Any:
   """A dynamic operand of a FILL equation: its padding zeroed, value and
   tangent. Where its padding is known to be zero already (`native_zeros`)
   only the tangent is masked (`wrap`: XLA folds its value away, and in
-  reverse its select fuses into the cotangent's consumer), saving a pass."""
+  reverse its select fuses into the cotangent's consumer), saving a pass.
+  A concatenation along a static axis of parts some of which are known
+  zero-padded is rebuilt from its parts, only the others filled (XLA does
+  not fuse a select into a dot, nor a concatenate into its producers)."""
   if _zeros.known(env, x):
-    return wrap(env, x, v.aval)
-  filled = env.fill_padding(x, v.aval, np.zeros((), v.aval.dtype)[()], None, eqn)
+    return wrap(env, x, aval)
+  parts = _zeros.parts(env, x)
+  if parts is not None and any(_zeros.known(env, p) for p in parts[0]):
+    xs, avals, dimension = parts
+    out = lax.concatenate([_operand(env, p, a, eqn)
+                           for p, a in zip(xs, avals, strict=True)], dimension)
+    return _zeros.mark(env, _mark_clean(env, out))
+  filled = env.fill_padding(x, aval, np.zeros((), aval.dtype)[()], None, eqn)
   return _zeros.mark(env, _mark_clean(env, filled))
 
 

@@ -137,3 +137,19 @@ def mark(env: Any, x: Any) -> Any:
 
 def known(env: Any, x: Any) -> bool:
   return _table(env).get(id(x)) is x
+
+
+def record_parts(env: Any, y: Any, xs: Sequence[Any], eqn: jc.JaxprEqn) -> None:
+  """Records that `y` concatenates `xs` along a static axis (if it does),
+  for `native._operand` to fill its parts instead."""
+  out_shape: Any = getattr(eqn.outvars[0].aval, "shape")
+  dimension = eqn.params["dimension"]
+  if _is_dynamic(eqn.outvars[0].aval) and not jc.is_symbolic_dim(out_shape[dimension]):
+    table: dict[int, Any] = env.__dict__.setdefault("_native_parts", {})
+    table[id(y)] = (y, (list(xs), [v.aval for v in eqn.invars], dimension))
+
+
+def parts(env: Any, y: Any) -> tuple[list[Any], list[Any], int] | None:
+  """The parts, their avals and the axis `y` concatenates, if recorded."""
+  hit = getattr(env, "_native_parts", {}).get(id(y))
+  return hit[1] if hit is not None and hit[0] is y else None
