@@ -75,6 +75,7 @@ import numpy as np
 from jax import lax
 
 from .. import _jax as jc
+from . import native_dot as _native_dot
 from . import native_zeros as _zeros
 from . import scopes as _scopes
 from .call_nodes import NodeShell
@@ -369,6 +370,8 @@ def step(ctx: Any, rule: Callable[..., list[Any]], invals: Sequence[Any], jaxpr:
   promised = name == "gather" and _promises_in_bounds(eqn) and inexact(eqn.invars[0].aval)
   if promised:
     outs = [_promised_gather(ctx, rule, *invals)]
+  elif name in _FILL and _native_dot.applies(eqn):  # (its padding zeroed above)
+    outs = [_native_dot.bind(eqn, *invals)]
   else:
     outs = rule(ctx, *invals, **eqn.params)
   zero = _zeros.outputs(eqn, [_zeros.known(env, x) for x in invals])
