@@ -23,7 +23,11 @@ both halves of that product for every equation with a dynamic axis:
 * FILL equations (`dot_general`: its transpose multiplies by the *other
   operand*, whose free-axis padding is garbage) also get their dynamic
   inexact inputs filled with zeros (value and tangent), so that the
-  coefficient in the padding is 0, finite.
+  coefficient in the padding is 0, finite. Not where the padding is known
+  to be exactly zero already (`native_zeros.py`: zeros, x[i], segment_sum,
+  relu/tanh/sums of those); then only the tangent is masked. `x @ w` with a
+  shared weight is bound so that its batch is one flat contraction
+  (`native_dot.py`), as a hand-flattened batch is.
 * ELEMENTWISE equations need nothing: their transposes map padding to
   padding, and the next wrap or fill zeroes it. An operand broadcast into the
   output (`mul x s` with a scalar `s`; JAX's elementwise ops broadcast rank 0
@@ -33,7 +37,9 @@ both halves of that product for every equation with a dynamic axis:
   bounds JAX's JVP of it clamps and its transpose drops, which no single
   linear map does, so it is bound as a linear call (`_Linear`) whose value
   and JVP are the masked gather and whose transpose drops the cotangents of
-  starts out of logical bounds. Such a scatter-add is refused.
+  starts out of logical bounds (its value and tangent zero in the rows of
+  padded indices, so that a dot reading it need not fill them). Such a
+  scatter-add is refused.
 * Calls (`jit`, `closed_call`) are evaluated inline in native mode; `scan`
   and `custom_jvp_call` have native forms in `rules/control_flow.py` (the
   scan's steps past the logical length run on a real step's inputs; a custom
