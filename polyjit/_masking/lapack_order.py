@@ -151,7 +151,10 @@ class _Order:
       while getattr(inner, "inner", None) is not None:  # Batched
         inner = inner.inner
       traced = getattr(inner, "traced", None)
-      flag = traced is None or _jaxpr_calls(traced.jaxpr)
+      # (a node that says it calls no LAPACK, native.py's gathers, is left
+      # unchained: a chain also keeps XLA from fusing across it)
+      flag = (not getattr(inner, "calls_no_lapack", False)
+              and (traced is None or _jaxpr_calls(traced.jaxpr)))
       _node_flags[node] = flag
     return flag
 

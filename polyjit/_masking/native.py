@@ -23,7 +23,11 @@ both halves of that product for every equation with a dynamic axis:
 * FILL equations (`dot_general`: its transpose multiplies by the *other
   operand*, whose free-axis padding is garbage) also get their dynamic
   inexact inputs filled with zeros (value and tangent), so that the
-  coefficient in the padding is 0, finite.
+  coefficient in the padding is 0, finite. Not where the padding is known
+  to be exactly zero already (`native_zeros.py`: zeros, x[i], segment_sum,
+  relu/tanh/sums of those); then only the tangent is masked. `x @ w` with a
+  shared weight is bound so that its batch is one flat contraction
+  (`native_dot.py`), as a hand-flattened batch is.
 * ELEMENTWISE equations need nothing: their transposes map padding to
   padding, and the next wrap or fill zeroes it. An operand broadcast into the
   output (`mul x s` with a scalar `s`; JAX's elementwise ops broadcast rank 0
@@ -33,7 +37,9 @@ both halves of that product for every equation with a dynamic axis:
   bounds JAX's JVP of it clamps and its transpose drops, which no single
   linear map does, so it is bound as a linear call (`_Linear`) whose value
   and JVP are the masked gather and whose transpose drops the cotangents of
-  starts out of logical bounds. Such a scatter-add is refused.
+  starts out of logical bounds (its value and tangent zero in the rows of
+  padded indices, so that a dot reading it need not fill them). Such a
+  scatter-add is refused.
 * Calls (`jit`, `closed_call`) are evaluated inline in native mode; `scan`
   and `custom_jvp_call` have native forms in `rules/control_flow.py` (the
   scan's steps past the logical length run on a real step's inputs; a custom
@@ -75,6 +81,8 @@ import numpy as np
 from jax import lax
 
 from .. import _jax as jc
+from . import native_dot as _native_dot
+from . import native_zeros as _zeros
 from . import scopes as _scopes
 from .call_nodes import NodeShell
 from .core import eqn_is_symbolic
@@ -332,7 +340,8 @@ def wrap(env: Any, y: Any, aval: Any) -> Any:
   if _clean(env).get(id(y)) is y:
     return y
   mask = env.valid_mask(aval)
-  return _mark_clean(env, lax.select(mask, y, lax.stop_gradient(y)))
+  out = _mark_clean(env, lax.select(mask, y, lax.stop_gradient(y)))
+  return _zeros.mark(env, out) if _zeros.known(env, y) else out
 
 
 def step(ctx: Any, rule: Callable[..., list[Any]], invals: Sequence[Any], jaxpr: jc.Jaxpr
@@ -357,18 +366,50 @@ def step(ctx: Any, rule: Callable[..., list[Any]], invals: Sequence[Any], jaxpr:
         # (an operand broadcast over positions: its cotangent sums them)
         b = jnp.broadcast_to(x, env.padded_shape(out_aval.shape, eqn))
         args[i] = wrap(env, b, jc.shaped(out_aval.shape, v.aval.dtype))
-    return rule(ctx, *args, **eqn.params)
+    outs = rule(ctx, *args, **eqn.params)
+    if _zeros.outputs(eqn, [_zeros.known(env, x) for x in invals])[0]:
+      _zeros.mark(env, outs[0])
+    return outs
   if name in _FILL:
-    invals = [_mark_clean(env, env.fill_padding(x, v.aval, np.zeros((), v.aval.dtype)[()],
-                                                None, eqn))
-              if inexact(v.aval) and is_dynamic(v.aval) else x
+    invals = [_operand(env, x, v.aval, eqn) if inexact(v.aval) and is_dynamic(v.aval) else x
               for v, x in zip(eqn.invars, invals, strict=True)]
-  if name == "gather" and _promises_in_bounds(eqn) and inexact(eqn.invars[0].aval):
+  promised = name == "gather" and _promises_in_bounds(eqn) and inexact(eqn.invars[0].aval)
+  if promised:
     outs = [_promised_gather(ctx, rule, *invals)]
+  elif name in _FILL and _native_dot.applies(eqn):  # (its padding zeroed above)
+    outs = [_native_dot.bind(eqn, *invals)]
   else:
     outs = rule(ctx, *invals, **eqn.params)
+  zero = _zeros.outputs(eqn, [_zeros.known(env, x) for x in invals])
+  if promised:  # (`_promised_gather` zeroed its padding, value and tangent)
+    zero = [_mark_clean(env, outs[0]) is not None]
+  for y, z in zip(outs, zero, strict=True):
+    if z:
+      _zeros.mark(env, y)
+  if name == "concatenate":
+    _zeros.record_parts(env, outs[0], invals, eqn)
   return [wrap(env, y, v.aval) if flag else y
           for y, v, flag in zip(outs, eqn.outvars, flags, strict=True)]
+
+
+def _operand(env: Any, x: Any, aval: Any, eqn: jc.JaxprEqn) -> Any:
+  """A dynamic operand of a FILL equation: its padding zeroed, value and
+  tangent. Where its padding is known to be zero already (`native_zeros`)
+  only the tangent is masked (`wrap`: XLA folds its value away, and in
+  reverse its select fuses into the cotangent's consumer), saving a pass.
+  A concatenation along a static axis of parts some of which are known
+  zero-padded is rebuilt from its parts, only the others filled (XLA does
+  not fuse a select into a dot, nor a concatenate into its producers)."""
+  if _zeros.known(env, x):
+    return wrap(env, x, aval)
+  parts = _zeros.parts(env, x)
+  if parts is not None and any(_zeros.known(env, p) for p in parts[0]):
+    xs, avals, dimension = parts
+    out = lax.concatenate([_operand(env, p, a, eqn)
+                           for p, a in zip(xs, avals, strict=True)], dimension)
+    return _zeros.mark(env, _mark_clean(env, out))
+  filled = env.fill_padding(x, aval, np.zeros((), aval.dtype)[()], None, eqn)
+  return _zeros.mark(env, _mark_clean(env, filled))
 
 
 # --- a gather that promises to be in bounds ------------------------------------
@@ -386,7 +427,11 @@ def _promised_gather(ctx: Any, rule: Callable[..., list[Any]], operand: Any,
   dn = params["dimension_numbers"]
 
   def fwd(t: Any, idx: Any, *logical: Any) -> list[Any]:
-    return [rule(type(ctx)(env.with_logical(logical), eqn), t, idx, **params)[0]]
+    sub = env.with_logical(logical)
+    out = rule(type(ctx)(sub, eqn), t, idx, **params)[0]
+    # (the rows of padded indices zeroed, so that a dot need not fill them:
+    # a select that XLA fuses into the gather)
+    return [sub.fill_padding(out, eqn.outvars[0].aval, np.zeros((), out.dtype)[()], None, eqn)]
 
   def bwd(ct: Any, idx: Any, *logical: Any) -> Any:
     sub = type(ctx)(env.with_logical(logical), eqn)
@@ -411,6 +456,9 @@ def _promised_gather(ctx: Any, rule: Callable[..., list[Any]], operand: Any,
 class _Linear(NodeShell):
   """A call node (`_jax/calls.py`) of a map linear in its first argument,
   `fwd(t, *known) -> [out]`, with its own transpose `bwd(ct, *known) -> t`."""
+
+  #: (its maps are gathers and scatters: no LAPACK call to order, `lapack_order.py`)
+  calls_no_lapack = True
 
   def __init__(self, in_avals: tuple[Any, ...], fwd: Callable[..., list[Any]],
                bwd: Callable[..., Any]) -> None:
