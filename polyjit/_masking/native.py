@@ -55,7 +55,9 @@ whose derivative cannot turn 0 into NaN (`add`, `select_n`, `max`: a select or
 a finite coefficient; a `custom_jvp` function whose rule is such, as
 jax.nn.relu's). Only LINEAR/FILL outputs and broadcast operands whose
 cotangent is not clean are wrapped. A sub-jaxpr's outputs are assumed
-unclean, and so are the inputs of anything else (calls, scans, `mul`, `exp`).
+unclean, and so are the inputs of anything else (calls, scans, `mul`, `exp`,
+and a max/min over fixed axes only: JAX's own derivative of it divides by a
+count of maxima, 0 in a padding row of NaN).
 
 The gate (`refusal`) admits a traced function when every equation with a
 dynamic axis, recursively through calls, scan bodies and custom_jvp rules, is
@@ -275,6 +277,19 @@ def _rule_zero_preserving(eqn: jc.JaxprEqn) -> bool:
   return True
 
 
+def _plain_extremum(eqn: jc.JaxprEqn) -> bool:
+  """A `reduce_max`/`reduce_min` over fixed axes only: its rule binds JAX's own,
+  whose transpose divides by the count of positions equal to the extremum, 0
+  in a padding row holding NaN (0/0 = NaN there, and the producer's transpose,
+  a broadcast's sum, carries it into a parameter's gradient). Over a dynamic
+  axis the rule's own derivative (`rules/reductions.py`) counts valid
+  positions only and leaves the padding clean."""
+  if eqn.primitive.name not in ("reduce_max", "reduce_min"):
+    return False
+  shape: Any = getattr(eqn.invars[0].aval, "shape")
+  return not any(jc.is_symbolic_dim(shape[a]) for a in eqn.params["axes"])
+
+
 def wrap_plan(jaxpr: jc.Jaxpr) -> Plan:
   """Which outputs and broadcast operands of `jaxpr`'s symbolic equations
   need a wrap (see the module docstring): one backward pass over `jaxpr`."""
@@ -296,7 +311,8 @@ def wrap_plan(jaxpr: jc.Jaxpr) -> Plan:
                        if _padded_inexact(v) and not _broadcast_operand(eqn, v))
     elif name in _LINEAR or name in _FILL:
       plan[id(eqn)] = tuple(v in unclean for v in eqn.outvars)
-      if name == "scan" or (name == "custom_jvp_call" and not _rule_zero_preserving(eqn)):
+      if (name == "scan" or (name == "custom_jvp_call" and not _rule_zero_preserving(eqn))
+          or _plain_extremum(eqn)):
         unclean.update(v for v in eqn.invars if _padded_inexact(v))
     else:  # calls evaluated inline, and anything unjudged
       unclean.update(v for v in eqn.invars if _padded_inexact(v))
