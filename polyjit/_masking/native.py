@@ -245,6 +245,10 @@ def _literal_value(v: Any) -> Any:
     return np.asarray(v.val).astype(v.aval.dtype)
 
 
+def _smallest_normal(v: Any) -> Any:
+  return jnp.finfo(v.aval.dtype).tiny  # type: ignore[no-untyped-call, unused-ignore]
+
+
 def _finite_literal(v: Any) -> bool:
   return isinstance(v, jc.Literal) and bool(np.all(np.isfinite(_literal_value(v))))
 
@@ -259,7 +263,7 @@ def _zero_preserving(eqn: jc.JaxprEqn) -> bool:
   if name == "div":  # by a finite constant, normal (a subnormal may be flushed to 0)
     d = eqn.invars[1]
     return (not isinstance(eqn.invars[0], jc.Literal) and _finite_literal(d)
-            and bool(np.all(np.abs(_literal_value(d)) >= jnp.finfo(d.aval.dtype).tiny)))
+            and bool(np.all(np.abs(_literal_value(d)) >= _smallest_normal(d))))
   if name == "custom_jvp_call":
     return _rule_zero_preserving(eqn)
   return False
