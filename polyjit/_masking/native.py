@@ -61,7 +61,9 @@ whose derivative cannot turn 0 into NaN (`add`, `select_n`, `max`: a select or
 a finite coefficient; a `custom_jvp` function whose rule is such, as
 jax.nn.relu's). Only LINEAR/FILL outputs and broadcast operands whose
 cotangent is not clean are wrapped. A sub-jaxpr's outputs are assumed
-unclean, and so are the inputs of anything else (calls, scans, `mul`, `exp`).
+unclean, and so are the inputs of anything else (calls, scans, `mul`, `exp`,
+and a max/min over fixed axes only: JAX's own derivative of it divides by a
+count of maxima, 0 in a padding row of NaN).
 
 The gate (`refusal`) admits a traced function when every equation with a
 dynamic axis, recursively through calls, scan bodies and custom_jvp rules, is
@@ -243,8 +245,20 @@ def _broadcast_operand(eqn: jc.JaxprEqn, v: Any) -> bool:
           and not isinstance(v, jc.Literal) and inexact(v.aval))
 
 
+def _literal_value(v: Any) -> Any:
+  """A literal's value in its aval's dtype, the one the program computes with:
+  `lax.mul(x, 1e300)` keeps the Python float 1e300 in a float32 literal,
+  which is inf there (and `lax.div(x, 1e-46)` divides by 0)."""
+  with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+    return np.asarray(v.val).astype(v.aval.dtype)
+
+
+def _smallest_normal(v: Any) -> Any:
+  return jnp.finfo(v.aval.dtype).tiny  # type: ignore[no-untyped-call, unused-ignore]
+
+
 def _finite_literal(v: Any) -> bool:
-  return isinstance(v, jc.Literal) and bool(np.all(np.isfinite(np.asarray(v.val))))
+  return isinstance(v, jc.Literal) and bool(np.all(np.isfinite(_literal_value(v))))
 
 
 def _zero_preserving(eqn: jc.JaxprEqn) -> bool:
@@ -254,10 +268,10 @@ def _zero_preserving(eqn: jc.JaxprEqn) -> bool:
   if name == "mul":  # by a finite constant
     return sum(not isinstance(v, jc.Literal) for v in eqn.invars) == 1 and any(
         _finite_literal(v) for v in eqn.invars)
-  if name == "div":  # by a finite nonzero constant
+  if name == "div":  # by a finite constant, normal (a subnormal may be flushed to 0)
     d = eqn.invars[1]
     return (not isinstance(eqn.invars[0], jc.Literal) and _finite_literal(d)
-            and bool(np.all(np.asarray(d.val) != 0)))  # type: ignore[union-attr]
+            and bool(np.all(np.abs(_literal_value(d)) >= _smallest_normal(d))))
   if name == "custom_jvp_call":
     return _rule_zero_preserving(eqn)
   return False
@@ -283,6 +297,19 @@ def _rule_zero_preserving(eqn: jc.JaxprEqn) -> bool:
   return True
 
 
+def _plain_extremum(eqn: jc.JaxprEqn) -> bool:
+  """A `reduce_max`/`reduce_min` over fixed axes only: its rule binds JAX's own,
+  whose transpose divides by the count of positions equal to the extremum, 0
+  in a padding row holding NaN (0/0 = NaN there, and the producer's transpose,
+  a broadcast's sum, carries it into a parameter's gradient). Over a dynamic
+  axis the rule's own derivative (`rules/reductions.py`) counts valid
+  positions only and leaves the padding clean."""
+  if eqn.primitive.name not in ("reduce_max", "reduce_min"):
+    return False
+  shape: Any = getattr(eqn.invars[0].aval, "shape")
+  return not any(jc.is_symbolic_dim(shape[a]) for a in eqn.params["axes"])
+
+
 def wrap_plan(jaxpr: jc.Jaxpr) -> Plan:
   """Which outputs and broadcast operands of `jaxpr`'s symbolic equations
   need a wrap (see the module docstring): one backward pass over `jaxpr`."""
@@ -304,7 +331,8 @@ def wrap_plan(jaxpr: jc.Jaxpr) -> Plan:
                        if _padded_inexact(v) and not _broadcast_operand(eqn, v))
     elif name in _LINEAR or name in _FILL:
       plan[id(eqn)] = tuple(v in unclean for v in eqn.outvars)
-      if name == "scan" or (name == "custom_jvp_call" and not _rule_zero_preserving(eqn)):
+      if (name == "scan" or (name == "custom_jvp_call" and not _rule_zero_preserving(eqn))
+          or _plain_extremum(eqn)):
         unclean.update(v for v in eqn.invars if _padded_inexact(v))
     else:  # calls evaluated inline, and anything unjudged
       unclean.update(v for v in eqn.invars if _padded_inexact(v))
