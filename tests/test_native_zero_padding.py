@@ -120,3 +120,13 @@ def test_a_wrong_fact_would_break_them(monkeypatch):
   monkeypatch.setattr(native_zeros, "known", lambda env, x: True)
   got, _ = _polyjit_and_reference(np.random.default_rng(0))
   assert not all(np.all(np.isfinite(g)) for g in jax.tree.leaves(got))
+
+
+def test_a_literal_is_judged_in_the_dtype_the_program_computes_with():
+  # 1e300 is finite as a Python float but inf in float32 (0 * inf is NaN), and
+  # 1e-45 is a subnormal that XLA:CPU may flush to 0 (0 / 0 is NaN).
+  from jax import lax
+  closed = jax.make_jaxpr(lambda x: (lax.mul(x, 1e300), lax.div(x, 1e-45), lax.mul(x, 2.0),
+                                     lax.div(x, 4.0)))(np.ones(3, np.float32))
+  facts = [native_zeros.outputs(e, [True, False])[0] for e in closed.jaxpr.eqns]
+  assert facts == [False, False, True, True]

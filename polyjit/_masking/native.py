@@ -245,20 +245,8 @@ def _broadcast_operand(eqn: jc.JaxprEqn, v: Any) -> bool:
           and not isinstance(v, jc.Literal) and inexact(v.aval))
 
 
-def _literal_value(v: Any) -> Any:
-  """A literal's value in its aval's dtype, the one the program computes with:
-  `lax.mul(x, 1e300)` keeps the Python float 1e300 in a float32 literal,
-  which is inf there (and `lax.div(x, 1e-46)` divides by 0)."""
-  with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-    return np.asarray(v.val).astype(v.aval.dtype)
-
-
-def _smallest_normal(v: Any) -> Any:
-  return jnp.finfo(v.aval.dtype).tiny  # type: ignore[no-untyped-call, unused-ignore]
-
-
 def _finite_literal(v: Any) -> bool:
-  return isinstance(v, jc.Literal) and bool(np.all(np.isfinite(_literal_value(v))))
+  return isinstance(v, jc.Literal) and bool(np.all(np.isfinite(_zeros.literal_value(v))))
 
 
 def _zero_preserving(eqn: jc.JaxprEqn) -> bool:
@@ -271,7 +259,7 @@ def _zero_preserving(eqn: jc.JaxprEqn) -> bool:
   if name == "div":  # by a finite constant, normal (a subnormal may be flushed to 0)
     d = eqn.invars[1]
     return (not isinstance(eqn.invars[0], jc.Literal) and _finite_literal(d)
-            and bool(np.all(np.abs(_literal_value(d)) >= _smallest_normal(d))))
+            and bool(np.all(np.abs(_zeros.literal_value(d)) >= _zeros.smallest_normal(d))))
   if name == "custom_jvp_call":
     return _rule_zero_preserving(eqn)
   return False

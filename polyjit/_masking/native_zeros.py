@@ -51,8 +51,22 @@ def _is_dynamic(aval: Any) -> bool:
   return any(jc.is_symbolic_dim(d) for d in getattr(aval, "shape", ()))
 
 
+def literal_value(v: Any) -> Any:
+  """A literal's value in its aval's dtype, the one the program computes with:
+  `lax.mul(x, 1e300)` keeps the Python float 1e300 in a float32 literal,
+  which is inf there (and `lax.div(x, 1e-46)` divides by 0)."""
+  with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+    return np.asarray(v.val).astype(v.aval.dtype)
+
+
+def smallest_normal(v: Any) -> Any:
+  """The smallest normal number of a literal's dtype (XLA:CPU may flush a
+  subnormal divisor to 0)."""
+  return np.finfo(v.aval.dtype).tiny if np.issubdtype(v.aval.dtype, np.inexact) else 1
+
+
 def _literal(v: Any, test: Any) -> bool:
-  return isinstance(v, jc.Literal) and bool(np.all(test(np.asarray(v.val))))
+  return isinstance(v, jc.Literal) and bool(np.all(test(literal_value(v))))
 
 
 def _zero_literal(v: Any) -> bool:
@@ -82,7 +96,7 @@ def outputs(eqn: jc.JaxprEqn, facts: Sequence[bool]) -> list[bool]:
   if name == "select_n":
     return [all(zero[1:])]
   if name == "div":
-    return [zero[0] and _literal(eqn.invars[1], lambda a: np.isfinite(a) & (a != 0))]
+    return [zero[0] and _literal(eqn.invars[1], lambda a: np.isfinite(a) & (np.abs(a) >= smallest_normal(eqn.invars[1])))]
   if name in _SHAPE:
     return [zero[0]]
   if name == "concatenate":
