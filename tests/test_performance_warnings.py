@@ -101,3 +101,29 @@ def test_ragged_known_nonempty_warns_nothing():
     warnings.simplefilter("always")
     _grad_of_batch(lambda p, x: native(p, x), p, batch)
   assert _performance(caught) == []
+
+
+def test_a_constraint_that_sizes_are_nonzero_takes_no_empty_path():
+  # jax.vmap of pj.mask with traced sizes may see 0: each example then selects
+  # between its computation and an empty path, copying the shared input per
+  # example (announced). `constraints=["n >= 1"]` rules 0 out: no select, no
+  # warning; a 0 that comes anyway violates the constraint and is poisoned.
+  rng = np.random.default_rng(1)
+  xs = rng.standard_normal((3, 6, 3)).astype(np.float32)
+  p = rng.standard_normal((3, 2)).astype(np.float32)
+  loss = lambda p, x: jnp.sum(jnp.tanh(x @ p))
+
+  def batched(masked, ns):
+    return jax.vmap(lambda x, n: masked([p, x], {"n": n}))(xs, ns)
+
+  for constraints, announced in ((None, True), (["n >= 1"], False)):
+    kw = {} if constraints is None else {"constraints": constraints}
+    masked = pj.mask(loss, [None, "(n, _)"], **kw)
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("always")
+      out = np.asarray(jax.jit(lambda ns: batched(masked, ns))(np.array([2, 6, 1], np.int32)))
+    assert any(issubclass(w.category, pj.PerformanceWarning) for w in caught) == announced
+    np.testing.assert_allclose(out, [loss(p, xs[i, :n]) for i, n in enumerate((2, 6, 1))],
+                               rtol=1e-6)
+  zero = np.asarray(jax.jit(lambda ns: batched(masked, ns))(np.array([2, 0, 1], np.int32)))
+  assert np.isnan(zero[1]) and np.isfinite(zero[[0, 2]]).all()

@@ -169,11 +169,21 @@ def selected(masked: Any, args: Sequence[Any], binding: _spec.Binding,
   leaves, tree = jax.tree.flatten(tuple(args))
   dtype = jc.dim_value_dtype()
   one = np.asarray(1, dtype)
-  subsets = ([] if len(names) > MAX_EMPTY_SIZES else
-             [frozenset(c) for r in range(1, len(names) + 1)
-              for c in itertools.combinations(names, r)])
+  # A size a declared constraint mentions (`constraints=["n >= 1"]`) has no
+  # empty path (`EmptyPaths.child`): at 0 it is poisoned, and without a path
+  # to select it needs no per-example select of the shared inputs either.
+  constrained = set().union(*(_dims.dim_vars(diff) & set(names)
+                              for _, _, diff in jc.scope_constraints(masked.scope)))
+  free = [k for k in names if k not in constrained]
+  subsets = ([] if len(free) > MAX_EMPTY_SIZES else
+             [frozenset(c) for r in range(1, len(free) + 1)
+              for c in itertools.combinations(free, r)])
   # Which sizes are 0, as an index: 0 for none, else 1 + the subset's position.
   zeros = [env[k] == 0 for k in names]
+  constrained_nonzero = jnp.bool_(True)
+  for k, z in zip(names, zeros, strict=True):
+    if k in constrained:
+      constrained_nonzero = constrained_nonzero & ~z
   index = jnp.int32(0)
   for i, zero in enumerate(subsets):
     hit = jnp.bool_(True)
@@ -181,7 +191,8 @@ def selected(masked: Any, args: Sequence[Any], binding: _spec.Binding,
       hit = hit & (z if k in zero else ~z)
     index = jnp.where(hit, jnp.int32(i + 1), index)
 
-  _announce_per_example(masked, index, leaves)
+  if subsets:
+    _announce_per_example(masked, index, leaves)
 
   def guarded(i: int, xs: list[Any]) -> list[Any]:
     # A path that was not selected sends no gradient (a select drops its NaN).
@@ -211,7 +222,7 @@ def selected(masked: Any, args: Sequence[Any], binding: _spec.Binding,
       path(i + 1, _empty_branch(masked, binding, tree, zero, padded_shapes, out_avals))
       for i, zero in enumerate(subsets)]
   outs, shapes, ok = jax.lax.switch(index, branches, list(leaves), env)
-  return list(outs), _split(shapes), ok
+  return list(outs), _split(shapes), ok & constrained_nonzero
 
 
 #: The functions whose per-example shared inputs were announced (by id; the
@@ -239,7 +250,9 @@ def _announce_per_example(masked: Any, index: Any, leaves: Sequence[Any]) -> Non
       f"every example shares ({what}) are copied once per example, their gradients too "
       "(slow and memory-hungry for an embedding table or a weight matrix).\nWhat to do: "
       "pass pj.vmap a pj.Ragged whose lengths are known to be >= 1 when it is built "
-      "(pj.Ragged.from_list, or lengths as a NumPy array): then no empty path runs; or, "
+      "(pj.Ragged.from_list, or lengths as a NumPy array), or give pj.mask the "
+      "constraint that sizes are >= 1 (pj.mask(f, specs, constraints=['n >= 1'])): "
+      "then no empty path runs; or, "
       "if the cost is acceptable, filter this warning: "
       "warnings.filterwarnings('ignore', category=pj.PerformanceWarning).",
       PerformanceWarning)
