@@ -24,6 +24,7 @@ eager call must raise too and a traced one must return no plausible number.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any, Callable, Sequence
 
 import jax
@@ -400,3 +401,14 @@ def unpad_outputs(outs, shapes):
   """Masked outputs cut to the logical `shapes` that came with them (a pytree of both)."""
   return jax.tree.map(lambda o, s: np.asarray(o)[tuple(slice(0, int(d)) for d in s)],
                       outs, shapes)
+
+
+def assert_pj_jit_matches_jax_jit(fun, mode, lengths):
+  """`pj.jit(fun)` (automatic, or `polymorphic_shapes=["n"]`) on ones of each
+  length gives exactly `jax.jit(fun)`'s value; a fallback is allowed."""
+  f = pj.jit(fun, polymorphic_shapes=None if mode == "auto" else ["n"])
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", pj.FallbackWarning)
+    for n in lengths:
+      x = np.ones(n, np.float32)
+      assert float(f(x)) == float(jax.jit(fun)(x)), (getattr(fun, "__name__", fun), n)

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import polyjit as pj
-from harness import nan_padded
+from harness import assert_pj_jit_matches_jax_jit, nan_padded
 from test_jit import default_compiles as expected_compiles
 
 nn = pytest.importorskip("flax.linen")
@@ -178,12 +178,7 @@ SETS_WITH_VALUES = [_mixed_display, _probed_later, _mixed_call, _comprehension, 
 def test_a_set_that_meets_other_values_is_exact(fun, mode):
   # A size sharing one hash would miss the int 5 (or 4): the set would keep
   # two members, or `5 in s` answer False, at exactly the size that equals it.
-  f = pj.jit(fun, polymorphic_shapes=None if mode == "auto" else ["n"])
-  with warnings.catch_warnings():
-    warnings.simplefilter("ignore", pj.FallbackWarning)
-    for n in (5, 4, 6, 5):
-      x = np.ones(n, np.float32)
-      assert float(f(x)) == float(jax.jit(fun)(x)), (fun.__name__, n)
+  assert_pj_jit_matches_jax_jit(fun, mode, (5, 4, 6, 5))
 
 
 @pytest.mark.parametrize("fun", SETS_WITH_VALUES, ids=lambda f: f.__name__)

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import polyjit as pj
+from harness import assert_pj_jit_matches_jax_jit
 
 SEEN = None
 
@@ -91,12 +92,7 @@ FUNS = [_finally, _except, _try_else, _for_else, _augmented, _global, _through_e
 @pytest.mark.parametrize("fun", FUNS, ids=lambda f: f.__name__)
 @pytest.mark.parametrize("mode", ["auto", "explicit"])
 def test_a_set_used_after_its_block_is_exact(fun, mode):
-  f = pj.jit(fun, polymorphic_shapes=None if mode == "auto" else ["n"])
-  with warnings.catch_warnings():
-    warnings.simplefilter("ignore", pj.FallbackWarning)
-    for n in (4, 5, 6, 5):
-      x = np.ones(n, np.float32)
-      assert float(f(x)) == float(jax.jit(fun)(x)), (fun.__name__, n)
+  assert_pj_jit_matches_jax_jit(fun, mode, (4, 5, 6, 5))
 
 
 @pytest.mark.parametrize("fun", FUNS, ids=lambda f: f.__name__)
