@@ -39,10 +39,12 @@ Reported per model and contender:
     `jax.monitoring`'s backend-compile event. `longest` compiles for nearly
     every batch, so it trains `--longest-steps` steps only, and its ratio is
     taken against `masks` after as many steps (each step waits for its loss,
-    so the time after every step is known).
-Ratios are against `masks`; with `flax` in the run, polyjit's total is also
-given against `flax`'s and `pow2`'s, with each contender's steps split into
-those that compiled and the others (their mean wall and CPU milliseconds).
+    so the time after every step is known). With `--rounds N` every
+    contender trains N times, in an order rotated each round, and the run of
+    median total is reported (each round's totals in the JSON).
+Ratios are against `masks`. Polyjit's total is also given against `flax`'s and
+`pow2`'s (and, with rounds, round by round), and each contender's steps are
+split into those that compiled and the others (their mean wall and CPU ms).
 
 Sentence lengths (`--lengths`, text and attention): `uniform` (default) draws
 each sentence's length uniform in 3..`--max-tokens` and each batch is
@@ -380,15 +382,26 @@ def run_model(name: str, opts) -> dict:
   phases = {"per_call_s": time.perf_counter() - t0}
 
   # Training from scratch, with fresh programs: every compile counts.
+  # `--rounds` > 1: every contender trains once a round, the order rotated each
+  # round (load from other processes lands on all alike); the run of median
+  # total is reported, and each round's totals are kept.
+  trained = [c for c in contenders if c in timings]  # not those that failed
+  runs: dict = {c: [] for c in trained}
+  for r in range(opts.rounds):
+    for c in trained[r % len(trained):] + trained[:r % len(trained)]:
+      steps = opts.longest_steps if c == "longest" and opts.longest_steps else opts.steps
+      compiled = Compiled(make_contender(c, model, sizes_table, opts), optimizer)
+      run = train(compiled, params, state, batches[:steps])
+      run["padded_sizes"] = list(compiled.sizes(batches[0][0]))
+      run["distinct_padded_sizes"] = len({compiled.sizes(ex) for ex, _ in batches[:steps]})
+      runs[c].append(run)
+      print(f"  trained {c}: {steps} steps {run['total_s']:.1f} s, {run['compiles']} "
+            f"compiles ({run['compile_s']:.1f} s)", flush=True)
   rows: dict = {}
-  for c in [c for c in contenders if c in timings]:  # not those that failed
-    steps = opts.longest_steps if c == "longest" and opts.longest_steps else opts.steps
-    compiled = Compiled(make_contender(c, model, sizes_table, opts), optimizer)
-    rows[c] = train(compiled, params, state, batches[:steps]) | timings[c]
-    rows[c]["padded_sizes"] = list(compiled.sizes(batches[0][0]))
-    rows[c]["distinct_padded_sizes"] = len({compiled.sizes(ex) for ex, _ in batches[:steps]})
-    print(f"  trained {c}: {steps} steps {rows[c]['total_s']:.1f} s, {rows[c]['compiles']} "
-          f"compiles", flush=True)
+  for c in trained:
+    median = sorted(runs[c], key=lambda run: run["total_s"])[(len(runs[c]) - 1) // 2]
+    rows[c] = median | timings[c] | {"totals_s": [run["total_s"] for run in runs[c]],
+                                     "cpu_totals_s": [run["cpu_s"] for run in runs[c]]}
   phases["total_s"] = time.perf_counter() - t0
   base = rows["masks"]
   for row in rows.values():
@@ -401,7 +414,9 @@ def run_model(name: str, opts) -> dict:
     for c in ("flax", "pow2"):
       if c in rows and rows[c]["steps"] == rows["polyjit"]["steps"]:
         versus[c] = {"total_ratio": rows["polyjit"]["total_s"] / rows[c]["total_s"],
-                     "cpu_ratio": rows["polyjit"]["cpu_s"] / rows[c]["cpu_s"]}
+                     "cpu_ratio": rows["polyjit"]["cpu_s"] / rows[c]["cpu_s"],
+                     "round_ratios": [p["total_s"] / h["total_s"] for p, h in
+                                      zip(runs["polyjit"], runs[c], strict=True)]}
   print(f"  {phases['total_s']:.0f} s (per-call timing and check {phases['per_call_s']:.0f} s)",
         flush=True)
   lengths = opts.lengths if name in SENTENCE_MODELS else "uniform"
@@ -436,6 +451,8 @@ def print_table(results: dict) -> list[str]:
           f"| {row['total_s']:.2f} ({row['cpu_s']:.2f}) |")
     versus += [f"{model} ({r['lengths']} lengths): polyjit's total / {c}'s: "
                f"{v['total_ratio']:.2f}x (cpu {v['cpu_ratio']:.2f}x)"
+               + (f"; each round: {', '.join(f'{x:.2f}x' for x in v['round_ratios'])}"
+                  if len(v["round_ratios"]) > 1 else "")
                for c, v in r["polyjit_versus"].items()]
   lines += steps + ([""] + versus if versus else [])
   print("\n".join(lines))
@@ -470,6 +487,9 @@ def parse(argv=None):
                  help="timed calls per program (default 30; quick 8; smoke 1)")
   p.add_argument("--programs", nargs="+", choices=("forward", "grad", "step"),
                  help="the programs timed per call (default all three; smoke: grad)")
+  p.add_argument("--rounds", type=int, default=1,
+                 help="train every contender this many times from scratch, in rotated "
+                      "order; the run of median total is reported")
   p.add_argument("--batch", type=int, default=16)
   p.add_argument("--vocab", type=int, default=5000)
   p.add_argument("--embed", type=int, default=64, help="text: embedding size")
