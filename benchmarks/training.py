@@ -63,7 +63,7 @@ script exits with status 1 when one differs by more than `--tolerance`.
 
     python benchmarks/training.py [--quick | --smoke] [--issue-sizes] [--json out.json]
     python benchmarks/training.py --models text --lengths sst2 \
-        --contenders masks pow2 flax polyjit [--batch 64]
+        --contenders masks pow2 flax polyjit --rounds 3 [--batch 64]
 
 Only polyjit's public API is used (`pj.vmap`, `pj.Ragged`), so the script runs
 unchanged on any branch.
