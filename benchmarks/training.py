@@ -12,6 +12,12 @@ the same run, on the same batches, from the same initial parameters:
               The baseline of every ratio.
   pow2        hand buckets: the same hand-masked step, each ragged part padded
               to the next power of two of the batch's longest.
+  flax        Flax's sst2 example's hand buckets: the same hand-masked step,
+              each ragged part padded to the bucket boundary of its longest
+              as `bucket_by_sequence_length(pad_to_bucket_boundary=True)`
+              does with the example's boundaries: multiples of
+              `--bucket-size` (8) up to `--max-input-length` (60, so 64),
+              the longest past it (`sst2_batches.py`). Not run by default.
   longest     `jax.jit` of the hand-masked step, padded to each batch's
               longest: one compile per distinct longest.
   polyjit     the one-example model under `pj.vmap` over `pj.Ragged` parts,
@@ -33,8 +39,19 @@ Reported per model and contender:
     `jax.monitoring`'s backend-compile event. `longest` compiles for nearly
     every batch, so it trains `--longest-steps` steps only, and its ratio is
     taken against `masks` after as many steps (each step waits for its loss,
-    so the time after every step is known).
-Ratios are against `masks`. On this 2-core machine, shared with other work,
+    so the time after every step is known). With `--rounds N` every
+    contender trains N times, in an order rotated each round, and the run of
+    median total is reported (each round's totals in the JSON).
+Ratios are against `masks`. Polyjit's total is also given against `flax`'s and
+`pow2`'s (and, with rounds, round by round), and each contender's steps are
+split into those that compiled and the others (their mean wall and CPU ms).
+
+Sentence lengths (`--lengths`, text and attention): `uniform` (default) draws
+each sentence's length uniform in 3..`--max-tokens` and each batch is
+`--batch` random sentences; `sst2` draws them from SST-2's train split and
+forms the batches as Flax's sst2 example does, each from one length bucket,
+the buckets' batches shuffled together (`sst2_batches.py`). Graphs and sets
+keep their own draws. On this 2-core machine, shared with other work,
 the default run takes about 5 minutes unloaded (more under load: the output
 gives the load average), `--quick` about 1.5.
 
@@ -45,6 +62,8 @@ compared with `masks`'s (and with a loop over the unpadded examples with
 script exits with status 1 when one differs by more than `--tolerance`.
 
     python benchmarks/training.py [--quick | --smoke] [--issue-sizes] [--json out.json]
+    python benchmarks/training.py --models text --lengths sst2 \
+        --contenders masks pow2 flax polyjit --rounds 3 [--batch 64]
 
 Only polyjit's public API is used (`pj.vmap`, `pj.Ragged`), so the script runs
 unchanged on any branch.
@@ -73,11 +92,15 @@ import optax  # noqa: E402
 import polyjit as pj  # noqa: E402
 
 try:
+  from benchmarks import sst2_batches
   from benchmarks import training_models as tm
 except ImportError:  # run as a script from benchmarks/
+  import sst2_batches  # type: ignore[no-redef]
   import training_models as tm  # type: ignore[no-redef]
 
-CONTENDERS = ("masks", "pow2", "longest", "polyjit")
+CONTENDERS = ("masks", "pow2", "flax", "longest", "polyjit")
+DEFAULT_CONTENDERS = ("masks", "pow2", "longest", "polyjit")
+SENTENCE_MODELS = ("text", "attention")  # the models `--lengths` applies to
 MODELS = ("text", "attention", "graph", "sets")
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -169,10 +192,13 @@ def longest(examples) -> tuple[int, ...]:
   return tuple(max(len(e[j]) for e in examples) for j in range(len(examples[0])))
 
 
-def make_contender(name: str, model: tm.Model, sizes_table: dict):
+def make_contender(name: str, model: tm.Model, sizes_table: dict, opts):
   """`sizes_table`: polyjit's padded sizes of each batch, by `id` of its example list."""
+  flax = functools.partial(sst2_batches.flax_padded_size, bucket_size=opts.bucket_size,
+                           max_length=opts.max_input_length)
   sizes = {"masks": lambda ex: sizes_table[id(ex)], "polyjit": lambda ex: sizes_table[id(ex)],
            "pow2": lambda ex: tuple(next_pow2(n) for n in longest(ex)),
+           "flax": lambda ex: tuple(flax(n) for n in longest(ex)),
            "longest": longest}[name]
   return Polyjit(model, sizes) if name == "polyjit" else Hand(model, sizes)
 
@@ -205,11 +231,19 @@ def build_model(name: str, opts) -> tm.Model:
   return tm.sets_model(16, opts.width, 1, opts.max_set)
 
 
-def make_batches(model: tm.Model, steps: int, batch: int, seed: int = 1):
+def make_batches(model: tm.Model, opts, seed: int = 1):
+  """`opts.steps` batches of `opts.batch` examples; with `--lengths sst2` (text,
+  attention) SST-2's lengths in Flax's length-bucketed batches."""
   rng = np.random.default_rng(seed)
+  if opts.lengths == "sst2" and model.name in SENTENCE_MODELS:
+    lengths = sst2_batches.flax_batches(opts.steps, opts.batch, opts.bucket_size,
+                                        opts.max_input_length, rng)
+  else:
+    lengths = [[None] * opts.batch for _ in range(opts.steps)]  # the model's own draw
   out = []
-  for _ in range(steps):
-    examples, labels = zip(*(model.make_example(rng) for _ in range(batch)), strict=True)
+  for ns in lengths:
+    examples, labels = zip(*(model.make_example(rng, *([] if n is None else [n]))
+                             for n in ns), strict=True)
     out.append((list(examples), np.array(labels, np.float32)))
   return out
 
@@ -245,19 +279,30 @@ def agreement(values: dict) -> dict:
 
 
 def train(compiled: Compiled, params, state, batches) -> dict:
-  """Trains from scratch (cold: fresh programs); the wall clock after each step."""
+  """Trains from scratch (cold: fresh programs); the wall clock after each step,
+  and the wall and CPU seconds of the steps that compiled and of the others."""
   with compiles() as log:
     t0, cpu0 = time.perf_counter(), time.process_time()
     losses, elapsed = [], []
+    split = {True: [0, 0.0, 0.0], False: [0, 0.0, 0.0]}  # compiled? -> steps, wall, cpu
     for examples, labels in batches:
+      before, w0, c0 = len(log), time.perf_counter(), time.process_time()
       params, state, loss = compiled.step(params, state, *compiled.prepare(examples, labels))
       losses.append(loss)
       jax.block_until_ready(loss)  # so that `elapsed` is the time of the steps so far
       elapsed.append(time.perf_counter() - t0)
+      row = split[len(log) > before]
+      row[0] += 1
+      row[1] += time.perf_counter() - w0
+      row[2] += time.process_time() - c0
     jax.block_until_ready(params)
     total, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+  (n_c, wall_c, cpu_c), (n_r, wall_r, cpu_r) = split[True], split[False]
   return {"steps": len(batches), "total_s": total, "cpu_s": cpu, "compiles": len(log),
           "compile_s": sum(log), "elapsed_s": elapsed,
+          "compiling_steps": n_c, "compiling_steps_s": wall_c, "compiling_steps_cpu_s": cpu_c,
+          "run_steps": n_r, "run_step_ms": 1e3 * wall_r / max(n_r, 1),
+          "run_step_cpu_ms": 1e3 * cpu_r / max(n_r, 1),
           "first_loss": float(losses[0]), "final_loss": float(losses[-1])}
 
 
@@ -321,7 +366,7 @@ def per_call(compiled_by_name: dict, params, state, batch, reps: int, programs, 
 
 def run_model(name: str, opts) -> dict:
   model = build_model(name, opts)
-  batches = make_batches(model, opts.steps, opts.batch)
+  batches = make_batches(model, opts)
   params = model.init(jax.random.key(0))
   optimizer = optax.sgd(opts.lr, momentum=0.9)
   state = optimizer.init(params)
@@ -331,21 +376,32 @@ def run_model(name: str, opts) -> dict:
 
   # Per-call timing (and the agreement check) on the first batch, with their own programs.
   t0 = time.perf_counter()
-  timed = {c: Compiled(make_contender(c, model, sizes_table), optimizer) for c in contenders}
+  timed = {c: Compiled(make_contender(c, model, sizes_table, opts), optimizer) for c in contenders}
   timings, agree = per_call(timed, params, state, batches[0], opts.reps, opts.programs,
                             opts.tolerance, model, opts.reference)
   phases = {"per_call_s": time.perf_counter() - t0}
 
   # Training from scratch, with fresh programs: every compile counts.
+  # `--rounds` > 1: every contender trains once a round, the order rotated each
+  # round (load from other processes lands on all alike); the run of median
+  # total is reported, and each round's totals are kept.
+  trained = [c for c in contenders if c in timings]  # not those that failed
+  runs: dict = {c: [] for c in trained}
+  for r in range(opts.rounds):
+    for c in trained[r % len(trained):] + trained[:r % len(trained)]:
+      steps = opts.longest_steps if c == "longest" and opts.longest_steps else opts.steps
+      compiled = Compiled(make_contender(c, model, sizes_table, opts), optimizer)
+      run = train(compiled, params, state, batches[:steps])
+      run["padded_sizes"] = list(compiled.sizes(batches[0][0]))
+      run["distinct_padded_sizes"] = len({compiled.sizes(ex) for ex, _ in batches[:steps]})
+      runs[c].append(run)
+      print(f"  trained {c}: {steps} steps {run['total_s']:.1f} s, {run['compiles']} "
+            f"compiles ({run['compile_s']:.1f} s)", flush=True)
   rows: dict = {}
-  for c in [c for c in contenders if c in timings]:  # not those that failed
-    steps = opts.longest_steps if c == "longest" and opts.longest_steps else opts.steps
-    compiled = Compiled(make_contender(c, model, sizes_table), optimizer)
-    rows[c] = train(compiled, params, state, batches[:steps]) | timings[c]
-    rows[c]["padded_sizes"] = list(compiled.sizes(batches[0][0]))
-    rows[c]["distinct_padded_sizes"] = len({compiled.sizes(ex) for ex, _ in batches[:steps]})
-    print(f"  trained {c}: {steps} steps {rows[c]['total_s']:.1f} s, {rows[c]['compiles']} "
-          f"compiles", flush=True)
+  for c in trained:
+    median = sorted(runs[c], key=lambda run: run["total_s"])[(len(runs[c]) - 1) // 2]
+    rows[c] = median | timings[c] | {"totals_s": [run["total_s"] for run in runs[c]],
+                                     "cpu_totals_s": [run["cpu_s"] for run in runs[c]]}
   phases["total_s"] = time.perf_counter() - t0
   base = rows["masks"]
   for row in rows.values():
@@ -353,9 +409,19 @@ def run_model(name: str, opts) -> dict:
       if row[key] is not None:
         row[key.rsplit("_", 1)[0] + "_ratio"] = row[key] / base[key]
     row["total_ratio"] = row["total_s"] / base["elapsed_s"][row["steps"] - 1]  # at equal steps
+  versus = {}
+  if "polyjit" in rows:  # polyjit's total against the hand buckets' (issue 32)
+    for c in ("flax", "pow2"):
+      if c in rows and rows[c]["steps"] == rows["polyjit"]["steps"]:
+        versus[c] = {"total_ratio": rows["polyjit"]["total_s"] / rows[c]["total_s"],
+                     "cpu_ratio": rows["polyjit"]["cpu_s"] / rows[c]["cpu_s"],
+                     "round_ratios": [p["total_s"] / h["total_s"] for p, h in
+                                      zip(runs["polyjit"], runs[c], strict=True)]}
   print(f"  {phases['total_s']:.0f} s (per-call timing and check {phases['per_call_s']:.0f} s)",
         flush=True)
-  return {"contenders": rows, "agreement": agree, "phases": phases}
+  lengths = opts.lengths if name in SENTENCE_MODELS else "uniform"
+  return {"contenders": rows, "agreement": agree, "phases": phases, "lengths": lengths,
+          "polyjit_versus": versus}
 
 
 def print_table(results: dict) -> list[str]:
@@ -372,6 +438,23 @@ def print_table(results: dict) -> list[str]:
           f"| {ratio('step_ratio')} ({ratio('step_cpu_ratio')}) "
           f"| {row['steps']} | {row['total_s']:.1f} | {row['compiles']} ({row['compile_s']:.1f}) "
           f"| {ratio('total_ratio')} |")
+  steps = ["", "| model | contender | compiles | compiling steps s (cpu) | other steps "
+           "| ms per other step (cpu) | total s (cpu) |", "|---|---|---|---|---|---|---|"]
+  versus = []
+  for model, r in results.items():
+    for c, row in r["contenders"].items():
+      per_step = (f"{row['run_step_ms']:.2f} ({row['run_step_cpu_ms']:.2f})"
+                  if row["run_steps"] else "-")
+      steps.append(
+          f"| {model} | {c} | {row['compiles']} | {row['compiling_steps_s']:.2f} "
+          f"({row['compiling_steps_cpu_s']:.2f}) | {row['run_steps']} | {per_step} "
+          f"| {row['total_s']:.2f} ({row['cpu_s']:.2f}) |")
+    versus += [f"{model} ({r['lengths']} lengths): polyjit's total / {c}'s: "
+               f"{v['total_ratio']:.2f}x (cpu {v['cpu_ratio']:.2f}x)"
+               + (f"; each round: {', '.join(f'{x:.2f}x' for x in v['round_ratios'])}"
+                  if len(v["round_ratios"]) > 1 else "")
+               for c, v in r["polyjit_versus"].items()]
+  lines += steps + ([""] + versus if versus else [])
   print("\n".join(lines))
   return lines
 
@@ -385,7 +468,16 @@ def parse(argv=None):
   p.add_argument("--issue-sizes", action="store_true",
                  help="the issue's text classifier: embedding 300, LSTM 256")
   p.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
-  p.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS))
+  p.add_argument("--contenders", nargs="+", choices=CONTENDERS,
+                 default=list(DEFAULT_CONTENDERS), help="default: all but flax")
+  p.add_argument("--lengths", choices=("uniform", "sst2"), default="uniform",
+                 help="text, attention: sentences uniform in 3..--max-tokens in random "
+                      "batches (default), or SST-2's lengths in Flax's length-bucketed "
+                      "batches (sst2_batches.py)")
+  p.add_argument("--bucket-size", type=int, default=8,
+                 help="flax: bucket width (Flax's sst2 config: 8)")
+  p.add_argument("--max-input-length", type=int, default=60,
+                 help="flax: the last bucket boundary covers this (Flax's sst2 config: 60)")
   p.add_argument("--steps", type=int, help="training steps (default 200; quick 30; smoke 2)")
   p.add_argument("--longest-steps", type=int,
                  help="steps of the `longest` contender, which compiles for nearly every "
@@ -395,6 +487,9 @@ def parse(argv=None):
                  help="timed calls per program (default 30; quick 8; smoke 1)")
   p.add_argument("--programs", nargs="+", choices=("forward", "grad", "step"),
                  help="the programs timed per call (default all three; smoke: grad)")
+  p.add_argument("--rounds", type=int, default=1,
+                 help="train every contender this many times from scratch, in rotated "
+                      "order; the run of median total is reported")
   p.add_argument("--batch", type=int, default=16)
   p.add_argument("--vocab", type=int, default=5000)
   p.add_argument("--embed", type=int, default=64, help="text: embedding size")
@@ -413,7 +508,7 @@ def parse(argv=None):
   p.add_argument("--tolerance", type=float, default=1e-4,
                  help="largest relative difference of loss and gradients in the check")
   p.add_argument("--json", help="write the results here (default benchmarks/results/"
-                                "training[-quick|-smoke][-CHECKOUT].json, CHECKOUT: the "
+                                "training[-quick|-smoke][-sst2][-CHECKOUT].json, CHECKOUT: the "
                                 "folder polyjit was imported from, when it is not this one)")
   opts = p.parse_args(argv)
   if opts.issue_sizes:
@@ -441,7 +536,8 @@ def main(argv=None) -> dict:
   load = (load0, os.getloadavg()[0])
   longest_steps = opts.longest_steps or opts.steps
   print(f"\n{mode} run, {opts.steps} steps of {opts.batch} examples ({longest_steps} for "
-        f"longest), {opts.reps} timed calls; {jax.devices()[0].platform}, "
+        f"longest), {opts.lengths} lengths, {opts.reps} timed calls; "
+        f"{jax.devices()[0].platform}, "
         f"{os.cpu_count()} cores, load average {load[0]:.1f} at the start, {load[1]:.1f} at "
         f"the end (a machine shared with other work: compare ratios within one run); "
         f"JAX {jax.__version__}, polyjit from {Path(pj.__file__).parent.parent}; "
@@ -451,7 +547,7 @@ def main(argv=None) -> dict:
           "machine": platform.machine(), "cores": os.cpu_count(), "load_average": load,
           "device": str(jax.devices()[0]), "mode": mode,
           "argv": vars(opts) | {"json": None}, "seconds": time.perf_counter() - t0}
-  suffix = "" if mode == "full" else f"-{mode}"
+  suffix = ("" if mode == "full" else f"-{mode}") + ("-sst2" if opts.lengths == "sst2" else "")
   checkout = Path(pj.__file__).resolve().parent.parent
   if checkout != RESULTS.parent.parent:  # polyjit from another checkout: named after it
     suffix += f"-{checkout.name}"

@@ -65,7 +65,8 @@ class Model:
   init: Callable[[Any], dict]
   one: Callable[..., Any]          # (params, *parts, label) -> loss of one example
   padded: Callable[..., Any]       # (params, parts, valid, labels) -> mean loss
-  make_example: Callable[[np.random.Generator], tuple[tuple[np.ndarray, ...], Any]]
+  # (rng) -> (parts, label); text and attention also (rng, n): a sentence of n tokens
+  make_example: Callable[..., tuple[tuple[np.ndarray, ...], Any]]
 
 
 def bce(logit, label):
@@ -134,8 +135,8 @@ def text_model(vocab: int, embed: int, hidden: int, low: int, high: int,
                          lstm(params, "backward", x, True, mask.T)], -1)
     return jnp.mean(bce(head(params, jnp.swapaxes(h, 0, 1), mask), labels))
 
-  def make_example(rng):
-    n = int(rng.integers(low, high + 1))
+  def make_example(rng, n=None):
+    n = int(rng.integers(low, high + 1)) if n is None else n
     tokens = rng.integers(0, vocab, n).astype(np.int32)
     return (tokens,), np.float32(np.mean(tokens < vocab // 2) > 0.5)  # learnable
 
@@ -187,8 +188,8 @@ def attention_model(vocab: int, width: int, heads: int, layers_: int, low: int,
     h = encode(params, tokens, nn.make_attention_mask(mask, mask))
     return jnp.mean(bce(layers(params, "out", masked_mean(h, mask, 1))[:, 0], labels))
 
-  def make_example(rng):
-    n = int(rng.integers(low, high + 1))
+  def make_example(rng, n=None):
+    n = int(rng.integers(low, high + 1)) if n is None else n
     tokens = rng.integers(0, vocab, n).astype(np.int32)
     return (tokens,), np.float32(np.mean(tokens < vocab // 2) > 0.5)
 
