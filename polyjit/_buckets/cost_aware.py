@@ -308,16 +308,16 @@ class Rental:
     return [key for key, env in self._by_volume
             if all(env.get(v, 0) >= n for v, n in logical.items())]
 
-  def smallest(self, logical: dict[str, int]) -> list[BucketKey]:
-    """`candidates(logical)[:1]`, without looking further (every call with a
-    new size: plain loops, no generator per bucket)."""
+  def smallest_key(self, logical: dict[str, int]) -> BucketKey | None:
+    """`candidates(logical)[0]`, or None, without looking further (every
+    call with a new size: plain loops, no generator per bucket)."""
     for key, env in self._by_volume:
       for v, n in logical.items():
         if env.get(v, 0) < n:
           break
       else:
-        return [key]
-    return []
+        return key
+    return None
 
   def smaller(self, logical: dict[str, int], running: dict[str, int]) -> list[dict[str, int]]:
     """The buckets below `running` that would hold `logical`: every grid
@@ -379,7 +379,7 @@ class Rental:
         borrow.generation = old + 1
 
   def _beaten(self, borrow: Borrow) -> bool:
-    """Whether a compiled bucket before `borrow.running` (in `smallest`'s
+    """Whether a compiled bucket before `borrow.running` (in `smallest_key`'s
     order) holds the smallest sizes it serves, so may hold some of its plans
     (one that does not holds none of them)."""
     low = borrow.low
