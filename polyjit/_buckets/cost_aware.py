@@ -19,6 +19,9 @@ structure, from cost estimates:
   compiled. That is the ski-rental rule: rent (pay the waste) until the rent
   paid equals the price (a compile), then buy; with exact costs never more
   than twice the cost of the best choice made knowing the future, per bucket.
+  The calls are counted as they come and charged in batches
+  (`Rental.settle_up`), never later than the call that reaches a price: a
+  bucket is bought in the same call either way.
 * Headroom is skipped when the estimates say it would waste a compile's
   worth of run time within `ROOMY_CALLS` calls: costly programs compile
   their tight bucket when nothing holds a call.
@@ -82,6 +85,7 @@ LOAD_FRACTION = 0.1  # a program on disk: loading it costs this part of a compil
 REMEMBERED_SLACK = 16  # a remembered bucket: at most this times the largest size seen
 REPEATS = 100        # a size run this many times in a bucket more than LOOSE x its
 LOOSE = 2.0          # own size gets its own bucket, paid for or not (issue 35)
+QUIET_MAX = 1 << 20  # calls of borrowing plans charged at least this often
 
 #: A bucket's key (hashable; built by the caller).
 BucketKey = tuple[Any, ...]
@@ -164,12 +168,13 @@ def volume(env: dict[str, int]) -> int:
 
 class Account:
   """The run time that calls have wasted for want of one bucket's program."""
-  __slots__ = ("rental", "env", "waste", "future", "start")
+  __slots__ = ("rental", "env", "waste", "future", "start", "rate")
 
   def __init__(self, rental: Rental, env: dict[str, int], start: Callable[..., Any]) -> None:
     self.rental = rental
     self.env = env
     self.waste = 0.0
+    self.rate = 0.0             # the most seconds one call has been charged here
     self.future: concurrent.futures.Future[Any] | None = None
     self.start = start          # start(waste, compile_estimate, why) -> Future
 
@@ -208,7 +213,8 @@ class Borrow:
   smallest sizes it serves (`low`): its plans' bucket is then still the
   smallest that holds them, and rebuilding them would change nothing.
   """
-  __slots__ = ("rental", "generation", "running", "candidates", "charges", "key", "low")
+  __slots__ = ("rental", "generation", "running", "candidates", "charges", "key", "low",
+               "unpaid", "queued")
 
   def __init__(self, rental: Rental, running: BucketKey, candidates: list[Account],
                key: Any) -> None:
@@ -219,6 +225,8 @@ class Borrow:
     self.charges: Charges | None = None  # [(account, seconds per call)], once times are known
     self.key = key              # (variant, tight bucket, running bucket): shared charges
     self.low: dict[str, int] = {}  # per dimension, the smallest size of its plans
+    self.unpaid = 0             # calls not yet charged to the accounts (`Rental.settle_up`)
+    self.queued = False         # in `Rental.unpaid`
 
   def done(self) -> bool:
     return self.generation != self.rental.generation
@@ -231,18 +239,25 @@ class Borrow:
         low[v] = n
 
   def pay(self) -> None:
-    charges = self.charges
-    if charges is None:
-      charges = self.charges = self.rental.charges(self.running, self.candidates, self.key)
-      if charges is None:
-        return
-    # `Account.add`, inlined (every call in a larger bucket comes here): no
-    # price is below a load's, so until then an account has nothing to settle.
+    """A call in the larger bucket: what it wastes is owed to the accounts
+    (every call in a larger bucket comes here). The calls are counted here
+    and charged in a batch by `Rental.settle_up` once `Rental.quiet` calls
+    have passed: no account can reach its price before that, so each
+    bucket is bought in the same call as if every call were charged as it
+    came (only the rounding of the sums may differ in the last bit)."""
     rental = self.rental
-    for account, seconds in charges:
-      account.waste += seconds
-      if account.future is None and account.waste >= rental.compile_estimate * LOAD_FRACTION:
-        account.settle()
+    if self.charges is None:
+      self.charges = rental.charges(self.running, self.candidates, self.key)
+      if self.charges is None:
+        return  # (no run time yet: nothing to charge)
+      rental.quiet = 0  # new charges: work out again how long the accounts stay quiet
+    self.unpaid += 1
+    if not self.queued:
+      self.queued = True
+      rental.unpaid.append(self)
+    rental.quiet -= 1
+    if rental.quiet <= 0:
+      rental.settle_up()
 
 
 class Rental:
@@ -264,7 +279,11 @@ class Rental:
     self.new_shapes: dict[BucketKey, int] = {}        # bucket key -> new shapes run there
     self.accounts: dict[BucketKey, Account] = {}      # bucket key -> its account
     self.compile_seconds: list[float] = []
-    self.compile_estimate = math.inf
+    self._compile_estimate = math.inf
+    # Calls of borrowing plans counted but not yet charged (`Borrow.pay`),
+    # and how many more may come before some account could reach its price.
+    self.unpaid: list[Borrow] = []
+    self.quiet = 0
     self.borrow_accounts: dict[Any, Any] = {}         # Borrow.key -> its accounts
     self.charge_cache: dict[Any, Charges] = {}        # Borrow.key -> charges
     self.borrows: dict[Any, Borrow] = {}              # Borrow.key -> the current one
@@ -272,6 +291,16 @@ class Rental:
     # the buckets an earlier run of it compiled (their programs load from disk).
     self.memory_key: str | None = None
     self.remembered: list[dict[str, int]] = []
+
+  @property
+  def compile_estimate(self) -> float:
+    """Estimated seconds a compile takes (an account's price)."""
+    return self._compile_estimate
+
+  @compile_estimate.setter
+  def compile_estimate(self, seconds: float) -> None:
+    self._compile_estimate = seconds
+    self.quiet = 0  # the prices changed: the next paying call settles up
 
   # --- sizes and buckets --------------------------------------------------------
 
@@ -364,6 +393,37 @@ class Rental:
     if self.measured:
       self.compile_estimate = sum(self.compile_seconds) / len(self.compile_seconds)
 
+  def settle_up(self) -> None:
+    """Charges the calls counted by the borrows (`Borrow.pay`) to their
+    accounts, settles those that reached a load's price (`Account.settle`
+    checks their own), and works out how many calls may pass before the
+    next: while every account is further from its price than that many
+    calls at the most any call charges it (`Account.rate`), none can
+    reach it, so charging them later changes no decision."""
+    unpaid = self.unpaid
+    while True:
+      try:
+        borrow = unpaid.pop()
+      except IndexError:  # (another thread took the last one)
+        break
+      borrow.queued = False
+      calls, borrow.unpaid = borrow.unpaid, 0
+      charges = borrow.charges
+      if not calls or charges is None:
+        continue
+      low = self._compile_estimate * LOAD_FRACTION  # no price is below a load's
+      for account, seconds in charges:
+        account.waste += seconds if calls == 1 else seconds * calls
+        if account.future is None and account.waste >= low:
+          account.settle()  # (may compile now, and bump: which settles up first)
+    quiet = QUIET_MAX
+    for account in list(self.accounts.values()):
+      if account.future is None and account.rate > 0:
+        room = (self.price(account.env) - account.waste) / account.rate
+        if room < quiet:
+          quiet = int(room) if room > 0 else 0
+    self.quiet = max(1, quiet - 1)  # (one call of margin for the rounding)
+
   def bump(self) -> None:
     """A new program is ready: borrowing plans that it may fit better look
     again. Shared borrows (`borrows`) that no compiled bucket smaller than
@@ -371,6 +431,7 @@ class Rental:
     plans still current; their charges are worked out again on their next
     call, as a new borrow's would be (measured run times may have changed).
     Every other borrow is done: its plans look again."""
+    self.settle_up()  # (what the borrows owe, charged as their charges were)
     old = self.generation
     self.generation = old + 1
     for borrow in list(self.borrows.values()):
@@ -453,6 +514,8 @@ class Rental:
       want = self.estimate(account.env)
       if want is not None and have > want:
         out.append((account, have - want))
+        if have - want > account.rate:
+          account.rate = have - want
     if key is not None:
       self.charge_cache[key] = out
     return out
