@@ -69,6 +69,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import heapq
+import itertools
 import math
 import threading
 from typing import Any, Callable
@@ -168,13 +170,15 @@ def volume(env: dict[str, int]) -> int:
 
 class Account:
   """The run time that calls have wasted for want of one bucket's program."""
-  __slots__ = ("rental", "env", "waste", "future", "start", "rate")
+  __slots__ = ("rental", "env", "waste", "future", "start", "rate", "price", "due")
 
   def __init__(self, rental: Rental, env: dict[str, int], start: Callable[..., Any]) -> None:
     self.rental = rental
     self.env = env
     self.waste = 0.0
     self.rate = 0.0             # the most seconds one call has been charged here
+    self.price = rental.price(env)  # (`Rental.reprice` keeps it)
+    self.due = 0                # the call count by which it may reach its price (`Rental.due`)
     self.future: concurrent.futures.Future[Any] | None = None
     self.start = start          # start(waste, compile_estimate, why) -> Future
 
@@ -241,22 +245,22 @@ class Borrow:
   def pay(self) -> None:
     """A call in the larger bucket: what it wastes is owed to the accounts
     (every call in a larger bucket comes here). The calls are counted here
-    and charged in a batch by `Rental.settle_up` once `Rental.quiet` calls
-    have passed: no account can reach its price before that, so each
-    bucket is bought in the same call as if every call were charged as it
-    came (only the rounding of the sums may differ in the last bit)."""
+    and charged in a batch by `Rental.settle_up` when the count reaches the
+    first call that might bring an account to its price (`Rental.next_due`):
+    each bucket is bought in the same call as if every call were charged as
+    it came (only the rounding of the sums may differ in the last bit)."""
     rental = self.rental
     if self.charges is None:
       self.charges = rental.charges(self.running, self.candidates, self.key)
       if self.charges is None:
         return  # (no run time yet: nothing to charge)
-      rental.quiet = 0  # new charges: work out again how long the accounts stay quiet
+      rental.next_due = 0  # new charges (and rates): every account's due call again
     self.unpaid += 1
     if not self.queued:
       self.queued = True
       rental.unpaid.append(self)
-    rental.quiet -= 1
-    if rental.quiet <= 0:
+    rental.counted += 1
+    if rental.counted >= rental.next_due:
       rental.settle_up()
 
 
@@ -280,10 +284,14 @@ class Rental:
     self.accounts: dict[BucketKey, Account] = {}      # bucket key -> its account
     self.compile_seconds: list[float] = []
     self._compile_estimate = math.inf
-    # Calls of borrowing plans counted but not yet charged (`Borrow.pay`),
-    # and how many more may come before some account could reach its price.
+    # Calls of borrowing plans counted (`Borrow.pay`), the borrows with some
+    # not yet charged, and the count at which some account may reach its
+    # price (the least `Account.due`, kept in a heap: `settle_up`).
     self.unpaid: list[Borrow] = []
-    self.quiet = 0
+    self.counted = 0
+    self.next_due = 0
+    self._dues: list[tuple[int, int, Account]] = []
+    self._order = itertools.count()  # (ties in the heap)
     self.borrow_accounts: dict[Any, Any] = {}         # Borrow.key -> its accounts
     self.charge_cache: dict[Any, Charges] = {}        # Borrow.key -> charges
     self.borrows: dict[Any, Borrow] = {}              # Borrow.key -> the current one
@@ -300,7 +308,14 @@ class Rental:
   @compile_estimate.setter
   def compile_estimate(self, seconds: float) -> None:
     self._compile_estimate = seconds
-    self.quiet = 0  # the prices changed: the next paying call settles up
+    self.reprice()
+
+  def reprice(self) -> None:
+    """The prices changed: each account's (`Account.price`), and the next
+    paying call settles up."""
+    for account in list(self.accounts.values()):
+      account.price = self.price(account.env)
+    self.next_due = 0
 
   # --- sizes and buckets --------------------------------------------------------
 
@@ -375,6 +390,7 @@ class Rental:
     if self.memory_key is None:
       self.memory_key = key
       self.remembered = _disk_cache.load_buckets(key)
+      self.reprice()
 
   def price(self, env: dict[str, int]) -> float:
     """What buying `env` costs: a compile, or a load for a remembered bucket."""
@@ -395,11 +411,12 @@ class Rental:
 
   def settle_up(self) -> None:
     """Charges the calls counted by the borrows (`Borrow.pay`) to their
-    accounts, settles those that reached a load's price (`Account.settle`
-    checks their own), and works out how many calls may pass before the
+    accounts, settles those that reached their price, and works out how many calls may pass before the
     next: while every account is further from its price than that many
     calls at the most any call charges it (`Account.rate`), none can
-    reach it, so charging them later changes no decision."""
+    reach it, so charging them later changes no decision. Only the
+    accounts due are looked at again: the bound of the others holds
+    whatever was charged meanwhile, as it assumed the most."""
     unpaid = self.unpaid
     while True:
       try:
@@ -411,18 +428,34 @@ class Rental:
       charges = borrow.charges
       if not calls or charges is None:
         continue
-      low = self._compile_estimate * LOAD_FRACTION  # no price is below a load's
       for account, seconds in charges:
         account.waste += seconds if calls == 1 else seconds * calls
-        if account.future is None and account.waste >= low:
+        if account.future is None and account.waste >= account.price:
           account.settle()  # (may compile now, and bump: which settles up first)
-    quiet = QUIET_MAX
-    for account in list(self.accounts.values()):
-      if account.future is None and account.rate > 0:
-        room = (self.price(account.env) - account.waste) / account.rate
-        if room < quiet:
-          quiet = int(room) if room > 0 else 0
-    self.quiet = max(1, quiet - 1)  # (one call of margin for the rounding)
+    now = self.counted
+    dues = self._dues
+    if self.next_due == 0:  # new charges or prices: every account again
+      dues.clear()
+      for account in list(self.accounts.values()):
+        self._schedule(account, now)
+    else:  # the accounts due now; the others' bounds still hold
+      while dues and dues[0][0] <= now:
+        due, _, account = heapq.heappop(dues)
+        if due == account.due:  # (else a stale entry: rescheduled since)
+          self._schedule(account, now)
+    self.next_due = dues[0][0] if dues else now + QUIET_MAX
+
+  def _schedule(self, account: Account, now: int) -> None:
+    """Keeps the first call count at which `account` may reach its price if
+    every call from `now` on charged it its `rate`: until then no call can
+    (one call of margin for the rounding)."""
+    if account.future is not None or account.rate <= 0:
+      account.due = 0
+      return
+    calls = (account.price - account.waste) / account.rate
+    wait = QUIET_MAX if calls >= QUIET_MAX else max(1, min(QUIET_MAX, int(calls) - 1))
+    account.due = now + wait
+    heapq.heappush(self._dues, (account.due, next(self._order), account))
 
   def bump(self) -> None:
     """A new program is ready: borrowing plans that it may fit better look
