@@ -46,3 +46,27 @@ def test_batched_charges_buy_the_same_buckets_in_the_same_calls(seed, monkeypatc
   per_call = run(sizes)
   assert batched == per_call
   assert any("waste" in (reason or "") for _, reason in batched[0])  # accounts did pay
+
+
+def test_calls_from_several_threads_keep_the_accounts_and_the_results():
+  import concurrent.futures
+  import jax
+  f = pj.jit(loglik, polymorphic_shapes=["n", None, None])
+  ref = jax.jit(loglik)
+  data = np.random.default_rng(3).standard_normal(3000).astype(np.float32)
+  mu, ls = np.float32(0.1), np.float32(0.3)
+  f(data[:2500], mu, ls)                 # the headroom bucket: every size below borrows it
+  (struct,) = f._structures.values()
+  struct.rental.compile_estimate = 5e-4  # accounts pay for buckets during the run
+  sizes = [int(n) for n in np.random.default_rng(4).integers(20, 2500, 800)]
+
+  def work(part):
+    return [(n, f(data[:n], mu, ls)) for n in sizes[part::4]]
+  with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    done = [r for part in pool.map(work, range(4)) for r in part]
+  assert len(done) == len(sizes)
+  for n, got in done[::20]:
+    np.testing.assert_allclose(got, ref(data[:n], mu, ls), rtol=1e-5)
+  rental = struct.rental
+  rental.settle_up()
+  assert not rental.unpaid and all(not b.unpaid for b in rental.borrows.values())
