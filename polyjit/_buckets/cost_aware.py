@@ -437,25 +437,13 @@ class Rental:
     if self.next_due == 0:  # new charges or prices: every account again
       dues.clear()
       for account in list(self.accounts.values()):
-        self._schedule(account, now)
+        _schedule(self, account, now)
     else:  # the accounts due now; the others' bounds still hold
       while dues and dues[0][0] <= now:
         due, _, account = heapq.heappop(dues)
         if due == account.due:  # (else a stale entry: rescheduled since)
-          self._schedule(account, now)
+          _schedule(self, account, now)
     self.next_due = dues[0][0] if dues else now + QUIET_MAX
-
-  def _schedule(self, account: Account, now: int) -> None:
-    """Keeps the first call count at which `account` may reach its price if
-    every call from `now` on charged it its `rate`: until then no call can
-    (one call of margin for the rounding)."""
-    if account.future is not None or account.rate <= 0:
-      account.due = 0
-      return
-    calls = (account.price - account.waste) / account.rate
-    wait = QUIET_MAX if calls >= QUIET_MAX else max(1, min(QUIET_MAX, int(calls) - 1))
-    account.due = now + wait
-    heapq.heappush(self._dues, (account.due, next(self._order), account))
 
   def bump(self) -> None:
     """A new program is ready: borrowing plans that it may fit better look
@@ -574,3 +562,16 @@ class Rental:
       if acc is None:
         acc = self.accounts[key] = Account(self, dict(env), start)
       return acc
+
+
+def _schedule(rental: Rental, account: Account, now: int) -> None:
+  """Keeps (in `rental`'s heap) the first call count at which `account` may
+  reach its price if every call from `now` on charged it its `rate`: until
+  then no call can (one call of margin for the rounding)."""
+  if account.future is not None or account.rate <= 0:
+    account.due = 0
+    return
+  calls = (account.price - account.waste) / account.rate
+  wait = QUIET_MAX if calls >= QUIET_MAX else max(1, min(QUIET_MAX, int(calls) - 1))
+  account.due = now + wait
+  heapq.heappush(rental._dues, (account.due, next(rental._order), account))
