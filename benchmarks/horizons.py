@@ -87,20 +87,12 @@ def describe(distribution: str) -> str:
 
 def floor_call(f, x, mu, ls):
   """A call of `f`'s compiled program for `x`'s size, as `pj.jit` makes it
-  (a fresh padded buffer, the plan's size scalars), reading the result."""
-  import numpy as np
+  (`Plan.run_plain`: a fresh padded buffer as pj.jit pads, the plan's size
+  scalars), reading the result."""
   from polyjit._jit.args import call_signature
   plan = f._hot[call_signature((x, mu, ls))]
-  program, logical, pads = plan.program, plan.logical, plan.pads
-
-  def call():
-    leaves = [x, mu, ls]
-    for i, padded, dtype, region in pads:
-      buf = np.zeros(padded, dtype)
-      buf[region] = leaves[i]
-      leaves[i] = buf
-    return float(program(*leaves, logical))
-  return call
+  leaves = (x, mu, ls)
+  return lambda: float(plan.run_plain(leaves))
 
 
 # --- one contender in this process ---------------------------------------------------

@@ -19,6 +19,9 @@ structure, from cost estimates:
   compiled. That is the ski-rental rule: rent (pay the waste) until the rent
   paid equals the price (a compile), then buy; with exact costs never more
   than twice the cost of the best choice made knowing the future, per bucket.
+  The calls are counted as they come and charged in batches
+  (`Rental.settle_up`), never later than the call that reaches a price: a
+  bucket is bought in the same call either way.
 * Headroom is skipped when the estimates say it would waste a compile's
   worth of run time within `ROOMY_CALLS` calls: costly programs compile
   their tight bucket when nothing holds a call.
@@ -66,6 +69,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import heapq
+import itertools
 import math
 import threading
 from typing import Any, Callable
@@ -82,6 +87,7 @@ LOAD_FRACTION = 0.1  # a program on disk: loading it costs this part of a compil
 REMEMBERED_SLACK = 16  # a remembered bucket: at most this times the largest size seen
 REPEATS = 100        # a size run this many times in a bucket more than LOOSE x its
 LOOSE = 2.0          # own size gets its own bucket, paid for or not (issue 35)
+QUIET_MAX = 1 << 20  # calls of borrowing plans charged at least this often
 
 #: A bucket's key (hashable; built by the caller).
 BucketKey = tuple[Any, ...]
@@ -164,12 +170,15 @@ def volume(env: dict[str, int]) -> int:
 
 class Account:
   """The run time that calls have wasted for want of one bucket's program."""
-  __slots__ = ("rental", "env", "waste", "future", "start")
+  __slots__ = ("rental", "env", "waste", "future", "start", "rate", "price", "due")
 
   def __init__(self, rental: Rental, env: dict[str, int], start: Callable[..., Any]) -> None:
     self.rental = rental
     self.env = env
     self.waste = 0.0
+    self.rate = 0.0             # the most seconds one call has been charged here
+    self.price = rental.price(env)  # (`Rental.reprice` keeps it)
+    self.due = 0                # the call count by which it may reach its price (`Rental.due`)
     self.future: concurrent.futures.Future[Any] | None = None
     self.start = start          # start(waste, compile_estimate, why) -> Future
 
@@ -208,7 +217,8 @@ class Borrow:
   smallest sizes it serves (`low`): its plans' bucket is then still the
   smallest that holds them, and rebuilding them would change nothing.
   """
-  __slots__ = ("rental", "generation", "running", "candidates", "charges", "key", "low")
+  __slots__ = ("rental", "generation", "running", "candidates", "charges", "key", "low",
+               "unpaid", "queued")
 
   def __init__(self, rental: Rental, running: BucketKey, candidates: list[Account],
                key: Any) -> None:
@@ -219,6 +229,8 @@ class Borrow:
     self.charges: Charges | None = None  # [(account, seconds per call)], once times are known
     self.key = key              # (variant, tight bucket, running bucket): shared charges
     self.low: dict[str, int] = {}  # per dimension, the smallest size of its plans
+    self.unpaid = 0             # calls not yet charged to the accounts (`Rental.settle_up`)
+    self.queued = False         # in `Rental.unpaid`
 
   def done(self) -> bool:
     return self.generation != self.rental.generation
@@ -231,18 +243,25 @@ class Borrow:
         low[v] = n
 
   def pay(self) -> None:
-    charges = self.charges
-    if charges is None:
-      charges = self.charges = self.rental.charges(self.running, self.candidates, self.key)
-      if charges is None:
-        return
-    # `Account.add`, inlined (every call in a larger bucket comes here): no
-    # price is below a load's, so until then an account has nothing to settle.
+    """A call in the larger bucket: what it wastes is owed to the accounts
+    (every call in a larger bucket comes here). The calls are counted here
+    and charged in a batch by `Rental.settle_up` when the count reaches the
+    first call that might bring an account to its price (`Rental.next_due`):
+    each bucket is bought in the same call as if every call were charged as
+    it came (only the rounding of the sums may differ in the last bit)."""
     rental = self.rental
-    for account, seconds in charges:
-      account.waste += seconds
-      if account.future is None and account.waste >= rental.compile_estimate * LOAD_FRACTION:
-        account.settle()
+    if self.charges is None:
+      self.charges = rental.charges(self.running, self.candidates, self.key)
+      if self.charges is None:
+        return  # (no run time yet: nothing to charge)
+      rental.next_due = 0  # new charges (and rates): every account's due call again
+    self.unpaid += 1
+    if not self.queued:
+      self.queued = True
+      rental.unpaid.append(self)
+    rental.counted += 1
+    if rental.counted >= rental.next_due:
+      rental.settle_up()
 
 
 class Rental:
@@ -264,7 +283,15 @@ class Rental:
     self.new_shapes: dict[BucketKey, int] = {}        # bucket key -> new shapes run there
     self.accounts: dict[BucketKey, Account] = {}      # bucket key -> its account
     self.compile_seconds: list[float] = []
-    self.compile_estimate = math.inf
+    self._compile_estimate = math.inf
+    # Calls of borrowing plans counted (`Borrow.pay`), the borrows with some
+    # not yet charged, and the count at which some account may reach its
+    # price (the least `Account.due`, kept in a heap: `settle_up`).
+    self.unpaid: list[Borrow] = []
+    self.counted = 0
+    self.next_due = 0
+    self._dues: list[tuple[int, int, Account]] = []
+    self._order = itertools.count()  # (ties in the heap)
     self.borrow_accounts: dict[Any, Any] = {}         # Borrow.key -> its accounts
     self.charge_cache: dict[Any, Charges] = {}        # Borrow.key -> charges
     self.borrows: dict[Any, Borrow] = {}              # Borrow.key -> the current one
@@ -272,6 +299,23 @@ class Rental:
     # the buckets an earlier run of it compiled (their programs load from disk).
     self.memory_key: str | None = None
     self.remembered: list[dict[str, int]] = []
+
+  @property
+  def compile_estimate(self) -> float:
+    """Estimated seconds a compile takes (an account's price)."""
+    return self._compile_estimate
+
+  @compile_estimate.setter
+  def compile_estimate(self, seconds: float) -> None:
+    self._compile_estimate = seconds
+    self.reprice()
+
+  def reprice(self) -> None:
+    """The prices changed: each account's (`Account.price`), and the next
+    paying call settles up."""
+    for account in list(self.accounts.values()):
+      account.price = self.price(account.env)
+    self.next_due = 0
 
   # --- sizes and buckets --------------------------------------------------------
 
@@ -308,16 +352,16 @@ class Rental:
     return [key for key, env in self._by_volume
             if all(env.get(v, 0) >= n for v, n in logical.items())]
 
-  def smallest(self, logical: dict[str, int]) -> list[BucketKey]:
-    """`candidates(logical)[:1]`, without looking further (every call with a
-    new size: plain loops, no generator per bucket)."""
+  def smallest_key(self, logical: dict[str, int]) -> BucketKey | None:
+    """`candidates(logical)[0]`, or None, without looking further (every
+    call with a new size: plain loops, no generator per bucket)."""
     for key, env in self._by_volume:
       for v, n in logical.items():
         if env.get(v, 0) < n:
           break
       else:
-        return [key]
-    return []
+        return key
+    return None
 
   def smaller(self, logical: dict[str, int], running: dict[str, int]) -> list[dict[str, int]]:
     """The buckets below `running` that would hold `logical`: every grid
@@ -346,6 +390,7 @@ class Rental:
     if self.memory_key is None:
       self.memory_key = key
       self.remembered = _disk_cache.load_buckets(key)
+      self.reprice()
 
   def price(self, env: dict[str, int]) -> float:
     """What buying `env` costs: a compile, or a load for a remembered bucket."""
@@ -364,6 +409,42 @@ class Rental:
     if self.measured:
       self.compile_estimate = sum(self.compile_seconds) / len(self.compile_seconds)
 
+  def settle_up(self) -> None:
+    """Charges the calls counted by the borrows (`Borrow.pay`) to their
+    accounts, settles those that reached their price, and works out how many calls may pass before the
+    next: while every account is further from its price than that many
+    calls at the most any call charges it (`Account.rate`), none can
+    reach it, so charging them later changes no decision. Only the
+    accounts due are looked at again: the bound of the others holds
+    whatever was charged meanwhile, as it assumed the most."""
+    unpaid = self.unpaid
+    while True:
+      try:
+        borrow = unpaid.pop()
+      except IndexError:  # (another thread took the last one)
+        break
+      borrow.queued = False
+      calls, borrow.unpaid = borrow.unpaid, 0
+      charges = borrow.charges
+      if not calls or charges is None:
+        continue
+      for account, seconds in charges:
+        account.waste += seconds if calls == 1 else seconds * calls
+        if account.future is None and account.waste >= account.price:
+          account.settle()  # (may compile now, and bump: which settles up first)
+    now = self.counted
+    dues = self._dues
+    if self.next_due == 0:  # new charges or prices: every account again
+      dues.clear()
+      for account in list(self.accounts.values()):
+        _schedule(self, account, now)
+    else:  # the accounts due now; the others' bounds still hold
+      while dues and dues[0][0] <= now:
+        due, _, account = heapq.heappop(dues)
+        if due == account.due:  # (else a stale entry: rescheduled since)
+          _schedule(self, account, now)
+    self.next_due = dues[0][0] if dues else now + QUIET_MAX
+
   def bump(self) -> None:
     """A new program is ready: borrowing plans that it may fit better look
     again. Shared borrows (`borrows`) that no compiled bucket smaller than
@@ -371,6 +452,7 @@ class Rental:
     plans still current; their charges are worked out again on their next
     call, as a new borrow's would be (measured run times may have changed).
     Every other borrow is done: its plans look again."""
+    self.settle_up()  # (what the borrows owe, charged as their charges were)
     old = self.generation
     self.generation = old + 1
     for borrow in list(self.borrows.values()):
@@ -379,7 +461,7 @@ class Rental:
         borrow.generation = old + 1
 
   def _beaten(self, borrow: Borrow) -> bool:
-    """Whether a compiled bucket before `borrow.running` (in `smallest`'s
+    """Whether a compiled bucket before `borrow.running` (in `smallest_key`'s
     order) holds the smallest sizes it serves, so may hold some of its plans
     (one that does not holds none of them)."""
     low = borrow.low
@@ -453,6 +535,8 @@ class Rental:
       want = self.estimate(account.env)
       if want is not None and have > want:
         out.append((account, have - want))
+        if have - want > account.rate:
+          account.rate = have - want
     if key is not None:
       self.charge_cache[key] = out
     return out
@@ -478,3 +562,16 @@ class Rental:
       if acc is None:
         acc = self.accounts[key] = Account(self, dict(env), start)
       return acc
+
+
+def _schedule(rental: Rental, account: Account, now: int) -> None:
+  """Keeps (in `rental`'s heap) the first call count at which `account` may
+  reach its price if every call from `now` on charged it its `rate`: until
+  then no call can (one call of margin for the rounding)."""
+  if account.future is not None or account.rate <= 0:
+    account.due = 0
+    return
+  calls = (account.price - account.waste) / account.rate
+  wait = QUIET_MAX if calls >= QUIET_MAX else max(1, min(QUIET_MAX, int(calls) - 1))
+  account.due = now + wait
+  heapq.heappush(rental._dues, (account.due, next(rental._order), account))

@@ -20,9 +20,11 @@ configuration never serves a call under another.
 
 A repeated call skips steps 1-2: positional arrays and scalars are keyed by
 `call_signature` (dtype, weak type, shape each) straight to their plan, which
-pads only the leaves that need it, passes logical sizes already on the device,
-and returns outputs without dynamic dims as the program made them (nothing
-blocks the host). Only outputs with dynamic dims are sliced, on the host.
+pads only the leaves that need it (into an aligned host buffer XLA:CPU uses
+in place: `_masking/padding.py`), passes logical sizes already on the device
+(a resized plan's after its first few calls: `Plan.host_call`), and returns
+outputs without dynamic dims as the program made them (nothing blocks the
+host). Only outputs with dynamic dims are sliced, on the host.
 A signature not seen before, of a structure seen before (same types and
 ranks, `rank_signature`), whose sizes fall in a compiled bucket with a
 template, takes that bucket's plan resized (`Plan.resized`): new padding
@@ -137,6 +139,7 @@ class JitFunction:
                            donate_argnums=default(options, "donate_argnums"),
                            donate_argnames=default(options, "donate_argnames"))
     self._args.specs_per_parameter = annotated is not None
+    self._static = self._args.has_static  # (read on every call)
     self._cache = ExecutableCache(default(options, "cache_size"), on_evict=self._forget_program)
     in_shardings = default(options, "in_shardings")
     out_shardings = default(options, "out_shardings")
@@ -190,13 +193,15 @@ class JitFunction:
     # The hot path: positional arrays and scalars whose signature was seen
     # under this trace context (what jax.jit keys on besides the arguments).
     calls = self._contexts.get(jc.trace_context())
-    key = None if kwargs or self._args.has_static else call_signature(args)
+    key = None if kwargs or self._static else call_signature(args)
     if calls is not None:
       plan = calls.hot.get(key)
       if plan is not None and plan.current:
         self.stats.record_call(plan.bucket, plan.waste, plan.fallback)
         if plan.borrow is not None:  # in a larger bucket than its own: pay for it
           plan.pay()
+        if plan.host_calls:  # a resized plan: its sizes go on the device after a few calls
+          plan.host_call()
         return plan.unpad_outputs(plan.run_plain(args))
       if key is not None:  # a never-seen size in a compiled bucket: the bucket's plan, resized
         plan = self._resized_plan(calls, key)

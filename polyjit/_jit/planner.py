@@ -228,17 +228,15 @@ class Planner:
     rental = struct.rental or self.buckets.rental(struct, logical)  # (once started, as it is)
     tight = self.buckets.tight_key(struct, logical)
     # Under a cost-aware policy: the smallest compiled bucket, or the full path.
-    buckets = [tight] if rental is None else rental.smallest(logical)
-    for bucket in buckets:
-      template = struct.template(shapes, bucket)
-      if template is None or not template.variant.holds(logical):
-        continue
-      self._stats.record_sizes(template.binding, struct.leaf_names, logical)
-      plan = template.plan_at(shapes, logical)
-      if rental is not None:
-        self.buckets.rent(struct, rental, plan, logical, tight, template.binding, template.variant)
-      return plan
-    return None
+    bucket = tight if rental is None else rental.smallest_key(logical)
+    template = struct.template(shapes, bucket)
+    if template is None or not template.variant.holds(logical):
+      return None
+    self._stats.record_sizes(template.binding, struct.leaf_names, logical)
+    plan = template.plan_at(shapes, logical)
+    if rental is not None:
+      self.buckets.rent(struct, rental, plan, logical, tight, template.binding, template.variant)
+    return plan
 
   def _masked_plan(self, struct: Structure, shapes: Shapes, why: Cause) -> Plan:
     """A plan that runs the masked program of the bucket these sizes fall in."""

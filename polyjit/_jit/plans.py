@@ -39,6 +39,8 @@ from .._sharding import placement as _placement
 Shapes = tuple[tuple[int, ...], ...]
 
 PLANS_PER_STRUCTURE = 16384
+#: Hot calls of a resized plan with its sizes on the host (`Plan.host_call`).
+HOST_CALLS = 3
 #: Plans built from scratch in this process (a bucket's first plan; a new size
 #: in a bucket with a template reuses its plan: `Plan.resized`). Tests read it.
 plans_built = 0
@@ -89,7 +91,8 @@ class Plan:
   """
   __slots__ = ("key", "program", "dtypes", "logical", "out_shapes", "waste",
                "provisional", "fallback", "bucket", "pads", "dynamic_outputs", "live",
-               "borrow", "padded_out", "shardings", "unpad_leaf", "loose", "calls")
+               "borrow", "padded_out", "shardings", "unpad_leaf", "loose", "calls",
+               "host_calls")
 
   def __init__(self, key: ProgramKey, program: Any, dtypes: Any, logical: Any,
                out_shapes: Any, waste: float, provisional: Any = None,
@@ -125,6 +128,7 @@ class Plan:
     # its size: bought after REPEATS calls (`pay`); `calls` counts them
     self.loose: tuple[Account, dict[str, int]] | None = None
     self.calls = 0
+    self.host_calls = 0                 # (a resized plan's: `host_call`)
     self.shardings = key.structure.shardings  # per leaf on a mesh; None: one device
     self.unpad_leaf = _placement.unpad_for(self.shardings)  # keeps shardings on a mesh
 
@@ -138,8 +142,9 @@ class Plan:
     program, padded shapes and output layout are shared; only the padding
     regions, the size scalars, the output shapes and the waste are new
     (`Template.plan_at` works them out). Nothing is compiled, traced or put
-    on the device here (the sizes go as host int32 scalars, a few
-    microseconds per call): a never-seen size costs little."""
+    on the device here: a never-seen size costs little. Its sizes go as
+    host int32 scalars (about 1.2 us a call more than on the device) until
+    the hot path has called it `HOST_CALLS` times (`host_call`)."""
     new = object.__new__(Plan)
     new.key, new.program, new.dtypes = self.key, self.program, self.dtypes
     new.fallback, new.bucket, new.padded_out = self.fallback, self.bucket, self.padded_out
@@ -150,11 +155,22 @@ class Plan:
     new.waste = waste
     new.dynamic_outputs = dynamic_outputs
     new.live = True
-    new.borrow = None
-    new.provisional = None
-    new.loose = None
+    new.borrow = new.provisional = new.loose = None
     new.calls = 0
+    new.host_calls = HOST_CALLS
     return new
+
+  def host_call(self) -> None:
+    """A hot call of a resized plan whose sizes are host scalars: after
+    `HOST_CALLS` of them, its sizes go on the device, once (the ski-rental
+    rule again: the host scalars have then cost about what putting them on
+    the device does, 4 us against 1.2 us a call). Concurrent calls may both
+    put them there: the same values either way."""
+    self.host_calls -= 1
+    if self.host_calls <= 0:
+      where = size_sharding(self.program)
+      self.logical = tuple(jc.host_to_device(v, where) for v in self.logical)
+      self.host_calls = 0
 
   def borrow_from(self, borrow: Borrow) -> None:
     """Runs in a larger bucket than its own: each call pays into `borrow`'s
@@ -308,13 +324,20 @@ class Template:
     with sizes `logical`."""
     plan = self.plan
     padded = plan.key.padded_shapes
-    pads = []
+    dtypes = plan.dtypes
+    pads: list[tuple[int, tuple[int, ...], Any, tuple[slice, ...]]] = []
     elems = self.fixed_elems
-    for i in self.dynamic_leaves:
+    for i in self.dynamic_leaves:  # (plain loops: every never-seen size)
       s = shapes[i]
-      elems += math.prod(s)
-      if s != padded[i]:
-        pads.append((i, padded[i], plan.dtypes[i], tuple([slice(0, n) for n in s])))
+      p = padded[i]
+      if len(s) == 1:
+        elems += s[0]
+        if s != p:
+          pads.append((i, p, dtypes[i], (slice(0, s[0]),)))
+      else:
+        elems += math.prod(s)
+        if s != p:
+          pads.append((i, p, dtypes[i], tuple([slice(0, n) for n in s])))
     waste = 1.0 - elems / self.padded_elems if self.padded_elems else 0.0
     dtype = self.size_dtype
     values = tuple([np.asarray(logical[v], dtype) for v in self.dims])
@@ -427,7 +450,7 @@ class Structure:
     first = next(iter(self.templates.values()), None)
     return None if first is None else first.sizes(shapes)
 
-  def template(self, shapes: Any, bucket: tuple[Any, ...]) -> Template | None:
+  def template(self, shapes: Any, bucket: tuple[Any, ...] | None) -> Template | None:
     """The template of `bucket` when its fixed axes agree with `shapes`."""
     template = self.templates.get(bucket)
     return template if template is not None and template.fits(shapes) else None

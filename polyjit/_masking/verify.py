@@ -46,6 +46,7 @@ from .padding import is_key_dtype
 ENV = "POLYJIT_VERIFY"
 _default = os.environ.get(ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
 _local = threading.local()
+_ever = _default  # turned on in some thread once (else `enabled` answers at once: every call asks)
 
 
 class VerificationError(PolyjitError, AssertionError):
@@ -59,8 +60,10 @@ class verify:
   state (the process default: on with POLYJIT_VERIFY=1, else off)."""
 
   def __init__(self, on: bool = True) -> None:
+    global _ever
     self._previous: bool | None = getattr(_local, "on", None)
     _local.on = bool(on)
+    _ever = _ever or bool(on)
 
   def __enter__(self) -> "verify":
     return self
@@ -71,6 +74,8 @@ class verify:
 
 def enabled() -> bool:
   """Whether calls are checked now (in this thread)."""
+  if not _ever:
+    return False
   on = getattr(_local, "on", None)
   return (_default if on is None else on) and not getattr(_local, "inside", False)
 
