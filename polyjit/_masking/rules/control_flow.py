@@ -181,10 +181,12 @@ def _first_slices_in_padding(ctx: RuleContext, xs: list[Any], length: Any, rever
   and the selected slice, which the transposes of the step read, would be
   stacked as a residual per step, where JAX forwards `xs` itself."""
   n = ctx.logical(length)
-  index = lax.max(n - 1, jnp.zeros_like(n)) if reverse else jnp.zeros_like(n)
+  index = lax.max(n - 1, jnp.zeros_like(n))
   filled = []
   for x in xs:
-    first = lax.dynamic_index_in_dim(x, index, 0, keepdims=True)
+    # (forward, a static slice: no gather per example under vmap)
+    first = (lax.dynamic_index_in_dim(x, index, 0, keepdims=True) if reverse
+             else lax.slice_in_dim(x, 0, 1))
     first = lax.select(lax.broadcast(n > 0, first.shape), first, jnp.zeros_like(first))
     live = lax.broadcast_in_dim(lax.iota(n.dtype, x.shape[0]) < n, x.shape, (0,))
     filled.append(lax.select(live, x, lax.stop_gradient(jnp.broadcast_to(first, x.shape))))
