@@ -27,6 +27,15 @@ finite, where garbage slices would give 0 * NaN in the cotangents of the
 consts (the weights) and of the carry. Gating the consts instead
 (`where(active, w, stop_gradient(w))`) would make every shared weight a
 per-example value under `jax.vmap`, the cost native mode exists to avoid.
+
+What the backward pass of a scan reads per step is what JAX's partial
+evaluation stacks in the forward one, so the masking adds as little as a
+hand-written mask: the first slices are put in the padding of `xs` by one
+select before the loop (`xs` is forwarded, not stacked; a select per step
+would stack the selected slice), and every select in the body of one shape
+shares one predicate (each distinct predicate is a stacked boolean residual,
+and a pass per step forward and backward). `tests/test_scan_step_residuals.py`
+counts them against a hand-masked LSTM.
 """
 
 from __future__ import annotations
@@ -142,12 +151,15 @@ def _scan(ctx: RuleContext, *args: Any, jaxpr: Any, length: Any, **params: Any) 
   dynamic_length = jc.is_symbolic_dim(length)
   body = _masked_scan_body(ctx, jaxpr, num_consts, num_carry, length)
   logical = ctx.logical_operands()
-  consts, carry, xs = (args[:num_consts], args[num_consts:num_consts + num_carry],
-                       args[num_consts + num_carry:])
-  # Native mode: the carry's initial value and one real step's slices, for
-  # the steps past the logical length to run on (see `_masked_scan_body`).
-  real = (_first_real_step(ctx, carry, xs, length, params.get("reverse", False))
-          if ctx.env.native is not None and dynamic_length else [])
+  consts, carry = args[:num_consts], args[num_consts:num_consts + num_carry]
+  xs = list(args[num_consts + num_carry:])
+  real: list[Any] = []
+  if ctx.env.native is not None and dynamic_length:
+    # Native mode: the steps past the logical length run on the initial
+    # carry (passed to the body as consts) and on the first real step's
+    # slices, put in the padding of `xs` here (see `_masked_scan_body`).
+    real = list(carry)
+    xs = _first_slices_in_padding(ctx, xs, length, params.get("reverse", False))
   k = len(logical) + len(real)
   padded_length = ctx.padded(length)
   steps = [lax.iota(jc.dim_value_dtype(), padded_length)] if dynamic_length else []
@@ -160,15 +172,25 @@ def _scan(ctx: RuleContext, *args: Any, jaxpr: Any, length: Any, **params: Any) 
                   jaxpr=body, length=padded_length, **params)
 
 
-def _first_real_step(ctx: RuleContext, carry: Any, xs: Any, length: Any, reverse: bool
-                     ) -> list[Any]:
-  """The inputs of the first step that runs on data: the initial carry and
-  the slices at index 0 (n - 1 in reverse); zeros when the length is 0."""
+def _first_slices_in_padding(ctx: RuleContext, xs: list[Any], length: Any, reverse: bool
+                             ) -> list[Any]:
+  """`xs` whose padding holds the slices of the first step that runs on data
+  (index 0, n - 1 in reverse; zeros when the length is 0), held constant
+  (no cotangent flows to them from there). One select over each `xs` before
+  the loop: a select of each slice in the body would cost a pass per step,
+  and the selected slice, which the transposes of the step read, would be
+  stacked as a residual per step, where JAX forwards `xs` itself."""
   n = ctx.logical(length)
-  index = lax.max(n - 1, jnp.zeros_like(n)) if reverse else jnp.zeros_like(n)
-  slices = [lax.dynamic_index_in_dim(x, index, 0, keepdims=False) for x in xs]
-  slices = [lax.select(lax.broadcast(n > 0, x.shape), x, jnp.zeros_like(x)) for x in slices]
-  return [*carry, *slices]
+  index = lax.max(n - 1, jnp.zeros_like(n))
+  filled = []
+  for x in xs:
+    # (forward, a static slice: no gather per example under vmap)
+    first = (lax.dynamic_index_in_dim(x, index, 0, keepdims=True) if reverse
+             else lax.slice_in_dim(x, 0, 1))
+    first = lax.select(lax.broadcast(n > 0, first.shape), first, jnp.zeros_like(first))
+    live = lax.broadcast_in_dim(lax.iota(n.dtype, x.shape[0]) < n, x.shape, (0,))
+    filled.append(lax.select(live, x, lax.stop_gradient(jnp.broadcast_to(first, x.shape))))
+  return filled
 
 
 def _masked_scan_body(ctx: RuleContext, closed: Any, num_consts: Any, num_carry: Any,
@@ -184,7 +206,6 @@ def _masked_scan_body(ctx: RuleContext, closed: Any, num_consts: Any, num_carry:
   invars = closed.jaxpr.invars
   logical_aval = jc.shaped((), jc.dim_value_dtype())
   real_avals = ([env.padded_aval(v.aval) for v in invars[num_consts:num_consts + num_carry]]
-                + [env.padded_aval(v.aval) for v in invars[num_consts + num_carry:]]
                 if native else [])
   in_avals = ([logical_aval] * k + real_avals
               + [env.padded_aval(v.aval) for v in invars[:num_consts + num_carry]]
@@ -197,23 +218,35 @@ def _masked_scan_body(ctx: RuleContext, closed: Any, num_consts: Any, num_carry:
     consts = rest[:num_consts]
     carry = rest[num_consts:num_consts + num_carry]
     xs = rest[num_consts + num_carry:]
+    # One broadcast of `live` per shape, shared by every select of that
+    # shape: the predicate of a select is what its transpose reads, so JAX
+    # stacks one residual per distinct predicate, per step.
+    live: Any = None
     if dynamic_length:
       step, xs = xs[0], xs[1:]
       live = step < sub_env.logical(length)
-    inputs = [*carry, *xs]
+    masks: dict[tuple[int, ...], Any] = {}
+
+    def live_as(shape: tuple[int, ...]) -> Any:
+      if shape not in masks:
+        masks[shape] = lax.broadcast(live, shape)
+      return masks[shape]
+
+    carry_in = list(carry)
     if native:
       # A step past the logical length runs on a real step's inputs instead
-      # (the initial carry, the first slices), held constant: its outputs are
-      # dropped and its cotangents are zero, and its local derivatives are
-      # those of a step that ran on data, finite, so 0 * derivative is 0 where
-      # garbage would give 0 * NaN in the consts' and the carry's cotangents.
-      inputs = [lax.select(lax.broadcast(live, x.shape), x, lax.stop_gradient(r))
-                for x, r in zip(inputs, real, strict=True)]
-    outs = eval_jaxpr_masked(closed.jaxpr, closed.consts,
-                             (*consts, *inputs[:num_carry], *inputs[num_carry:]), sub_env)
+      # (the initial carry here; the slices of the first step were put in
+      # the padding of `xs` before the loop), held constant: its outputs
+      # are dropped and its cotangents are zero, and its local derivatives
+      # are those of a step that ran on data, finite, so 0 * derivative is
+      # 0 where garbage would give 0 * NaN in the consts' and the carry's
+      # cotangents.
+      carry_in = [lax.select(live_as(x.shape), x, lax.stop_gradient(r))
+                  for x, r in zip(carry, real, strict=True)]
+    outs = eval_jaxpr_masked(closed.jaxpr, closed.consts, (*consts, *carry_in, *xs), sub_env)
     new_carry, ys = outs[:num_carry], outs[num_carry:]
     if dynamic_length:
-      new_carry = [lax.select(lax.broadcast(live, new.shape), new, old)
+      new_carry = [lax.select(live_as(new.shape), new, old)
                    for new, old in zip(new_carry, carry, strict=True)]
     return [*new_carry, *ys]
 
