@@ -340,7 +340,9 @@ class Template:
           pads.append((i, p, dtypes[i], tuple([slice(0, n) for n in s])))
     waste = 1.0 - elems / self.padded_elems if self.padded_elems else 0.0
     dtype = self.size_dtype
-    values = tuple([np.asarray(logical[v], dtype) for v in self.dims])
+    dims = self.dims
+    values = ((np.asarray(logical[dims[0]], dtype),) if len(dims) == 1  # (no comprehension)
+              else tuple([np.asarray(logical[v], dtype) for v in dims]))
     sizes = self.out_sizes
     if sizes is None:  # no output has a dynamic dim: the template's shapes
       return plan.resized(values, plan.out_shapes, tuple(pads), waste, plan.dynamic_outputs)
