@@ -115,16 +115,19 @@ class BucketChoice:
     same buckets, and the cost-aware choice depends on timings. With
     `variant`, its traced jaxpr gives the estimates (the first one does)."""
     if struct.on_mesh:
+      struct.fixed_buckets = True
       return None
     rental = struct.rental
     if rental is None:
       dims = tuple(logical)
       if self._fixed.get(dims):  # (known: every never-seen size of a fixed policy asks)
+        struct.fixed_buckets = True
         return None
       policies = {v: self.policy(v) for v in logical}
       cost_aware = {v: p for v, p in policies.items() if isinstance(p, CostAware)}
       if not policies or len(cost_aware) != len(policies):
         self._fixed[dims] = True
+        struct.fixed_buckets = True
         return None
       rental = struct.start_rental(Rental(cost_aware))
       if struct.tracker is not None and struct.masked is not None:

@@ -289,7 +289,10 @@ class JitFunction:
         return None
       struct.remember(shapes, plan)
     if plan.current:
-      calls.keep(key, plan)
+      hot = calls.hot  # (`_HotCalls.keep`, inline: every new size)
+      if len(hot) >= HOT_PLANS:
+        hot.clear()
+      hot[key] = plan
     return plan
 
   def _forget_program(self, key: ProgramKey) -> None:

@@ -258,7 +258,8 @@ class Template:
   differ from the padded shapes, the elements of the others, the dtype and
   order of the size scalars, and which output dims are sizes."""
   __slots__ = ("plan", "binding", "variant", "out_dims", "places", "fixed", "dims",
-               "size_dtype", "dynamic_leaves", "fixed_elems", "padded_elems", "out_sizes")
+               "size_dtype", "dynamic_leaves", "fixed_elems", "padded_elems", "out_sizes",
+               "single")
 
   def __init__(self, plan: Plan, binding: Any, variant: Any, out_dims: Any,
                places: dict[str, list[tuple[int, int]]], fixed: Any) -> None:
@@ -267,6 +268,12 @@ class Template:
     self.variant = variant              # the sizes it serves must select it
     self.out_dims = out_dims            # per output leaf, its symbolic shape
     self.places = places                # dim -> [(leaf, axis)] where it is the axis size
+    # (dim, leaf, axis) when one axis alone has the one dimension (`sizes`'s common case)
+    self.single = None
+    if len(places) == 1:
+      (dim, where), = places.items()
+      if len(where) == 1:
+        self.single = (dim, *where[0])
     self.fixed = fixed                  # [((leaf, axis), size)] of the fixed axes
     self.dims = tuple(binding.dim_names)  # the order of the program's size arguments
     self.size_dtype = jc.dim_value_dtype()  # theirs, as when the program was built
@@ -303,6 +310,11 @@ class Template:
   def sizes(self, shapes: Any) -> dict[str, int] | None:
     """Each dimension's size read off `shapes`; None when two places disagree
     or a size is 0 (empty: jax.jit's exact program serves it)."""
+    single = self.single
+    if single is not None:
+      dim, leaf, axis = single
+      n = shapes[leaf][axis]
+      return {dim: n} if n else None
     logical: dict[str, int] = {}
     for dim, places in self.places.items():
       for leaf, axis in places:
@@ -389,6 +401,9 @@ class Structure:
     self.plans: collections.OrderedDict[Any, Plan] = collections.OrderedDict()
     self.templates: dict[Any, Template] = {}  # bucket key -> Template
     self.rental: Rental | None = None   # under a cost-aware policy
+    # no rental for these specs (a fixed policy, or a mesh): known once asked
+    # (`BucketChoice.rental`), so that a never-seen size need not ask again
+    self.fixed_buckets = False
     self.shard_multiples: dict[str, int] = {}  # dim -> its buckets' multiple (on a mesh)
 
   @property
@@ -494,6 +509,7 @@ class Structure:
     self.specs = specs
     self.masked = None
     self.rental = None
+    self.fixed_buckets = False
     for plan in self.plans.values():
       plan.live = False
     self.plans.clear()
