@@ -550,9 +550,12 @@ class Rental:
     if key is None:
       return Borrow(self, running, accounts, None)
     borrow = self.borrows.get(key)
-    if borrow is None or borrow.done():
+    if borrow is None or borrow.generation != self.generation:  # (`done`, inline: every new size)
       borrow = self.borrows[key] = Borrow(self, running, accounts, key)
-    borrow.serve(logical)
+    low = borrow.low  # (`Borrow.serve`, inline)
+    for v, n in logical.items():
+      if n < low.get(v, n + 1):
+        low[v] = n
     return borrow
 
   def account(self, env: dict[str, int], start: Callable[..., Any]) -> Account:
