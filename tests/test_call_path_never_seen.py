@@ -76,3 +76,26 @@ def test_switching_contexts_finds_each_contexts_own_plans(monkeypatch):
   assert got32.dtype == np.float32 and got64.dtype == np.float64
   np.testing.assert_allclose(got32, ref(DATA[:300], MU, LS), rtol=1e-5)
   np.testing.assert_allclose(got64, want64, rtol=1e-12)
+
+
+def test_a_vectors_resized_plan_is_the_general_loops():
+  # `Template.plan_at`'s one-vector case (`one_leaf`) against its general loop.
+  f = pj.jit(loglik, polymorphic_shapes=["n", None, None], buckets=[4096])
+  f(DATA[:3000].astype(np.float32), MU, LS)
+  (struct,) = f._structures.values()
+  (template,) = struct.templates.values()
+  assert template.one_leaf is not None
+  for n in (1, 17, 3000, 4095, 4096):
+    shapes, logical = ((n,), (), ()), {"n": n}
+    fast = template.plan_at(shapes, logical)
+    one, template.one_leaf = template.one_leaf, None
+    try:
+      general = template.plan_at(shapes, logical)
+    finally:
+      template.one_leaf = one
+    assert fast.pads == general.pads and fast.waste == general.waste
+    assert [int(v) for v in fast.logical] == [int(v) for v in general.logical] == [n]
+    assert [v.dtype for v in fast.logical] == [v.dtype for v in general.logical]
+    assert (fast.out_shapes, fast.dynamic_outputs) == (general.out_shapes, general.dynamic_outputs)
+  np.testing.assert_allclose(f(DATA[:17].astype(np.float32), MU, LS),
+                             jax.jit(loglik)(DATA[:17].astype(np.float32), MU, LS), rtol=1e-5)

@@ -259,7 +259,7 @@ class Template:
   order of the size scalars, and which output dims are sizes."""
   __slots__ = ("plan", "binding", "variant", "out_dims", "places", "fixed", "dims",
                "size_dtype", "dynamic_leaves", "fixed_elems", "padded_elems", "out_sizes",
-               "single")
+               "single", "one_leaf")
 
   def __init__(self, plan: Plan, binding: Any, variant: Any, out_dims: Any,
                places: dict[str, list[tuple[int, int]]], fixed: Any) -> None:
@@ -287,6 +287,13 @@ class Template:
     # its expression; None when no output has a dynamic dim (the plan's own then).
     sizes = tuple(tuple(_out_size(d) for d in dims) for dims in out_dims)
     self.out_sizes = sizes if any(type(d) is not int for o in sizes for d in o) else None
+    # (leaf, padded shape, dtype, dim) when the one dimension is the one axis of
+    # one vector and no output has a dynamic dim: `plan_at`'s common case
+    self.one_leaf = None
+    if self.single is not None and self.out_sizes is None and self.single[2] == 0 \
+        and len(padded[self.single[1]]) == 1:
+      dim, leaf, _ = self.single
+      self.one_leaf = (leaf, padded[leaf], plan.dtypes[leaf], dim)
 
   @classmethod
   def of(cls, plan: Plan, binding: Any, variant: Any, out_dims: Any) -> Template | None:
@@ -335,6 +342,13 @@ class Template:
     """The plan of this template's program for `shapes` (that it `fits`)
     with sizes `logical`."""
     plan = self.plan
+    one = self.one_leaf
+    if one is not None:  # (the loops below, for one vector: no list, no loop)
+      i, p, dtype_i, dim = one
+      n = shapes[i][0]
+      return plan.resized((np.asarray(logical[dim], self.size_dtype),), plan.out_shapes,
+                          ((i, p, dtype_i, (slice(0, n),)),) if n != p[0] else (),
+                          1.0 - (self.fixed_elems + n) / self.padded_elems, plan.dynamic_outputs)
     padded = plan.key.padded_shapes
     dtypes = plan.dtypes
     pads: list[tuple[int, tuple[int, ...], Any, tuple[slice, ...]]] = []
