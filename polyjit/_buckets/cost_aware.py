@@ -552,10 +552,7 @@ class Rental:
     borrow = self.borrows.get(key)
     if borrow is None or borrow.generation != self.generation:  # (`done`, inline: every new size)
       borrow = self.borrows[key] = Borrow(self, running, accounts, key)
-    low = borrow.low  # (`Borrow.serve`, inline)
-    for v, n in logical.items():
-      if n < low.get(v, n + 1):
-        low[v] = n
+    borrow.serve(logical)
     return borrow
 
   def account(self, env: dict[str, int], start: Callable[..., Any]) -> Account:

@@ -236,7 +236,7 @@ class Planner:
     if template is None or not template.fits(shapes) or not template.variant.holds(logical):
       return None
     self._stats.record_sizes(template.binding, struct.leaf_names, logical)
-    plan = template.plan_at(shapes, logical)
+    plan: Plan = template.plan_at(shapes, logical)  # (templates.py sits below plans.py: Any)
     if rental is not None:
       self.buckets.rent(struct, rental, plan, logical, tight, template.binding, template.variant)
     return plan
