@@ -64,9 +64,9 @@ resized plans, and dispatch to the parts it ties together: `planner.py`
 `bucket_choice.py` (bucket policies and the cost-aware bookkeeping),
 `compile.py` (programs through the executable cache), `args.py` (static
 arguments, leaves, leaf names, explicit specs, donation), `plans.py`
-(structures, plans, templates, program keys and bodies), `aot.py` (the
-ahead-of-time stages) and `stats.py` (the typed record `pj.stats` and
-`pj.explain` read).
+(structures, plans, program keys and bodies), `templates.py` (a bucket's
+plan resized for new sizes), `aot.py` (the ahead-of-time stages) and
+`stats.py` (the typed record `pj.stats` and `pj.explain` read).
 """
 
 from __future__ import annotations
