@@ -550,7 +550,7 @@ class Rental:
     if key is None:
       return Borrow(self, running, accounts, None)
     borrow = self.borrows.get(key)
-    if borrow is None or borrow.done():
+    if borrow is None or borrow.generation != self.generation:  # (`done`, inline: every new size)
       borrow = self.borrows[key] = Borrow(self, running, accounts, key)
     borrow.serve(logical)
     return borrow

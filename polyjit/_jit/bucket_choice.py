@@ -115,16 +115,19 @@ class BucketChoice:
     same buckets, and the cost-aware choice depends on timings. With
     `variant`, its traced jaxpr gives the estimates (the first one does)."""
     if struct.on_mesh:
+      struct.fixed_buckets = True
       return None
     rental = struct.rental
     if rental is None:
       dims = tuple(logical)
       if self._fixed.get(dims):  # (known: every never-seen size of a fixed policy asks)
+        struct.fixed_buckets = True
         return None
       policies = {v: self.policy(v) for v in logical}
       cost_aware = {v: p for v, p in policies.items() if isinstance(p, CostAware)}
       if not policies or len(cost_aware) != len(policies):
         self._fixed[dims] = True
+        struct.fixed_buckets = True
         return None
       rental = struct.start_rental(Rental(cost_aware))
       if struct.tracker is not None and struct.masked is not None:
@@ -191,14 +194,16 @@ class BucketChoice:
     accounts of the smaller buckets that would hold them; an account
     compiles its bucket once it has paid for it."""
     rental.observe(logical)
-    if plan.key.bucket == tight_key:
+    program_key = plan.key  # (a NamedTuple: each field read is a call; every new size)
+    running = program_key.bucket
+    if running == tight_key:
       return
-    # (`plan.key.variant` is `variant.key`, already built)
-    key: tuple[Any, ...] | None = (plan.key.variant, tight_key, plan.key.bucket)
+    # (`program_key.variant` is `variant.key`, already built)
+    key: tuple[Any, ...] | None = (program_key.variant, tight_key, running)
     accounts = rental.borrow_accounts.get(key) if not variant.constraints else None
     if accounts is None:
       accounts = []
-      for env in rental.smaller(logical, dict(plan.key.bucket)):
+      for env in rental.smaller(logical, dict(running)):
         if fit_to_constraints(logical, env, variant.scope) != env:
           continue  # these sizes break a constraint there: no such program
         accounts.append(rental.account(env, functools.partial(
@@ -207,8 +212,8 @@ class BucketChoice:
         rental.borrow_accounts[key] = accounts
       else:
         key = None
-    plan.borrow_from(rental.borrow(plan.key.bucket, accounts, key, logical))
-    for v, b in plan.key.bucket:
+    plan.borrow_from(rental.borrow(running, accounts, key, logical))
+    for v, b in running:
       if b > LOOSE * logical[v]:
         # more than LOOSE x its size: buys its own bucket after REPEATS calls
         # (`Plan.pay`), through its tight bucket's account (keyed by `tight_key`)

@@ -222,18 +222,21 @@ class Planner:
     not looked up again here. Under a cost-aware policy the bucket is the
     smallest compiled one that holds the sizes.
     """
-    logical = struct.template_sizes(shapes)
+    templates = struct.templates  # (read here, not through `Structure`'s methods: every new size)
+    first = next(iter(templates.values()), None)
+    logical = None if first is None else first.sizes(shapes)  # (`Structure.template_sizes`)
     if logical is None:
       return None
-    rental = struct.rental or self.buckets.rental(struct, logical)  # (once started, as it is)
+    # (once started, as it is; a structure known to have none does not ask)
+    rental = struct.rental or (None if struct.fixed_buckets else self.buckets.rental(struct, logical))
     tight = self.buckets.tight_key(struct, logical)
     # Under a cost-aware policy: the smallest compiled bucket, or the full path.
     bucket = tight if rental is None else rental.smallest_key(logical)
-    template = struct.template(shapes, bucket)
-    if template is None or not template.variant.holds(logical):
+    template = templates.get(bucket)  # (`Structure.template`)
+    if template is None or not template.fits(shapes) or not template.variant.holds(logical):
       return None
     self._stats.record_sizes(template.binding, struct.leaf_names, logical)
-    plan = template.plan_at(shapes, logical)
+    plan: Plan = template.plan_at(shapes, logical)  # (templates.py sits below plans.py: Any)
     if rental is not None:
       self.buckets.rent(struct, rental, plan, logical, tight, template.binding, template.variant)
     return plan
