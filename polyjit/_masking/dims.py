@@ -234,6 +234,15 @@ def dim_upper_bound(d: Dim, var_bounds: dict[str, int]) -> int | None:
   return None if interval is None else interval[1]
 
 
+def dim_lower_bound(d: Dim, var_bounds: dict[str, int]) -> int | None:
+  """A lower bound of `d` over every assignment with 1 <= v <= var_bounds[v]
+  (interval arithmetic, so it may be lower than the true minimum); None when
+  an operation is unknown. `n - 1` gets 0: a size that can be empty while
+  every dimension is >= 1."""
+  interval = _dim_interval(d, var_bounds)
+  return None if interval is None else interval[0]
+
+
 def _dim_interval(d: Dim, bounds: dict[str, int]) -> Interval | None:
   if not jc.is_symbolic_dim(d):
     return int(d), int(d)

@@ -36,6 +36,16 @@ would stack the selected slice), and every select in the body of one shape
 shares one predicate (each distinct predicate is a stacked boolean residual,
 and a pass per step forward and backward). `tests/test_scan_step_residuals.py`
 counts them against a hand-masked LSTM.
+
+A length that can be 0 while every dimension is >= 1 (`n - 1`, a scan over
+`x[1:]` or `jnp.diff(x)`) has no real step to copy when it is 0: its frozen
+steps run on zeros, where a body's derivative may be infinite (`w / dt`),
+and the consts' cotangents, which sum every step's, would get 0 * inf = NaN.
+Such a scan (only such: the interval of its length reaches 0) takes its
+inexact consts as `where(length > 0, c, stop_gradient(c))`, once before the
+loop: no step of an empty scan sends them a cotangent. Under `jax.vmap`
+that makes those consts per example, a cost paid only where a length can be
+0. A scan whose padded length is 0 runs no step and needs no fill.
 """
 
 from __future__ import annotations
@@ -48,7 +58,7 @@ from jax import lax
 
 from ... import _jax as jc
 from ..core import RuleContext, eval_jaxpr_masked, register
-from .. import native as _native
+from .. import dims as _dims, native as _native
 
 
 @register("jit")
@@ -151,7 +161,7 @@ def _scan(ctx: RuleContext, *args: Any, jaxpr: Any, length: Any, **params: Any) 
   dynamic_length = jc.is_symbolic_dim(length)
   body = _masked_scan_body(ctx, jaxpr, num_consts, num_carry, length)
   logical = ctx.logical_operands()
-  consts, carry = args[:num_consts], args[num_consts:num_consts + num_carry]
+  consts, carry = list(args[:num_consts]), args[num_consts:num_consts + num_carry]
   xs = list(args[num_consts + num_carry:])
   real: list[Any] = []
   if ctx.env.native is not None and dynamic_length:
@@ -160,6 +170,7 @@ def _scan(ctx: RuleContext, *args: Any, jaxpr: Any, length: Any, **params: Any) 
     # slices, put in the padding of `xs` here (see `_masked_scan_body`).
     real = list(carry)
     xs = _first_slices_in_padding(ctx, xs, length, params.get("reverse", False))
+    consts = _held_where_empty(ctx, consts, length)
   k = len(logical) + len(real)
   padded_length = ctx.padded(length)
   steps = [lax.iota(jc.dim_value_dtype(), padded_length)] if dynamic_length else []
@@ -184,6 +195,9 @@ def _first_slices_in_padding(ctx: RuleContext, xs: list[Any], length: Any, rever
   index = lax.max(n - 1, jnp.zeros_like(n))
   filled = []
   for x in xs:
+    if x.shape[0] == 0:   # a padded length of 0: no step runs, nothing to fill
+      filled.append(x)
+      continue
     # (forward, a static slice: no gather per example under vmap)
     first = (lax.dynamic_index_in_dim(x, index, 0, keepdims=True) if reverse
              else lax.slice_in_dim(x, 0, 1))
@@ -191,6 +205,18 @@ def _first_slices_in_padding(ctx: RuleContext, xs: list[Any], length: Any, rever
     live = lax.broadcast_in_dim(lax.iota(n.dtype, x.shape[0]) < n, x.shape, (0,))
     filled.append(lax.select(live, x, lax.stop_gradient(jnp.broadcast_to(first, x.shape))))
   return filled
+
+
+def _held_where_empty(ctx: RuleContext, consts: Any, length: Any) -> list[Any]:
+  """`consts`, their inexact ones held constant where the logical `length` is
+  0, if it can be (see the module docstring): an empty scan's frozen steps
+  run on zeros, and nothing bounds their derivatives there."""
+  lowest = _dims.dim_lower_bound(length, ctx.env.padded_env)
+  if lowest is not None and lowest >= 1:
+    return list(consts)
+  some = ctx.logical(length) > 0
+  return [lax.select(lax.broadcast(some, jnp.shape(c)), c, lax.stop_gradient(c))
+          if _native.inexact(jc.typeof(c)) else c for c in consts]
 
 
 def _masked_scan_body(ctx: RuleContext, closed: Any, num_consts: Any, num_carry: Any,
