@@ -132,23 +132,22 @@ _addressof = ctypes.addressof
 def host_buffer(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
   """An uninitialized C-contiguous host array whose data is aligned to `ALIGN`
   bytes from `ALIGN_FROM` bytes on (zeroed for booleans: see the module
-  docstring). It is a view of a
-  fresh `np.empty` block a little larger, starting at its first aligned
-  element (`malloc`'s 16-byte alignment is a multiple of every item size up
-  to 16; larger ones, and blocks `ctypes` cannot address, take a plain
-  `np.empty`, which is only slower to hand to XLA)."""
+  docstring). It is a view, in `dtype`, of a fresh `np.empty` byte block a
+  little larger, starting at its first aligned byte. The block is bytes, not
+  `dtype`: `ctypes` takes the address of a uint8 array, but refuses
+  bfloat16 and float8 ones (dtypes NumPy's buffer protocol cannot describe)."""
   if not isinstance(dtype, np.dtype) or dtype.kind == "b":
     return np.zeros(shape, dtype)  # (an extended dtype: as NumPy makes it)
   count = 1
   for n in shape:
     count *= n
-  itemsize = dtype.itemsize
-  if count * itemsize < ALIGN_FROM or itemsize > 16 or ALIGN % itemsize:
+  nbytes = count * dtype.itemsize
+  if nbytes < ALIGN_FROM:
     return np.empty(shape, dtype)
-  raw = np.empty(count + ALIGN // itemsize, dtype)
+  raw = np.empty(nbytes + ALIGN, np.uint8)
   # (NumPy's stubs do not declare its buffer protocol)
-  start = (-_addressof(_c_char_from_buffer(raw)) & (ALIGN - 1)) // itemsize  # type: ignore[arg-type, unused-ignore]
-  out = raw[start:start + count]
+  start = -_addressof(_c_char_from_buffer(raw)) & (ALIGN - 1)  # type: ignore[arg-type, unused-ignore]
+  out = raw[start:start + nbytes].view(dtype)
   return out if len(shape) == 1 else out.reshape(shape)
 
 
