@@ -161,7 +161,13 @@ def _stacked_residuals(closed):
   for eqn in _scan_eqns(closed.jaxpr):
     if eqn.params["length"] == 0:
       continue
-    stacked = eqn.outvars[eqn.params["num_carry"]:]
+    # a stacked output has the body's output shape with the length in front; a
+    # carry has the body's shape (read from the shapes: JAX 0.12's scan has no
+    # `num_carry` parameter)
+    body = eqn.params["jaxpr"]
+    body = getattr(body, "jaxpr", body)
+    stacked = [v for v, b in zip(eqn.outvars, body.outvars, strict=True)
+               if v.aval.shape != b.aval.shape]
     bools += sum(v.aval.dtype == jnp.bool_ for v in stacked)
     others += sum(v.aval.dtype != jnp.bool_ for v in stacked)
   return bools, others
