@@ -248,11 +248,10 @@ def test_none_leaves_in_arguments_and_outputs(kwargs):
 # --- errors and fallbacks -------------------------------------------------------------
 
 @pytest.mark.parametrize("f, error, match", [
-    (lambda x: jnp.sum(x) / len(x), pj.ShapeError, "instead of len"),
+    (lambda x: sum(x[i] for i in range(len(x))), pj.ShapeError, "range\\(len\\(x\\)\\)"),
     (lambda x: sum(x[i] for i in range(x.shape[0])), pj.ShapeError, "fori_loop"),
-    (lambda x: jnp.convolve(x, jnp.ones(3)), pj.MaskingError, "jnp.convolve"),
     (lambda x: jnp.pad(x, 2, mode="reflect"), pj.MaskingError, "jnp.pad"),
-], ids=["len", "python-loop", "convolve", "pad-reflect"])
+], ids=["range-len", "python-loop", "pad-reflect"])
 def test_symbolic_tracing_errors_are_polyjit_errors(f, error, match):
   masked = pj.mask(f, ["n"])
   for call in (masked, jax.jit(masked)):

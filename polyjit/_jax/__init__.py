@@ -44,6 +44,7 @@ from .core import (
     jit_disabled as jit_disabled,
     is_dropvar as is_dropvar, jaxpr_as_fun as jaxpr_as_fun,
     make_closed_jaxpr as make_closed_jaxpr, promote_dtypes_inexact as promote_dtypes_inexact,
+    promote_dtypes as promote_dtypes,
     replay_unsafe_effects as replay_unsafe_effects, shaped as shaped,
     subjaxprs_in_params as subjaxprs_in_params, trace_context as trace_context,
     typeof as typeof, custom_jvp_rule_jaxpr as custom_jvp_rule_jaxpr,
@@ -89,7 +90,8 @@ from .messages import (
     jit_program_name as jit_program_name, needs_concrete_size as needs_concrete_size,
     parse_cache_miss as parse_cache_miss, trace_refusal as trace_refusal)
 from .swaps import (
-    ARRAY_GETITEM as ARRAY_GETITEM, CONVOLVE_ND as CONVOLVE_ND, SWAP_SITES as SWAP_SITES,
+    ARRAY_GETITEM as ARRAY_GETITEM, CONVOLVE_ND as CONVOLVE_ND, TRIU_SIZE as TRIU_SIZE,
+    CONV_1D as CONV_1D, SWAP_SITES as SWAP_SITES,
     original_of as original_of,
     register_spellings as register_spellings, replacement_of as replacement_of,
     spellings_active as spellings_active, trace_spellings as trace_spellings)

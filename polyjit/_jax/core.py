@@ -150,6 +150,12 @@ def promote_dtypes_inexact(*args: Any) -> Any:
   return _np_util.promote_dtypes_inexact(*args)
 
 
+def promote_dtypes(*args: Any) -> Any:
+  """JAX's numpy promotion to a common dtype (`jnp.convolve` with a
+  `preferred_element_type`)."""
+  return _np_util.promote_dtypes(*args)
+
+
 def custom_jvp_rule_jaxpr(eqn: JaxprEqn, zeros: list[bool]
                           ) -> tuple[ClosedJaxpr, list[bool]]:
   """The JVP of a `custom_jvp_call` equation with its custom rule, as JAX

@@ -37,7 +37,7 @@ from .messages import inconclusive_comparison, needs_concrete_size, trace_refusa
 from .primitives import bind_params, primitive
 from .registry import (AD, CALL, DECISIONS, DIMS, INLINE, JAXPRS, PROGRAMS, REFUSALS, SIZES,
                        SOURCE, SWAPS, TEXTS, internal)
-from .swaps import ARRAY_GETITEM, site_plan
+from .swaps import ARRAY_GETITEM, CONV_1D, TRIU_SIZE, site_plan
 
 
 #: Primitives whose JVP or transpose polyjit wraps (`_masking/autodiff.py`,
@@ -293,12 +293,15 @@ def _call_path() -> None:
 
 # --- spellings swapped during traces -----------------------------------------------
 
-@internal("numpy.util.promote_dtypes_inexact, jax.max_dim, jax.Tracer", SWAPS,
+@internal("numpy.util.promote_dtypes_inexact/promote_dtypes, jax.max_dim, jax.Tracer", SWAPS,
           "read", "the replacement of jnp.interp promotes as JAX does; sizes' max")
 def _spelling_reads() -> None:
   # (abstractly: a probe never compiles, since compile counts are user-visible)
   x = jax.eval_shape(lambda v: _np_util.promote_dtypes_inexact(v)[0], shaped((), np.int32))
   assert x.dtype == np.float32 or x.dtype == np.float64
+  y = jax.eval_shape(lambda u, v: _np_util.promote_dtypes(u, v)[0], shaped((), np.int32),
+                     shaped((), np.float32))
+  assert y.dtype == np.float32
   assert max_dim(3, 5) == 5
 
 
@@ -327,6 +330,8 @@ def _swap_sites() -> None:
   assert by_site[("jax._src.numpy.lax_numpy", "searchsorted")] is by_site[("jax.numpy", "searchsorted")]
   assert by_site[("jax._src.numpy.lax_numpy", "nonzero")] is by_site[("jax.numpy", "nonzero")]
   assert _params(ARRAY_GETITEM)[:2] == ["arr", "idx"]
+  assert _params(CONV_1D) == ["x", "y", "mode", "op", "precision", "preferred_element_type"]
+  assert _params(TRIU_SIZE) == ["n", "m", "k"]
 
 
 @internal("texts of JAX's NotImplementedError for lax.associative_scan and "

@@ -1,7 +1,7 @@
 """JAX functions replaced while polyjit traces (per-trace swaps).
 
-`jnp.searchsorted`, `jnp.interp`, `jnp.linspace`, `jnp.diff` and
-`lax.fori_loop` cannot be traced (or, for fori_loop, reverse-differentiated)
+`jnp.searchsorted`, `jnp.interp`, `jnp.linspace`, `jnp.diff`,
+`jnp.diag_indices`, `jnp.convolve`, `jnp.correlate` and `lax.fori_loop` cannot be traced (or, for fori_loop, reverse-differentiated)
 by JAX when a size they depend on is symbolic; `jnp.nonzero`, `jnp.where`,
 `jnp.unique`, boolean indexing and their kin create sizes from data.
 `_spellings/replacements.py` and `_masking/data_dependent.py` have exact replacements, registered
@@ -10,7 +10,9 @@ jnp.searchsorted: searchsorted, ...})`). `trace_spellings()` puts them in
 place for the duration of polyjit's symbolic trace (`_masking.trace.trace_flat`) at
 the module attributes `SWAP_SITES`: the public names, plus the module globals
 through which JAX's own functions reach them (`Array.searchsorted` and
-`jnp.digitize` call `lax_numpy.searchsorted`). Each site must hold one of the
+`jnp.digitize` call `lax_numpy.searchsorted`), and the builtin `len`, whose
+answer for a traced array with a dynamic leading axis is its symbolic size
+(`_spellings/length.py`). Each site must hold one of the
 registered function objects: a JAX that moves, renames or wraps one fails the
 probe (`probes.py`) with a clear error before anything is installed, never
 silently.
@@ -29,6 +31,7 @@ import threading
 from typing import Any, Callable, Iterator
 
 from jax._src.numpy import indexing as _indexing
+from jax._src.numpy import lax_numpy as _lax_numpy
 from jax._src.scipy import signal as _signal
 
 from .registry import JaxBoundaryError
@@ -39,6 +42,12 @@ ARRAY_GETITEM: Callable[..., Any] = _indexing.rewriting_take
 #: The direct N-d convolution behind `jax.scipy.signal.convolve`, `correlate`
 #: and `convolve2d` (it swaps its operands on comparing their sizes).
 CONVOLVE_ND: Callable[..., Any] = _signal._convolve_nd
+
+#: The count of entries `jnp.triu_indices`/`tril_indices` select (a module global).
+TRIU_SIZE: Callable[..., Any] = _lax_numpy._triu_size
+
+#: The 1-d convolution behind `jnp.convolve` and `jnp.correlate`.
+CONV_1D: Callable[..., Any] = _lax_numpy._conv
 
 #: Module attributes that hold a replaced function (module, attribute).
 SWAP_SITES: tuple[tuple[str, str], ...] = (
@@ -65,6 +74,17 @@ SWAP_SITES: tuple[tuple[str, str], ...] = (
     ("jax._src.numpy.indexing", "rewriting_take"),
     # `jax.scipy.signal.convolve`/`correlate` call it as a module global (issue 33).
     ("jax._src.scipy.signal", "_convolve_nd"),
+    # `len(x)` of a dynamic leading axis answers its symbolic size from user code
+    # (`_spellings/length.py`): Python looks the name up in builtins at each call.
+    ("builtins", "len"),
+    # At a dynamic size (`_spellings/indices.py`); `diag_indices_from` and
+    # `fill_diagonal` reach `diag_indices` through the module global.
+    ("jax.numpy", "diag_indices"),
+    ("jax._src.numpy.lax_numpy", "diag_indices"),
+    ("jax._src.numpy.lax_numpy", "_triu_size"),
+    # `jnp.convolve`/`jnp.correlate` call it as a module global (so a reference
+    # to them taken before the trace is intercepted too).
+    ("jax._src.numpy.lax_numpy", "_conv"),
 )
 
 _spelling_replacements: dict[Callable[..., Any], Callable[..., Any]] = {}  # JAX's fn -> ours

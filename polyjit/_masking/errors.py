@@ -88,9 +88,10 @@ def trace_error(error: BaseException, fun_name: str) -> PolyjitError:
   if concrete_needed and inside is None:
     return ShapeError(
         head + "a dynamic size was used where Python needs a plain int.\nWhat to do: "
-        "write x.shape[0] instead of len(x); loop with lax.fori_loop or lax.scan "
-        "instead of a Python loop over range(x.shape[0]); pass sizes to jnp "
-        f"functions as x.shape[i], not int(...); or {fixed}.")
+        "loop with lax.fori_loop or lax.scan instead of a Python loop over "
+        "range(x.shape[0]) or range(len(x)); pass sizes to jnp functions as "
+        "x.shape[i] or len(x), not int(...) (a reference to `len` bound before the "
+        f"trace, `_len = len`, gets no size: write x.shape[0]); or {fixed}.")
   if concrete_needed:
     return MaskingError(
         head + f"`{inside}` needs this size as a plain int, which a dynamic size is not.\n"

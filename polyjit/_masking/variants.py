@@ -248,11 +248,12 @@ class _Oracle:
     return SizeValueError(
         f"the size '{expr}' is converted to a Python number ({how}) at {where}; a "
         "masked trace serves many sizes, so a size has no Python value there.\n"
-        "What to do: write x.shape[0] instead of len(x); use the size as an array "
-        "value (jnp.asarray(x.shape[0]), "
-        "x.shape[0] * 2.0), compare it (n == 1, n > 3), loop with lax.scan / "
-        "lax.fori_loop instead of range(n), or declare that axis fixed "
-        "(polymorphic_shapes with '_' / a fixed dim).")
+        "What to do: use the size as an array value (jnp.asarray(x.shape[0]), "
+        "x.shape[0] * 2.0, len(x) / 2), compare it (n == 1, n > 3), loop with "
+        "lax.scan / lax.fori_loop instead of range(n) or range(len(x)), or declare "
+        "that axis fixed (polymorphic_shapes with '_' / a fixed dim). (`len(x)` "
+        "answers the size, as x.shape[0] does; `_len = len` bound before the trace "
+        "does not: write x.shape[0] there.)")
 
   def too_large(self, text: str, where: str) -> MaskingError:
     """A comparison of sizes too large for JAX's decision procedure."""

@@ -1,4 +1,13 @@
-"""`jax.scipy.signal.convolve` (and `correlate`) at a symbolic length.
+"""`jax.scipy.signal.convolve` (and `correlate`), `jnp.convolve` and `jnp.correlate`
+at a symbolic length.
+
+`jnp.convolve`/`jnp.correlate` (1-d) are at the end (`conv_1d`): JAX's
+`_conv` asks `len(x) == 0` and `len(x) < len(y)` for Python answers, which a
+dynamic length has not; the replacement computes the full result with the
+fixed operand as the kernel and slices what each mode keeps by size
+expressions, so every mode is exact on either side of the comparison.
+
+The N-d direct convolution of `jax.scipy.signal`:
 
 JAX's direct convolution (`_convolve_nd`) swaps its operands so that the
 smaller one is the kernel: `all(s1 <= s2 ...)` on the shapes. With a dynamic
@@ -57,3 +66,74 @@ def convolve_nd(original: Callable[..., Any], in1: Any, in2: Any, mode: str, *,
 
 
 jc.register_spellings({jc.CONVOLVE_ND: convolve_nd})
+
+
+# --- jnp.convolve / jnp.correlate ---------------------------------------------
+
+_MODES = ("full", "same", "valid")
+
+
+def _full(dyn: Any, fixed: Any, flip: bool, precision: Any, preferred: Any) -> Any:
+  """`sum_j dyn[m + j - (K - 1)] * k[j]` over m < len(dyn) + K - 1, with `k` the
+  `fixed` operand (flipped if `flip`): the full correlation of `dyn` with it."""
+  kernel = jnp.flip(fixed) if flip else fixed
+  k = kernel.shape[0]
+  if not jc.is_symbolic_dim(k):   # a fixed kernel: constant padding, any length
+    padding = [(k - 1, k - 1)]
+  else:                           # both dynamic: the padding is a size; written out
+    dyn = lax.pad(dyn, jnp.zeros((), dyn.dtype), [(k - 1, k - 1, 0)])
+    padding = [(0, 0)]
+  return lax.conv_general_dilated(dyn[None, None], kernel[None, None], (1,), padding,
+                                  precision=precision,
+                                  preferred_element_type=preferred)[0, 0]
+
+
+def conv_1d(original: Callable[..., Any], a: Any, v: Any, mode: str, op: str,
+            precision: Any = None, preferred_element_type: Any = None) -> Any:
+  """`jnp.convolve` / `jnp.correlate` of 1-d operands, one of them of dynamic length.
+
+  JAX's `_conv` compares the lengths (`len(x) < len(y)`) to make the shorter
+  operand the kernel, then pads per mode. Every mode is a slice of the full
+  result, whose value does not depend on that choice (convolution commutes;
+  the full correlation of (y, x) is that of (x, y) reversed), so here the
+  kernel is the fixed operand where there is one, and the slice is the one
+  JAX's padding selects on either side of its comparison, as a size
+  expression (lengths La, Lv; shorter one S, longer one L):
+
+  * full: everything, La + Lv - 1;
+  * same: L entries from (S - 1) // 2 for convolve; for correlate from
+    (Lv - 1) // 2 when La >= Lv, else La // 2 (its output is reversed there),
+    which is min((Lv - 1) // 2, La // 2) on both sides;
+  * valid: L - S + 1 entries from S - 1.
+  """
+  if (op not in ("convolve", "correlate") or mode not in _MODES
+      or np.ndim(a) != 1 or np.ndim(v) != 1 or not (_symbolic(a) or _symbolic(v))):
+    return original(a, v, mode, op, precision, preferred_element_type)
+  if preferred_element_type is None:
+    a, v = jc.promote_dtypes_inexact(a, v)
+  else:
+    a, v = jc.promote_dtypes(a, v)
+  la, lv = a.shape[0], v.shape[0]
+  if op == "correlate":
+    v = jnp.conj(v)
+  if _symbolic(a) or not _symbolic(v):   # `a` slides along, `v` is the kernel
+    full = _full(a, v, op == "convolve", precision, preferred_element_type)
+  elif op == "convolve":                 # convolution commutes
+    full = _full(v, a, True, precision, preferred_element_type)
+  else:                                  # the full correlation of (v, a), reversed
+    full = jnp.flip(_full(v, a, False, precision, preferred_element_type))
+  if mode == "full":
+    return full
+  short, long = jc.min_dim(la, lv), jc.max_dim(la, lv)
+  if mode == "valid":
+    start, size = short - 1, long - short + 1
+  elif op == "convolve":
+    start, size = (short - 1) // 2, long
+  else:
+    start, size = jc.min_dim((lv - 1) // 2, la // 2), long
+  if not jc.is_symbolic_dim(start):
+    return lax.slice_in_dim(full, start, start + size)
+  return lax.dynamic_slice_in_dim(full, jnp.asarray(start), size)
+
+
+jc.register_spellings({jc.CONV_1D: conv_1d})
