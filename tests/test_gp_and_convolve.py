@@ -6,8 +6,10 @@
   (`_spellings/signal.py`), exact on both sides. mode="valid", whose length
   depends on the side, stays refused with a polyjit error.
 * NumPyro's Gaussian-process marginal likelihood, `MultivariateNormal` over an
-  n x n kernel with `validate_args=False`: exact, gradients included. With
-  NumPyro's validation on (its default), the error says to turn it off.
+  n x n kernel, exact, gradients included, with NumPyro's validation off and
+  on (validation runs under `jax.ensure_compile_time_eval()`, where what needs
+  a size is staged: `_jax/compile_time.py`); a constant invalid parameter is
+  still rejected as under jax.jit.
 
 Each runs under `pj.vmap` over a NaN-padded `pj.Ragged`, `jax.jit(pj.mask)`
 with a traced length, and `pj.jit` in both modes, against the unpadded call.
@@ -140,8 +142,33 @@ def test_gp_marginal_likelihood_under_jit_of_mask_and_pj_jit():
       assert float(f(PARAMS, x, y)) == pytest.approx(want, rel=1e-4)
 
 
-def test_gp_with_numpyro_validation_on_says_what_works():
-  f = pj.vmap(lambda p, x, y: gp_loglik(p, x, y, validate_args=True), in_axes=(None, 0, 0))
-  x, y = _data(4)
-  with pytest.raises(pj.MaskingError, match="validate_args=False"):
-    f(PARAMS, ragged([x]), ragged([y]))
+def test_gp_with_numpyro_validation_on_under_pj_vmap_and_pj_jit():
+  """Validation runs under `jax.ensure_compile_time_eval()`: what cannot be
+  evaluated at a symbolic size is staged (`_jax/compile_time.py`), so the
+  check of traced parameters is left to the program as under jax.jit."""
+  from jax._src.interpreters import partial_eval as pe
+  before = (jax.ensure_compile_time_eval, pe.DynamicJaxprTrace.process_primitive)
+  validated = lambda p, x, y: gp_loglik(p, x, y, validate_args=True)
+  data = [_data(n) for n in (3, 7, 1, 10)]
+  xs, ys = ragged([d[0] for d in data]), ragged([d[1] for d in data])
+  f = pj.vmap(validated, in_axes=(None, 0, 0))
+  got = np.asarray(f(PARAMS, xs, ys))
+  for g, (x, y) in zip(got, data, strict=True):
+    assert g == pytest.approx(float(jax.jit(validated)(PARAMS, x, y)), rel=1e-4)
+  grads = jax.grad(lambda p: jnp.sum(f(p, xs, ys)))(PARAMS)
+  want = [sum(float(jax.grad(validated)(PARAMS, x, y)[i]) for x, y in data) for i in range(3)]
+  np.testing.assert_allclose([float(g) for g in grads], want, rtol=1e-3)
+  jf = pj.jit(validated, fallback="error")
+  for n in (2, 6, 11):
+    x, y = _data(n)
+    assert float(jf(PARAMS, x, y)) == pytest.approx(float(validated(PARAMS, x, y)), rel=1e-4)
+  assert (jax.ensure_compile_time_eval, pe.DynamicJaxprTrace.process_primitive) == before
+
+
+def test_numpyro_validation_still_rejects_a_constant_invalid_parameter():
+  def bad(x):
+    return dist.Normal(jnp.zeros(x.shape[0]), -1.0, validate_args=True).log_prob(x).sum()
+  with pytest.raises(ValueError, match="invalid scale"):
+    jax.jit(bad)(np.ones(4, np.float32))
+  with pytest.raises(ValueError, match="invalid scale"):
+    pj.jit(bad, fallback="error")(np.ones(4, np.float32))

@@ -225,7 +225,8 @@ def test_patch_targets_exist_in_this_jax():
     assert callable(target), (module, attr)
     replacement = jc.replacement_of(target)  # keyed by the function object itself
     assert replacement in [getattr(m, replacement.__name__, None) for m in (
-        _spellings, _data_dependent, _signal_spellings, _indices, _length)], (module, attr)
+        _spellings, _data_dependent, _signal_spellings, _indices, _length,
+        jc.compile_time)], (module, attr)
   # The private global is the function JAX's digitize and Array method call.
   from jax._src.numpy import lax_numpy
   assert lax_numpy.searchsorted is jnp.searchsorted

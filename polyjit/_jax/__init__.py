@@ -106,4 +106,4 @@ from .inline_cpu import (
 from .registry import (
     AUDITED as AUDITED, NEWEST_TESTED as NEWEST_TESTED, TESTED as TESTED,
     JaxBoundaryError as JaxBoundaryError, require as require)
-from . import probes as probes, registry as registry
+from . import compile_time as compile_time, probes as probes, registry as registry

@@ -305,6 +305,19 @@ def _spelling_reads() -> None:
   assert max_dim(3, 5) == 5
 
 
+@internal("DynamicJaxprTrace.process_primitive(self, primitive, tracers, params), "
+          "config.eager_constant_folding, core.is_symbolic_dim, jax.ensure_compile_time_eval",
+          SWAPS, "swap", "what cannot be evaluated at a symbolic size under "
+          "jax.ensure_compile_time_eval is staged in a trace (NumPyro's validation; "
+          "`compile_time.py`)")
+def _compile_time_staging() -> None:
+  assert _params(_pe.DynamicJaxprTrace.process_primitive)[:4] == [
+      "self", "primitive", "tracers", "params"]
+  assert isinstance(_config.eager_constant_folding.value, bool)
+  n, = _export.symbolic_shape("n")
+  assert _core.is_symbolic_dim(n) and not _core.is_symbolic_dim(3)
+
+
 # --- JAX's texts -------------------------------------------------------------------
 
 @internal("InconclusiveDimensionOperation text \"comparison 'a' >= 'b' is inconclusive\"",

@@ -85,6 +85,9 @@ SWAP_SITES: tuple[tuple[str, str], ...] = (
     # `jnp.convolve`/`jnp.correlate` call it as a module global (so a reference
     # to them taken before the trace is intercepted too).
     ("jax._src.numpy.lax_numpy", "_conv"),
+    # NumPyro's validation runs under it (`compile_time.py`); JAX's own code calls
+    # `core.ensure_compile_time_eval`, which stays JAX's.
+    ("jax", "ensure_compile_time_eval"),
 )
 
 _spelling_replacements: dict[Callable[..., Any], Callable[..., Any]] = {}  # JAX's fn -> ours

@@ -58,11 +58,12 @@ TRACE_REFUSALS: dict[str, tuple[str, str, str]] = {
         "fixed (\"_\" in the spec)."),
     "eager_size": (
         "code under jax.ensure_compile_time_eval()",
-        "it evaluates eagerly, and a dynamic size has no concrete value (NumPyro "
-        "validates distribution parameters this way when validation is on).",
-        "turn that validation off (validate_args=False on the distribution, or "
-        "numpyro.enable_validation(False)); or move the eager step outside the "
-        "masked function; or declare the axis fixed (\"_\" in the spec)."),
+        "it evaluates eagerly, and a dynamic size has no concrete value. (Blocks "
+        "entered as `jax.ensure_compile_time_eval()` while polyjit traces, NumPyro's "
+        "validation among them, stage what needs a size; this one was entered through "
+        "a reference taken before the trace, or JAX's internal one.)",
+        "enter it as `jax.ensure_compile_time_eval()`; or move the eager step outside "
+        "the masked function; or declare the axis fixed (\"_\" in the spec)."),
 }
 
 
