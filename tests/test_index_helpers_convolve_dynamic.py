@@ -96,3 +96,36 @@ CASES = [
 ]
 
 CASES_BY_NAME, test_rule = table_test(CASES)
+
+
+def smoothing(x):
+  """A 3-tap smoothing, a matched filter, an autocorrelation and a diagonal."""
+  n = x.shape[0]
+  m = jnp.outer(x, x)
+  return (jnp.convolve(x, K3 / 3, "same"), jnp.correlate(x, K4, "valid"),
+          jnp.correlate(x, x, "full"), m.at[jnp.diag_indices(n)].add(1.0).sum(0),
+          jnp.fill_diagonal(m, 0.0, inplace=False).sum(1))
+
+
+def test_pj_jit_over_sizes_matches_jax_jit_with_bucketed_programs():
+  f = pj.jit(smoothing, fallback="error", buckets=pj.buckets.PowersOfTwo(minimum=4))
+  sizes = (1, 2, 3, 5, 6, 7, 9, 12)
+  with pj.diagnostics.count_compiles() as compiles:
+    outs = [f(np.random.default_rng(n).standard_normal(n).astype(np.float32)) for n in sizes]
+  for n, out in zip(sizes, outs, strict=True):
+    want = jax.jit(smoothing)(np.random.default_rng(n).standard_normal(n).astype(np.float32))
+    for a, b in zip(out, want, strict=True):
+      assert a.shape == b.shape
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+  # the first call exact (one size seen), then the buckets 4, 8 and 16
+  assert len([c for c in compiles if "smoothing" in c.fun_name]) <= 4
+
+
+def test_pj_vmap_over_a_ragged_batch_matches_each_example():
+  xs = [np.random.default_rng(n).standard_normal(n).astype(np.float32) for n in (1, 3, 4, 9)]
+  outs = pj.vmap(smoothing)(pj.Ragged.from_list(xs))
+  for k, x in enumerate(xs):
+    want = smoothing(jnp.asarray(x))
+    for out, w in zip(outs, want, strict=True):
+      got = out.to_list()[k] if hasattr(out, "to_list") else np.asarray(out)[k]
+      np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-5)

@@ -43,7 +43,8 @@ def diag_indices(original: Callable[..., Any], n: Any, ndim: int = 2) -> Any:
   ndim = operator.index(ndim)
   if ndim < 0:
     raise ValueError(f"ndim argument to diag_indices must be nonnegative, got {ndim}")
-  return (lax.iota(jax.dtypes.canonicalize_dtype(jnp.int_), n),) * ndim
+  size: Any = n   # (a symbolic size: lax.iota takes one, its annotation says int)
+  return (lax.iota(jax.dtypes.canonicalize_dtype(jnp.int_), size),) * ndim
 
 
 def triu_size(original: Callable[..., Any], n: Any, m: Any, k: Any) -> Any:
