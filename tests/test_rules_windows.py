@@ -85,8 +85,9 @@ def conv_full_symbolic(x, v):
 def np_conv(a, v, mode, correlate=False):
   """jnp.convolve / jnp.correlate for len(a) >= len(v), written with lax.
 
-  jnp.convolve itself cannot be traced with a symbolic length (it calls
-  len()); this is the computation it performs (test_np_conv_is_jnp_convolve).
+  The computation jnp.convolve performs (test_np_conv_is_jnp_convolve), as the
+  rows of the convolution rule; jnp.convolve itself is replaced while polyjit
+  traces (tests/test_index_helpers_convolve_dynamic.py).
   """
   k = v.shape[0]
   v = jnp.conj(v) if correlate else v[::-1]
@@ -201,15 +202,6 @@ def test_np_conv_is_jnp_convolve(mode, correlate):
   expected = (jnp.correlate if correlate else jnp.convolve)(a, v, mode=mode)
   np.testing.assert_allclose(np_conv(jnp.asarray(a), jnp.asarray(v), mode, correlate),
                              expected, rtol=1e-6, atol=1e-6)
-
-
-@pytest.mark.xfail(raises=(TypeError, pj.PolyjitError), strict=True,
-                   reason="JAX 0.10.2's jnp.convolve calls len() on the symbolic length")
-@pytest.mark.parametrize("op", [jnp.convolve, jnp.correlate])
-def test_jnp_convolve_cannot_be_traced_with_a_dynamic_length(op):
-  """When JAX lets jnp.convolve trace, this fails: then add rows for it."""
-  masked = pj.mask(lambda a, v: op(a, v, mode="same"), ["n", None])
-  masked([np.zeros(8, np.float32), np.ones(3, np.float32)], {"n": 5})
 
 
 # --- refused -------------------------------------------------------------------
