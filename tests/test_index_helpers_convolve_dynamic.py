@@ -25,7 +25,6 @@ import polyjit as pj
 from harness import Case, make, normal, table_test
 
 COMPILED = ("jit", "vmap", "grad")
-FORWARD = ("jit", "vmap")
 K3 = np.array([0.25, 0.5, -0.75], np.float32)
 K4 = np.array([1.0, -2.0, 0.5, 3.0], np.float32)
 
@@ -49,7 +48,7 @@ def diag_helpers(m, v):
   return (m[i, j] * 2.0, m[jnp.diag_indices_from(m)], jnp.fill_diagonal(m, 3.0, inplace=False),
           jnp.fill_diagonal(m, v, inplace=False), m.at[jnp.diag_indices(n)].set(v),
           m + jnp.eye(n), m * jnp.eye(n, k=1), m @ jnp.identity(n), m * jnp.tri(n, k=-1),
-          jnp.eye(n, 3) @ v[:3] if False else jnp.eye(3, n) @ v)
+          jnp.eye(3, n) @ v)
 
 
 def diag_3d(t):
@@ -83,10 +82,10 @@ def complex_correlate(x, y):
 CASES = [
     row("tinygp_diagonal", tinygp_diag, ["(n, 3)", "n"], normal("n", 3), normal("n")),
     row("diag_indices_eye_tri_fill", diag_helpers, ["(n, n)", "n"], normal("n", "n"),
-        normal("n"), modes=COMPILED),
+        normal("n")),
     row("diag_indices_3d", diag_3d, ["(n, n, n)"], normal("n", "n", "n"),
         sizes=({"n": 1}, {"n": 4}), padded={"n": 5}),
-    row("tril_triu_indices", tri_indices, ["(n, n)"], normal("n", "n"), modes=FORWARD),
+    row("tril_triu_indices", tri_indices, ["(n, n)"], normal("n", "n")),
     *[row(f"{op}_every_mode", convolutions(op), ["n", "m"], normal("n"), normal("m"),
           sizes=({"n": 1, "m": 2}, {"n": 3, "m": 5}, {"n": 6, "m": 1}),
           padded={"n": 8, "m": 6})
