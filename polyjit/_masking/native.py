@@ -248,7 +248,7 @@ def _broadcast_operand(eqn: jc.JaxprEqn, v: Any) -> bool:
 
 
 def _finite_literal(v: Any) -> bool:
-  return isinstance(v, jc.Literal) and bool(np.all(np.isfinite(_zeros.literal_value(v))))
+  return _zeros.numeric_literal(v) and bool(np.all(np.isfinite(_zeros.literal_value(v))))
 
 
 def _zero_preserving(eqn: jc.JaxprEqn) -> bool:
