@@ -58,6 +58,9 @@ from .decisions import (
     SizeDecision as SizeDecision, dim_bounds as dim_bounds,
     scope_constraints as scope_constraints, signal_raised as signal_raised,
     size_decisions as size_decisions, question_line as question_line)
+from .float_checks import (
+    InternalFloatingPointError as InternalFloatingPointError, float_checks as float_checks,
+    float_checks_off as float_checks_off, floats_found as floats_found)
 from .frames import (
     current_user_line as current_user_line, eqn_context as eqn_context,
     is_polyjit_path as is_polyjit_path, is_user_path as is_user_path,
