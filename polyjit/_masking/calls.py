@@ -142,7 +142,6 @@ def _node(kind: type, traced: "SymbolicTrace", padded: dict[str, int], args: Seq
   node = traced.nodes.get(key)
   if node is None:
     node = traced.nodes[key] = kind(traced, padded, avals, *extra)
-    node.float_checks = checks
   return node
 
 
