@@ -58,7 +58,10 @@ from .dims import (
 from .decisions import (
     SizeDecision as SizeDecision, dim_bounds as dim_bounds,
     scope_constraints as scope_constraints, signal_raised as signal_raised,
-    size_decisions as size_decisions)
+    size_decisions as size_decisions, question_line as question_line)
+from .float_checks import (
+    InternalFloatingPointError as InternalFloatingPointError, float_checks as float_checks,
+    float_checks_off as float_checks_off, floats_found as floats_found)
 from .frames import (
     current_user_line as current_user_line, eqn_context as eqn_context,
     is_polyjit_path as is_polyjit_path, is_user_path as is_user_path,
@@ -66,6 +69,7 @@ from .frames import (
     stacklevel_outside_polyjit as stacklevel_outside_polyjit,
     stacklevel_at_user_code as stacklevel_at_user_code,
     library_function_of as library_function_of, source_line as source_line,
+    innermost_jax_function as innermost_jax_function,
     static_size_user as static_size_user,
     user_line_of as user_line_of)
 from .primitives import (

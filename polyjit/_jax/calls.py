@@ -36,6 +36,7 @@ from jax._src.interpreters import mlir as _mlir
 from jax._src.interpreters import partial_eval as _pe
 
 from .core import ClosedJaxpr, Primitive
+from .float_checks import float_checks, float_checks_off, floats_found
 
 
 class CallNode(Protocol):
@@ -67,7 +68,21 @@ def bind_call(node: CallNode, args: Sequence[Any]) -> list[Any]:
 
 def _impl(*args: Any, node: CallNode) -> list[Any]:
   closed = node.jaxpr
-  outs: list[Any] = _core.eval_jaxpr(closed.jaxpr, closed.consts, *args)
+  nans, infs = float_checks()
+  if not (nans or infs):
+    outs: list[Any] = _core.eval_jaxpr(closed.jaxpr, closed.consts, *args)
+    return outs
+  # Eagerly, jax_debug_nans/debug_infs check every primitive's output, the
+  # padding's too (a sort rule's NaN fill, log 0 of padding): the call runs
+  # with the checks off, and its outputs are checked as a jitted function's
+  # are, where the node zeroed their padding (`checks_outputs`).
+  with float_checks_off():
+    outs = _core.eval_jaxpr(closed.jaxpr, closed.consts, *args)
+  found = floats_found(outs, nans, infs) if getattr(node, "checks_outputs", False) else None
+  if found is not None:
+    raise FloatingPointError(
+        f"invalid value ({found}) encountered in the output of a masked function "
+        "(its valid region: its padding is zero while these checks are on)")
   return outs
 
 

@@ -17,7 +17,7 @@ from jax._src.export import shape_poly as _shape_poly
 
 from .core import InconclusiveDimensionOperation
 from .dims import DimExpr, is_symbolic_dim, symbolic_vars
-from .frames import current_user_line, is_user_path, stack_outward
+from .frames import current_source_line, current_user_line, is_user_path, stack_outward
 from .set_sites import may_share_one_hash
 
 # --- size comparisons in user code -----------------------------------------------
@@ -324,6 +324,9 @@ def _install_decision_hooks() -> None:
     try:
       return original_geq(e1, e2, cmp_str)
     except InconclusiveDimensionOperation as error:
+      # (where JAX asked it, for a refusal of a question a derivative rule
+      # asks: `question_line`)
+      error.__dict__["_polyjit_line"] = current_source_line()
       if oracle is None:
         raise
       where = _user_frame()
@@ -364,6 +367,13 @@ def _install_decision_hooks() -> None:
 # jax.jit would not take. So every exception raised into user code is recorded
 # in the `size_decisions` block it was raised in; the block's owner checks on
 # exit that the first one arrived (`_masking/signals.py`).
+
+def question_line(error: BaseException) -> str | None:
+  """The user's line of the equation whose JAX rule asked the undecidable
+  comparison `error` reports (recorded when it was asked), or None."""
+  line: str | None = error.__dict__.get("_polyjit_line")
+  return line
+
 
 def signal_raised(exc: BaseException) -> BaseException:
   """Records `exc`, about to be raised into user code, in the current

@@ -182,6 +182,32 @@ def source_line(eqn: JaxprEqn | None) -> str:
   return f"in `{name}`" if name else "at an unknown location"
 
 
+def current_source_line() -> str | None:
+  """The user's line of the equation JAX is transforming now (JAX keeps its
+  source info current while it evaluates a jaxpr: a derivative rule of it
+  runs there), 'file:line (function)', or None."""
+  try:
+    info = _siu.current()
+    line = _siu.summarize(info)
+    frames = ([(f.file_name, f.function_name) for f in info.traceback.frames]
+              if info.traceback is not None else [])
+  except Exception:  # pragma: no cover - defensive: never fail an error path
+    return None
+  if line and line != "unknown":
+    return line
+  # (JAX kept no user frame, only the library function the user called)
+  for file_name, function_name in reversed(frames):
+    path = file_name.replace(os.sep, "/")
+    if "/jax/_src/" in path:
+      module = "jax._src." + path.split("/jax/_src/")[-1].removesuffix(".py").replace("/", ".")
+      for prefix, short in (("jax._src.numpy", "jnp"), ("jax._src.lax", "lax"),
+                            ("jax._src.scipy", "jax.scipy"), ("jax._src.nn", "jax.nn")):
+        if module.startswith(prefix):
+          module = short + module[len(prefix):]
+      return f"{module}.{function_name}"
+  return None
+
+
 def user_line_of(error: BaseException) -> str | None:
   """'file:line' of the innermost frame of `error`'s traceback that is not
   JAX's or polyjit's (the user's line that failed), or None."""
@@ -214,6 +240,18 @@ def library_function_of(error: BaseException) -> str | None:
         return f"{short}.{frame.f_code.co_name}"
     return f"{module}.{frame.f_code.co_name}"
   return None  # only JAX's call machinery: the user's own line failed
+
+
+def innermost_jax_function(error: BaseException) -> str | None:
+  """The innermost JAX function (not its call machinery) in `error`'s
+  traceback, as 'module.function' (`jax._src.lax.linalg.qr_jvp_rule`), or None."""
+  found = None
+  for frame, _ in traceback_frames(error):
+    module = frame.f_globals.get("__name__", "")
+    if (module.startswith("jax._src.") and module not in _WRAPPER_MODULES
+        and not module.startswith("jax._src.interpreters")):
+      found = f"{module}.{frame.f_code.co_name}"
+  return found
 
 
 # JAX functions that need a size as a Python int, by the call in the user's

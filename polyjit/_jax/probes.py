@@ -159,6 +159,25 @@ def _eqn_source() -> None:
   assert isinstance(_siu.summarize(eqn.source_info), str)
 
 
+@internal("source_info_util.current().traceback.frames (file_name, function_name)", SOURCE,
+          "read", "a JAX derivative rule's size question names the jnp function it came "
+          "from (`frames.current_source_line`); an error path: None if it changed")
+def _current_source() -> None:
+  frames = _siu.current().traceback.frames
+  assert frames and isinstance(frames[0].file_name, str)
+  assert isinstance(frames[0].function_name, str)
+
+
+@internal("api_util.InternalFloatingPointError", CALL, "read",
+          "what a compiled program's jax_debug_nans/infs check raises: pj.jit runs the "
+          "call again with the checks off and checks the valid region (`float_checks.py`)")
+def _internal_floating_point_error() -> None:
+  from .float_checks import InternalFloatingPointError
+  from jax._src import api_util
+  assert InternalFloatingPointError is api_util.InternalFloatingPointError
+  assert issubclass(InternalFloatingPointError, Exception)
+
+
 # --- differentiation rules (patches) -----------------------------------------------
 
 @internal("ad.primitive_jvps", AD, "patch",

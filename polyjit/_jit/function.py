@@ -191,42 +191,65 @@ class JitFunction:
   # --- calls -----------------------------------------------------------------
 
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
-    if _verify.enabled():  # the checking mode: jax.jit at the exact shapes agrees
-      return _verify.checked_call(repr(self), self._reference, self, args, kwargs)
-    # The hot path: positional arrays and scalars whose signature was seen
-    # under this trace context (what jax.jit keys on besides the arguments).
-    context = jc.trace_context()
-    last = self._last_context
-    if last is not None and last[0] == context:
-      calls: _HotCalls | None = last[1]
-    else:
-      calls = self._contexts.get(context)
+    # (a try costs nothing until it catches: the hot path stays as it was)
+    try:
+      if _verify.enabled():  # the checking mode: jax.jit at the exact shapes agrees
+        return _verify.checked_call(repr(self), self._reference, self, args, kwargs)
+      # The hot path: positional arrays and scalars whose signature was seen
+      # under this trace context (what jax.jit keys on besides the arguments).
+      context = jc.trace_context()
+      last = self._last_context
+      if last is not None and last[0] == context:
+        calls: _HotCalls | None = last[1]
+      else:
+        calls = self._contexts.get(context)
+        if calls is not None:
+          self._last_context = (context, calls)  # (one assignment: threads see either)
+      key = None if kwargs or self._static else call_signature(args)
       if calls is not None:
-        self._last_context = (context, calls)  # (one assignment: threads see either)
-    key = None if kwargs or self._static else call_signature(args)
-    if calls is not None:
-      plan = calls.hot.get(key)
-      if plan is not None and plan.current:
-        self.stats.record_call(plan.bucket, plan.waste, plan.fallback)
-        if plan.borrow is not None:  # in a larger bucket than its own: pay for it
-          plan.pay()
-        if plan.host_calls:  # a resized plan: its sizes go on the device after a few calls
-          plan.host_call()
-        return plan.unpad_outputs(plan.run_plain(args))
-      if key is not None:  # a never-seen size in a compiled bucket: the bucket's plan, resized
-        plan = self._resized_plan(calls, key)
-        if plan is not None:
+        plan = calls.hot.get(key)
+        if plan is not None and plan.current:
           self.stats.record_call(plan.bucket, plan.waste, plan.fallback)
-          if plan.borrow is not None:
+          if plan.borrow is not None:  # in a larger bucket than its own: pay for it
             plan.pay()
+          if plan.host_calls:  # a resized plan: its sizes go on the device after a few calls
+            plan.host_call()
           return plan.unpad_outputs(plan.run_plain(args))
-    if jc.jit_disabled():  # jax.disable_jit(): run `fun` eagerly, as jax.jit does
-      return self._inline(*strip_padded(args), **strip_padded(kwargs))
-    done = self._execute(args, kwargs, key)
-    if done is None:  # under a transformation: inline
-      return self._inline(*strip_padded(args), **strip_padded(kwargs))
-    plan, outs = done
-    return plan.unpad_outputs(outs)
+        if key is not None:  # a never-seen size in a compiled bucket: the bucket's plan, resized
+          plan = self._resized_plan(calls, key)
+          if plan is not None:
+            self.stats.record_call(plan.bucket, plan.waste, plan.fallback)
+            if plan.borrow is not None:
+              plan.pay()
+            return plan.unpad_outputs(plan.run_plain(args))
+      if jc.jit_disabled():  # jax.disable_jit(): run `fun` eagerly, as jax.jit does
+        return self._inline(*strip_padded(args), **strip_padded(kwargs))
+      done = self._execute(args, kwargs, key)
+      if done is None:  # under a transformation: inline
+        return self._inline(*strip_padded(args), **strip_padded(kwargs))
+      plan, outs = done
+      return plan.unpad_outputs(outs)
+    except jc.InternalFloatingPointError:
+      # jax_debug_nans/debug_infs found NaN or inf in the padded outputs
+      return self._call_checking_floats(args, kwargs)
+
+  def _call_checking_floats(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """A call whose program put NaN or inf in its padded outputs while
+    jax_debug_nans or jax_debug_infs is on. The padding holds what the
+    user's program never computes (a sort rule's fill, 0/0 or log 0 of
+    padding), so the call runs again with the checks off and its outputs at
+    their logical shapes are checked as jax.jit checks its outputs; where
+    they hold what the flags look for, jax.jit runs on the same arguments
+    with the checks on, and raises JAX's own FloatingPointError (naming
+    the operation that made it, as jax.jit does)."""
+    nans, infs = jc.float_checks()
+    with jc.float_checks_off():
+      outs = self(*args, **kwargs)
+    found = jc.floats_found(jax.tree.leaves(outs), nans, infs)
+    if found is not None:
+      self._reference(*args, **kwargs)
+      raise FloatingPointError(f"invalid value ({found}) encountered in {self!r}")
+    return outs
 
   def _reference(self, *args: Any, **kwargs: Any) -> Any:
     """`jax.jit(fun)` at the exact shapes (the checking mode's reference)."""

@@ -102,7 +102,19 @@ def _masked_eval(traced: "SymbolicTrace", padded: dict[str, int], inputs: Sequen
                  logical: Sequence[Any]) -> list[Any]:
   env = MaskEnv(traced.dim_names, padded, logical, traced.cache)
   outs: list[Any] = eval_jaxpr_masked(traced.jaxpr, (), list(inputs), env)
-  return outs + extra_outputs(env, traced)
+  return _checked_outputs(env, outs, traced.out_avals) + extra_outputs(env, traced)
+
+
+def _checked_outputs(env: MaskEnv, outs: list[Any], avals: Sequence[Any]) -> list[Any]:
+  """While jax_debug_nans/debug_infs is on (when traced), the outputs' padding
+  zeroed: those flags check every output whole, and must see only what the
+  user's program computes (`_jax/float_checks.py`). (A node traced with the
+  flags off is another node: `_node`.)"""
+  if not any(jc.float_checks()):
+    return outs
+  return [env.fill_padding(y, a, np.zeros((), a.dtype)[()])
+          if _inexact(a) and any(jc.is_symbolic_dim(d) for d in a.shape) else y
+          for y, a in zip(outs, avals, strict=True)]
 
 
 def _native_eval(traced: "SymbolicTrace", padded: dict[str, int], inputs: Sequence[Any],
@@ -116,6 +128,7 @@ def _native_eval(traced: "SymbolicTrace", padded: dict[str, int], inputs: Sequen
   for i in live:
     inputs[i] = _native.wrap(env, inputs[i], traced.in_avals[i])
   outs = eval_jaxpr_masked(traced.jaxpr, (), inputs, env)
+  outs = _checked_outputs(env, outs, traced.out_avals)
   return [_native.wrap(env, y, a) for y, a in zip(outs, traced.out_avals, strict=True)]
 
 
@@ -124,7 +137,8 @@ def _node(kind: type, traced: "SymbolicTrace", padded: dict[str, int], args: Seq
   """The node of `kind` for `traced` at these padded sizes and argument avals
   (one per key, so that JAX's caches see the same param)."""
   avals = _avals(args)
-  key = (kind, tuple(sorted(padded.items())), avals, extra)
+  checks = jc.float_checks()  # (`_checked_outputs`)
+  key = (kind, tuple(sorted(padded.items())), avals, extra, checks)
   node = traced.nodes.get(key)
   if node is None:
     node = traced.nodes[key] = kind(traced, padded, avals, *extra)
@@ -145,6 +159,9 @@ def call_traced(traced: "SymbolicTrace", padded: dict[str, int], args: Sequence[
 
 
 class Call(Node):
+  #: (its outputs' padding is zero while jax_debug_nans/infs is on: `_checked_outputs`)
+  checks_outputs = True
+
   def __init__(self, traced: "SymbolicTrace", padded: dict[str, int], in_avals: tuple[Any, ...]
                ) -> None:
     super().__init__(in_avals)
@@ -305,6 +322,7 @@ class Batched(Node):
     self.axis_size = axis_size
     self.axis_name = axis_name
     self.spmd_axis_name = spmd_axis_name
+    self.checks_outputs = getattr(inner, "checks_outputs", False)
 
   def _vmap(self, fun: Any, in_axes: Any) -> Any:
     return jax.vmap(fun, in_axes=in_axes, axis_size=self.axis_size, axis_name=self.axis_name,

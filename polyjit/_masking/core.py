@@ -211,6 +211,9 @@ class MaskEnv:
     # with tangents masked at the equations' outputs; then `native` is the
     # function that evaluates one symbolic equation (`native.step`).
     self.native: Callable[[RuleContext, Rule, list[Any], jc.Jaxpr], list[Any]] | None = None
+    # Native mode, evaluating a custom_jvp rule: its values may be linear in
+    # the tangents JAX transposes, so `native.wrap` masks linearly there.
+    self.native_linear = False
 
   def bind_size(self, name: str, padded: int, logical: Any) -> None:
     """Adds a data-dependent size, computed by the program, to the sizes."""
@@ -229,6 +232,7 @@ class MaskEnv:
     env.nested = True
     env.nested_in = within
     env.native = self.native
+    env.native_linear = self.native_linear
     return env
 
   def padded(self, d: Any, eqn: jc.JaxprEqn | None = None) -> int:

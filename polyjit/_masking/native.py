@@ -43,7 +43,9 @@ both halves of that product for every equation with a dynamic axis:
 * Calls (`jit`, `closed_call`) are evaluated inline in native mode; `scan`
   and `custom_jvp_call` have native forms in `rules/control_flow.py` (the
   scan's steps past the logical length run on a real step's inputs; a custom
-  rule is re-emitted as a `jax.custom_jvp` of the masked evaluations).
+  rule is re-emitted as a `jax.custom_jvp` of the masked evaluations). In
+  the rule's evaluation a value may be a tangent, which JAX transposes, so
+  `wrap` there is `select(valid, t, 0)` (`stop_gradient` has no transpose).
 * The function's inputs and outputs are wrapped too: gradients with respect
   to padded inputs are zero in their padding.
 
@@ -246,7 +248,7 @@ def _broadcast_operand(eqn: jc.JaxprEqn, v: Any) -> bool:
 
 
 def _finite_literal(v: Any) -> bool:
-  return isinstance(v, jc.Literal) and bool(np.all(np.isfinite(_zeros.literal_value(v))))
+  return _zeros.numeric_literal(v) and bool(np.all(np.isfinite(_zeros.literal_value(v))))
 
 
 def _zero_preserving(eqn: jc.JaxprEqn) -> bool:
@@ -356,6 +358,12 @@ def wrap(env: Any, y: Any, aval: Any) -> Any:
   if _clean(env).get(id(y)) is y:
     return y
   mask = env.valid_mask(aval)
+  if env.native_linear:
+    # (in a custom_jvp rule's evaluation `y` may be a tangent, which JAX
+    # transposes: `stop_gradient` has no transpose, a select of zeros does,
+    # into the cotangent zeroed in the padding; the padding's value is free)
+    out = lax.select(mask, y, lax.full_like(y, 0))
+    return _zeros.mark(env, _mark_clean(env, out))
   out = _mark_clean(env, lax.select(mask, y, lax.stop_gradient(y)))
   return _zeros.mark(env, out) if _zeros.known(env, y) else out
 

@@ -65,8 +65,14 @@ def smallest_normal(v: Any) -> Any:
   return np.finfo(v.aval.dtype).tiny if np.issubdtype(v.aval.dtype, np.inexact) else 1
 
 
+def numeric_literal(v: Any) -> bool:
+  """A literal holding numbers (not JAX's float0 tangent of an integer, a
+  void dtype that compares with nothing)."""
+  return isinstance(v, jc.Literal) and np.dtype(v.aval.dtype).kind != "V"
+
+
 def _literal(v: Any, test: Any) -> bool:
-  return isinstance(v, jc.Literal) and bool(np.all(test(literal_value(v))))
+  return numeric_literal(v) and bool(np.all(test(literal_value(v))))
 
 
 def _zero_literal(v: Any) -> bool:

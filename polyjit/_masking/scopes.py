@@ -177,16 +177,39 @@ _REFUSE = _RefuseQuestions()
 
 @contextlib.contextmanager
 def refusing_questions(shared: bool) -> Iterator[None]:
-  """Around a derivative trace: refuses size questions if its scope is shared."""
-  if not shared:
-    yield
-    return
+  """Around a derivative trace: refuses size questions if its scope is shared.
+
+  A comparison JAX's own derivative rule cannot decide (`m < n` in QR's)
+  is refused in either scope, naming the rule: a masked derivative serves
+  every size, and the function's trace did not choose a side for it."""
   try:
+    if not shared:
+      yield
+      return
     with _signals.answering(_REFUSE):
       yield
+  except jc.InconclusiveDimensionOperation as error:
+    raise _undecided_in_derivative(error) from error
   except LeftSharedScope:
     raise MaskingError(
         "a data-dependent size (a boolean selection, nonzero, unique) is made while "
         "polyjit differentiates the function (in a custom_jvp or custom_vjp rule), "
         "where a masked derivative cannot make one.\nWhat to do: make the selection "
         "in the function itself, or give it a fixed bound (pj.nonzero(..., size=k)).") from None
+
+
+def _undecided_in_derivative(error: BaseException) -> MaskingError:
+  comparison = jc.inconclusive_comparison(error)
+  text = " ".join(comparison) if comparison is not None else str(error).split("\n")[0]
+  rule = jc.innermost_jax_function(error) or "a JAX derivative rule"
+  where = jc.question_line(error) or "an unknown line"
+  side = (f"constraints=[\"{comparison[0]} >= {comparison[2]}\"] or "
+          f"[\"{comparison[2]} >= {comparison[0]} + 1\"]" if comparison is not None
+          else "constraints=[...]")
+  return MaskingError(
+      f"JAX's derivative ({rule}) of an operation in {where} compares the sizes "
+      f"{text}, which is undecided for a masked derivative: it serves every size, "
+      "and the function itself did not choose a side of that comparison.\nWhat to "
+      f"do: declare the side your sizes are on (pj.mask(..., {side})), or take "
+      "the derivative inside the masked function (pj.mask(jax.grad(f), ...)), "
+      "where each side is traced and chosen when it runs.")

@@ -110,7 +110,9 @@ def _custom_jvp_call(ctx: RuleContext, *args: Any, call_jaxpr: Any, **_: Any) ->
   def masked_jvp(primals: Any, tangents: Any) -> tuple[list[Any], list[Any]]:
     logical, xs = primals[:k], primals[k + n_consts:]
     ts = [tangents[k + n_consts + i] for i in diff_in]
-    both = ctx.eval_jaxpr_with(rule, logical, *xs, *ts)
+    sub = env.with_logical(logical)
+    sub.native_linear = True  # (`native.wrap`: its tangents are transposed)
+    both = eval_jaxpr_masked(rule.jaxpr, rule.consts, [*xs, *ts], sub)
     outs, nz = list(both[:n_out]), iter(both[n_out:])
     touts = [jnp.zeros(jnp.shape(o), _native.tangent_dtype(o)) if z else next(nz)
              for o, z in zip(outs, out_zeros, strict=True)]

@@ -3,12 +3,27 @@
 An elementwise op maps position i of its operands to position i of its result,
 so garbage in the padding can only produce garbage in the padding. NaN, inf,
 integer division by zero: XLA never traps, so none of it escapes.
+
+Except in time, where JAX lowers an elementwise special function to a loop
+that runs until *every* lane has converged (`CONVERGING`): `lax.betainc`'s
+continued fraction updates every lane on every step, so a padding lane that
+converges late changes the valid lanes' results (by 1e-6 here), and garbage
+that never converges runs to the iteration limit. Their operands' padding is
+filled with a copy of a valid lane (the first along each dynamic axis, the
+same mapping for every operand, so each padding lane repeats a valid lane's
+arguments): the loop stops when the valid lanes have converged, as for
+`jax.jit` on the unpadded arrays. The copy is a `stop_gradient`: nothing
+reaches the valid lane from the padding's cotangents.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import jax.numpy as jnp
+from jax import lax
+
+from ... import _jax as jc
 from ..core import RuleContext, register
 
 UNARY = (
@@ -33,8 +48,27 @@ NARY = ("select_n", "clamp", "regularized_incomplete_beta")
 
 ELEMENTWISE = UNARY + BINARY + NARY
 
+#: Lowered to a loop until every lane converges (`jax._src.lax.special`).
+CONVERGING = ("regularized_incomplete_beta", "igamma", "igammac", "igamma_grad_a")
 
-@register(*ELEMENTWISE)
+
+@register(*CONVERGING)
+def _converging(ctx: RuleContext, *args: Any, **params: Any) -> list[Any]:
+  return ctx.bind(*[_padding_of_a_valid_lane(ctx, x, aval)
+                    for x, aval in zip(args, ctx.in_avals, strict=True)], **params)
+
+
+def _padding_of_a_valid_lane(ctx: RuleContext, x: Any, aval: Any) -> Any:
+  shape: Any = getattr(aval, "shape", ())
+  for axis, d in enumerate(shape):
+    if not jc.is_symbolic_dim(d) or jnp.shape(x)[axis] == 0:
+      continue
+    first = jnp.broadcast_to(lax.slice_in_dim(x, 0, 1, axis=axis), jnp.shape(x))
+    x = lax.select(ctx.env.valid_mask(aval, [axis], ctx.eqn), x, lax.stop_gradient(first))
+  return x
+
+
+@register(*[name for name in ELEMENTWISE if name not in CONVERGING])
 @register("one_minus_square", optional=True)  # (1 - x**2: tanh's derivative, JAX after 0.11.0)
 # (Horner's rule on x and its coefficients, which broadcast: erf's, JAX 0.12)
 @register("polynomial", optional=True)
