@@ -65,6 +65,9 @@ SWAP_SITES: tuple[tuple[str, str], ...] = (
     ("jax._src.numpy.indexing", "rewriting_take"),
     # `jax.scipy.signal.convolve`/`correlate` call it as a module global (issue 33).
     ("jax._src.scipy.signal", "_convolve_nd"),
+    # Built from a static length / a NumPy array of the sizes (`_spellings/scans.py`).
+    ("jax.lax", "associative_scan"),
+    ("jax.lax", "index_take"),
 )
 
 _spelling_replacements: dict[Callable[..., Any], Callable[..., Any]] = {}  # JAX's fn -> ours
