@@ -18,8 +18,10 @@ where `i >= d` and keeps `y[i]` elsewhere, for d = 1, 2, 4, ..., so after the
 steps with `d < n` every position holds its whole prefix. No step needs the
 length as a Python int: `y[i - d]` is a gather at `max(i - d, 0)` (in range
 at every length), the choice a `select` on `iota >= d`. As the length is not
-known while tracing, the steps run for every `d < 2**31` (31 of them); one
-with `d >= n` selects `y` everywhere and changes nothing. The combination is
+known while tracing, the steps run for every `d < 2**31` (31 of them, one
+`lax.scan` over `d`: one copy of `fn` to trace, mask and differentiate, where
+31 unrolled copies took seconds per trace); one with `d >= n` selects `y`
+everywhere and changes nothing. The combination is
 the same product in another bracketing, so it equals JAX's result up to
 floating-point rounding (exactly for integer and other exactly associative
 operations). A position `i` reads only positions `<= i`, so the padding after
@@ -64,7 +66,7 @@ def associative_scan(original: Callable[..., Any], fn: Callable[..., Any], elems
   n = lengths[0]
   if any(m is None or m is not n and str(m) != str(n) for m in lengths):
     return original(fn, elems, reverse=reverse, axis=axis)   # JAX's own error
-  leaves = [jnp.asarray(x) for x in leaves]
+  leaves = [lax.convert_element_type(jnp.asarray(x), jnp.asarray(x).dtype) for x in leaves]
   if reverse:
     leaves = [lax.rev(x, (ax,)) for x in leaves]
 
@@ -76,14 +78,20 @@ def associative_scan(original: Callable[..., Any], fn: Callable[..., Any], elems
     return out
 
   position = lax.iota(np.int32, n)
-  for step in range(_STEPS):
-    d = 1 << step
-    earlier = jnp.maximum(position - d, 0)
-    shifted = [jnp.take(x, earlier, axis=ax, mode="clip") for x in leaves]
-    combined = combine(shifted, leaves)
+
+  def step(ys: list[Any], d: Any) -> tuple[list[Any], None]:
+    shifted = [jnp.take(y, jnp.maximum(position - d, 0), axis=ax, mode="clip") for y in ys]
     later = position >= d
-    leaves = [jnp.where(lax.broadcast_in_dim(later, np.shape(y), (ax,)), y, x)
-              for x, y in zip(leaves, combined, strict=True)]
+    out = []
+    for y, c in zip(ys, combine(shifted, ys), strict=True):
+      if np.shape(c) != np.shape(y) or jnp.result_type(c) != y.dtype:
+        raise TypeError(f"lax.associative_scan: fn returned {jc.typeof(c).str_short()} for "
+                        f"elements of {jc.typeof(y).str_short()}; it must keep shapes and dtypes")
+      c = lax.convert_element_type(c, y.dtype)   # (a weak type would change the carry)
+      out.append(jnp.where(lax.broadcast_in_dim(later, np.shape(c), (ax,)), c, y))
+    return out, None
+
+  leaves, _ = lax.scan(step, leaves, jnp.left_shift(1, jnp.arange(_STEPS, dtype=np.int32)))
   if reverse:
     leaves = [lax.rev(x, (ax,)) for x in leaves]
   return tree.unflatten(leaves)
