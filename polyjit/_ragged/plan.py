@@ -34,6 +34,7 @@ from .._masking.errors import ShapeError
 from .._masking.mask import Masked
 from .ragged import Ragged
 from .sharing import Groups, group_padded
+from . import bounds as _bounds
 
 
 def _error_chain(error: BaseException) -> list[BaseException]:
@@ -67,8 +68,13 @@ class Plan:
 
   def __init__(self, masked: Masked, names: list[list[str]], fun_name: str,
                groups: Groups, raggeds: Sequence[Ragged], paths: list[str],
-               error: BaseException | None) -> None:
+               error: BaseException | None, learned: tuple[str, ...] = (),
+               learned_from: BaseException | None = None) -> None:
     self.groups = groups
+    #: constraints on the lengths learned from `fun` (`bounds.py`), and what
+    #: `fun` raises where they fail
+    self.learned = learned
+    self.learned_from = _root_cause(learned_from) if learned_from is not None else None
     self.masked, self.names = masked, names
     self.padded = group_padded(groups, raggeds)
     self.paths = paths
@@ -123,6 +129,11 @@ class Plan:
     error = self.mismatch(lengths, examples)
     if error is not None:
       raise error
+
+  def check_bounds(self, lengths: Sequence[Any], examples: Any = None) -> None:
+    """Raises for the first example whose lengths break a learned bound."""
+    _bounds.check(self.fun_name, self.names, self.paths, lengths, self.learned,
+                  self.learned_from, examples)
 
   def check_in_program(self, lengths: list[Any], examples: Any = None) -> list[Any]:
     """The lengths, each shared group's replaced by its first member's after
