@@ -30,6 +30,7 @@ from harness import Case, bools, const, ints, make, normal, table_test
 from polyjit import _jax as jc
 from polyjit._spellings import data_dependent as _data_dependent
 from polyjit._spellings import replacements as _spellings
+from polyjit._spellings import scans as _scan_spellings
 from polyjit._spellings import signal as _signal_spellings
 
 # Most rows skip the eager run: op-by-op dispatch compiles every op at every
@@ -224,7 +225,8 @@ def test_patch_targets_exist_in_this_jax():
     replacement = jc.replacement_of(target)  # keyed by the function object itself
     assert replacement in (getattr(_spellings, replacement.__name__, None),
                            getattr(_data_dependent, replacement.__name__, None),
-                           getattr(_signal_spellings, replacement.__name__, None)), (module, attr)
+                           getattr(_signal_spellings, replacement.__name__, None),
+                           getattr(_scan_spellings, replacement.__name__, None)), (module, attr)
   # The private global is the function JAX's digitize and Array method call.
   from jax._src.numpy import lax_numpy
   assert lax_numpy.searchsorted is jnp.searchsorted
