@@ -11,8 +11,8 @@ negative `lax.pad`, `gather`/`scatter_add` windows of 2, `split(x, (2, n - 2))`)
   sizes (compiles counted with `jax.monitoring`);
 * `pj.vmap` over a `pj.Ragged` whose padding holds NaN, values and gradients:
   the bound a row needs is learned from the function (`_ragged/bounds.py`),
-  and an example below it is a `pj.ShapeError` naming it (concrete lengths) or
-  poisoned outputs (traced lengths);
+  and an example below it is a `pj.ShapeError` naming it (checked on the host
+  for concrete lengths, in the program for traced lengths and grouped batches);
 * two `pj.vmap` arguments of equal lengths that the function needs ordered
   (`dynamic_update_slice(x[n, 4], u[n, 2])`).
 """
@@ -176,10 +176,14 @@ def test_pj_vmap_example_below_the_learned_bound(name):
   with pytest.raises(pj.ShapeError, match=rf"example 1 has lengths n0_0 = {lowest - 1} "
                      r"(.|\n)*learned from .* that it needs 'n0_0"):
     pj.vmap(fun)(r)
-  # Traced lengths: nothing can raise in the program; that row is poisoned.
-  out = _rows(jax.jit(lambda r: pj.vmap(fun)(r))(r))
-  assert np.all(np.isnan(out[1]))
-  np.testing.assert_allclose(out[0], jax.jit(fun)(data(lengths[0])), rtol=1e-5)
+  # Lengths traced by the caller's jax.jit, and a batch in length groups, are
+  # checked in the program (a callback raises: JAX wraps the error).
+  with pytest.raises(Exception, match=rf"example 1 has lengths n0_0 = {lowest - 1} "):
+    jax.block_until_ready(jax.jit(lambda r: pj.vmap(fun)(r))(r))
+  xs = [data(n) for n in (lowest + 2, 9, lowest - 1, 20)]
+  grouped = pj.Ragged.from_list(xs, groups=pj.LengthGroups(groups=2, rows=2))
+  with pytest.raises(Exception, match=rf"example 2 has lengths n0_0 = {lowest - 1} "):
+    jax.block_until_ready(pj.vmap(fun)(grouped).to_list())
 
 
 def test_pj_vmap_ragged_arguments_the_function_needs_ordered():

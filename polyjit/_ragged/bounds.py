@@ -21,11 +21,14 @@ decided from `fun`, not from a batch: the excluded lengths are those where
 rule: a side whose symbolic trace fails although `fun` works at its concrete
 lengths is refused, never computed wrongly). So one program serves every
 batch, whatever its shortest example. A batch that has an example on the
-excluded side fails: with concrete lengths, before anything runs, with a
-`pj.ShapeError` that names the example, its lengths, the bound and the error
-`fun` gives there (`check`); with traced lengths, the outputs are poisoned
-like those of any call whose sizes violate a constraint
-(`_masking/size_range.py`).
+excluded side fails with a `pj.ShapeError` that names the example, its
+lengths, the bound and the error `fun` gives there (`check`): with concrete
+lengths on the host, before anything runs; with lengths the caller's own
+`jax.jit` traces, and for grouped batches, in the program, as the check of
+shared lengths does (`plan.py`: a `lax.cond` whose taken side calls back to
+the host to raise; JAX wraps it in a `JaxRuntimeError`). The masked function
+also carries the bounds as its constraints, so outputs computed at lengths
+that break them would be poisoned (`_masking/size_range.py`), never wrong.
 """
 
 from __future__ import annotations

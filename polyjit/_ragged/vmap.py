@@ -116,8 +116,8 @@ class RaggedVmapped:
       # Concrete lengths: a mismatch, or a length `fun` fails at (a bound
       # learned from `fun`, `bounds.py`), is a pj.ShapeError here, before
       # running. (After the first plan, only where some plan learned a bound;
-      # traced lengths, and a first call of another structure, get the
-      # program's own guard: such outputs are poisoned.)
+      # the program checks again, for traced lengths and a first call of
+      # another structure: `Plan.check_bounds_in_program`.)
       treedef, leaves, paths, axes = self._flatten(args)
       batch_and_count(leaves, axes, paths)
       plan = self._plan(treedef, leaves, axes, paths)
@@ -184,6 +184,7 @@ class RaggedVmapped:
     # Arguments that share size variables: their lengths, checked equal in the
     # program (a mismatch is never silent), are the group's first member's.
     lengths = plan.check_in_program(lengths, examples)
+    lengths = plan.check_bounds_in_program(lengths, examples)   # (`bounds.py`)
     sizes = [split_lengths(l, r.ragged_axes)
              for l, r in zip(lengths, [x for x in leaves if is_ragged(x)], strict=True)]
     kinds = [is_ragged(x) for x in leaves]
