@@ -55,6 +55,7 @@ def _symbolic(d: Any) -> bool:
 
 def associative_scan(original: Callable[..., Any], fn: Callable[..., Any], elems: Any,
                      reverse: bool = False, axis: int = 0) -> Any:
+  tree: Any   # (a PyTreeDef, which jaxlib ships no type stub for)
   leaves, tree = jax.tree.flatten(elems)
   if (not callable(fn) or not leaves or any(np.ndim(x) == 0 for x in leaves)
       or not isinstance(axis, (int, np.integer))):
@@ -63,7 +64,7 @@ def associative_scan(original: Callable[..., Any], fn: Callable[..., Any], elems
   lengths = [np.shape(x)[ax] if np.ndim(x) > ax else None for x in leaves]
   if not any(_symbolic(n) for n in lengths if n is not None):
     return original(fn, elems, reverse=reverse, axis=axis)
-  n = lengths[0]
+  n: Any = lengths[0]
   if any(m is None or m is not n and str(m) != str(n) for m in lengths):
     return original(fn, elems, reverse=reverse, axis=axis)   # JAX's own error
   leaves = [lax.convert_element_type(jnp.asarray(x), jnp.asarray(x).dtype) for x in leaves]
@@ -71,10 +72,10 @@ def associative_scan(original: Callable[..., Any], fn: Callable[..., Any], elems
     leaves = [lax.rev(x, (ax,)) for x in leaves]
 
   def combine(a: list[Any], b: list[Any]) -> list[Any]:
-    out, out_tree = jax.tree.flatten(fn(tree.unflatten(a), tree.unflatten(b)))
-    if out_tree != tree:
-      raise TypeError(f"lax.associative_scan: fn returned {out_tree}, but the elements "
-                      f"are {tree}; fn must return the structure it is given")
+    out = jax.tree.leaves(fn(jax.tree.unflatten(tree, a), jax.tree.unflatten(tree, b)))
+    if len(out) != len(a):   # (JAX's own flattens fn's result the same way)
+      raise TypeError(f"lax.associative_scan: fn returned {len(out)} arrays for elements "
+                      f"of {len(a)}; fn must return the structure it is given")
     return out
 
   position = lax.iota(np.int32, n)
@@ -94,7 +95,7 @@ def associative_scan(original: Callable[..., Any], fn: Callable[..., Any], elems
   leaves, _ = lax.scan(step, leaves, jnp.left_shift(1, jnp.arange(_STEPS, dtype=np.int32)))
   if reverse:
     leaves = [lax.rev(x, (ax,)) for x in leaves]
-  return tree.unflatten(leaves)
+  return jax.tree.unflatten(tree, leaves)
 
 
 def index_take(original: Callable[..., Any], src: Any, idxs: Sequence[Any],
