@@ -1,7 +1,7 @@
 """`lax` ops from JAX's own op records at dynamic sizes: exact under both entry points.
 
-Each row is one op: `lax.associative_scan` (forward, reverse, a non-commutative
-combination, a pytree), the ops that need a lower bound on the size
+Each row is one op: `lax.associative_scan` (a non-commutative combination of
+a pytree, forward and reverse; `axis=1`), the ops that need a lower bound on the size
 (`lax.top_k(x, 3)`, `dynamic_slice`/`dynamic_update_slice` of 2 or 3,
 negative `lax.pad`, `gather`/`scatter_add` windows of 2, `split(x, (2, n - 2))`),
 `x[n // 2]` and `lax.index_take`. Checked against `jax.jit` on the unpadded input:
@@ -53,11 +53,9 @@ def _affine(a, b):   # (x -> a0 x + a1) then (x -> b0 x + b1): not commutative
 
 # name: (fun, the smallest size at which jax.jit runs it, differentiable)
 CASES = {
-    "associative_scan_add": (lambda x: lax.associative_scan(jnp.add, x), 0, True),
-    "associative_scan_reverse": (
-        lambda x: lax.associative_scan(jnp.add, x, reverse=True), 0, True),
-    "associative_scan_max_2d_axis1": (
-        lambda x: lax.associative_scan(jnp.maximum, jnp.stack([x, -x]), axis=1).T, 0, True),
+    "associative_scan_max_2d_axis1_reverse": (
+        lambda x: lax.associative_scan(jnp.maximum, jnp.stack([x, -x]), axis=1,
+                                       reverse=True).T, 0, True),
     "associative_scan_affine_pytree": (
         lambda x: lax.associative_scan(_affine, (jnp.tanh(x) * 0.5 + 1.0, x))[1], 0, True),
     "associative_scan_affine_reverse": (
