@@ -32,6 +32,7 @@ from polyjit._spellings import data_dependent as _data_dependent
 from polyjit._spellings import replacements as _spellings
 from polyjit._spellings import indices as _indices
 from polyjit._spellings import length as _length
+from polyjit._spellings import scans as _scan_spellings
 from polyjit._spellings import signal as _signal_spellings
 
 # Most rows skip the eager run: op-by-op dispatch compiles every op at every
@@ -225,7 +226,7 @@ def test_patch_targets_exist_in_this_jax():
     assert callable(target), (module, attr)
     replacement = jc.replacement_of(target)  # keyed by the function object itself
     assert replacement in [getattr(m, replacement.__name__, None) for m in (
-        _spellings, _data_dependent, _signal_spellings, _indices, _length,
+        _spellings, _data_dependent, _signal_spellings, _indices, _length, _scan_spellings,
         jc.compile_time)], (module, attr)
   # The private global is the function JAX's digitize and Array method call.
   from jax._src.numpy import lax_numpy

@@ -88,6 +88,9 @@ SWAP_SITES: tuple[tuple[str, str], ...] = (
     # NumPyro's validation runs under it (`compile_time.py`); JAX's own code calls
     # `core.ensure_compile_time_eval`, which stays JAX's.
     ("jax", "ensure_compile_time_eval"),
+    # Built from a static length / a NumPy array of the sizes (`_spellings/scans.py`).
+    ("jax.lax", "associative_scan"),
+    ("jax.lax", "index_take"),
 )
 
 _spelling_replacements: dict[Callable[..., Any], Callable[..., Any]] = {}  # JAX's fn -> ours

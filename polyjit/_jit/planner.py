@@ -165,12 +165,34 @@ class Planner:
     try:
       return masked(why("bucket"))
     except Exception as e:
+      if (getattr(e, "one_side", False) and self._fallback != "error"
+          and (struct.tracker is not None or self._specs_may_fall_back)):
+        # `fun` fails traced on this side of a size comparison (`lax.top_k(x, 3)`
+        # at n <= 2): these shapes run as jax.jit runs them (which raises there
+        # as a rule), and the structure keeps masking every other size.
+        plan = exact(why("failing side", error=_first_line(e)))
+        self._announce_side(e)
+        return plan
       if struct.tracker is None and not self._specs_may_fall_back:  # the user asked
         if isinstance(e, PolyjitError):
           note_fixed_kwargs(e, struct.treedef, struct.leaf_names, self.args.label)
         raise
       self._fall_back(struct, e)
       return exact(why("fallback", error=struct.fallback_reason))
+
+  def _announce_side(self, error: Exception) -> None:
+    """A side whose sizes jax.jit runs (each its own program): said once."""
+    name = getattr(self.fun, "__name__", "fun")
+    reason = _first_line(error)
+    message = (
+        f"pj.jit({name}) compiles the sizes on one side of a size comparison exactly, "
+        f"one program per shape, because the function fails traced there: {reason}\n"
+        "What to do: if the function is meant to work at those sizes, see the full error "
+        f"with pj.jit({name}, fallback='error'); else pass fallback='silent'.")
+    logger.warning("%s", message)
+    if self._fallback == "warn" and f"side: {reason}" not in self._warned:
+      self._warned.add(f"side: {reason}")
+      warn_user(message, FallbackWarning)
 
   def _fall_back(self, struct: Structure, error: Exception) -> None:
     """Automatic mode cannot mask this structure: run exact shapes, and say so."""
@@ -344,3 +366,7 @@ class Planner:
 def _sizes(logical: dict[str, int]) -> str:
   return ", ".join(f"{v}={n}" for v, n in sorted(logical.items()))
 
+
+def _first_line(error: Exception) -> str:
+  text = str(error).strip()
+  return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")

@@ -25,7 +25,8 @@ from .._caching.compiles import CompileLog
 from .plans import ProgramKey
 from .._masking.spec import Binding
 
-CauseKind = Literal["first call", "exact", "bucket", "fallback", "zero size", "precompile"]
+CauseKind = Literal["first call", "exact", "bucket", "fallback", "zero size", "failing side",
+                    "precompile"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +37,9 @@ class Cause:
   exactly), "exact" (new shapes while no axis is dynamic), "bucket" (new sizes
   in a bucket without a program), "fallback" (exact shapes because `fun`
   cannot be masked; `error` says why), "zero size" (exact shapes because a
-  dynamic axis is empty), "precompile" (asked for ahead of time).
+  dynamic axis is empty), "failing side" (exact shapes because `fun` fails
+  traced at these sizes, on one side of a size comparison, while other sizes
+  mask: `lax.top_k(x, 3)` at n <= 2), "precompile" (asked for ahead of time).
   """
   kind: CauseKind
   shapes: tuple[tuple[int, ...], ...] | None = None  # the call's argument shapes (None: precompile)

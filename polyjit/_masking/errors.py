@@ -13,7 +13,17 @@ from .. import _jax as jc
 
 
 class PolyjitError(Exception):
-  """Base class of polyjit's errors."""
+  """Base class of polyjit's errors.
+
+  Attributes:
+    one_side: raised for sizes on one side of a size comparison where `fun`
+      fails (`lax.top_k(x, 3)` at n <= 2), while other sizes still mask.
+    exclude_with: with traced sizes, the constraint that excludes the sizes
+      where `fun` fails ('n >= 3'), or None.
+  """
+
+  one_side: bool = False
+  exclude_with: str | None = None
 
 
 class ShapeError(PolyjitError, ValueError):

@@ -216,7 +216,12 @@ class Masked:
             self._variants[key] = [*known, variant]
             _warn_if_growing(self._name, len(known) + 1, variant)
     if variant.error is not None:
-      raise self._trace_error(variant.error, variant)
+      error = self._trace_error(variant.error, variant)
+      # Only this side of a size comparison fails (`lax.top_k(x, 3)` where
+      # n <= 2, as jax.jit fails there): other sizes still mask (`pj.jit`
+      # runs these sizes exactly instead of giving up on the function).
+      error.one_side = bool(variant.decisions) or variant.constraints != self.constraints
+      raise error
     return variant
 
   def _known_variant(self, key: tuple[Any, ...], sizes: dict[str, int]
@@ -289,6 +294,7 @@ class Masked:
     if variant is not None and traced_sizes and (variant.decisions or variant.other_side):
       excluding = variant.other_side or _variants.excluding_constraint(variant)
       declare = f"constraints=['{excluding}']" if excluding else "constraints=[...]"
+      out.exclude_with = excluding   # (pj.vmap learns it: `_ragged/vmap.py`)
       out.add_note(f"(it fails for the sizes where {variant.describe()}. With traced sizes "
                    "(jax.jit of a masked function, pj.vmap) every size up to the padded "
                    f"one must work; if sizes never go there, declare it: {declare}.)")

@@ -45,8 +45,11 @@ REASONS: dict[str, tuple[str, str]] = {
 TRACE_REFUSALS: dict[str, tuple[str, str, str]] = {
     "associative_scan": (
         "lax.associative_scan",
-        "it builds its tree of combinations from a static length.",
-        "scan sequentially with lax.scan, which masks and differentiates; or use "
+        "it builds its tree of combinations from a static length (polyjit swaps in an "
+        "exact replacement for `lax.associative_scan` while it traces; this is a "
+        "reference taken before, `from jax.lax import associative_scan`).",
+        "call it as jax.lax.associative_scan; or scan sequentially with lax.scan, "
+        "which masks and differentiates; or use "
         "the cumulative primitive when fn is one (lax.cumsum, lax.cumprod, "
         "lax.cummax, lax.cummin, lax.cumlogsumexp); or declare the axis fixed "
         "(\"_\" in the spec)."),

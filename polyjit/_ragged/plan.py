@@ -30,10 +30,12 @@ import numpy as np
 from jax import lax
 
 from .. import _jax as jc
+from .._masking import size_range as _size_range, spec as _spec
 from .._masking.errors import ShapeError
 from .._masking.mask import Masked
 from .ragged import Ragged
 from .sharing import Groups, group_padded
+from . import bounds as _bounds
 
 
 def _error_chain(error: BaseException) -> list[BaseException]:
@@ -67,8 +69,13 @@ class Plan:
 
   def __init__(self, masked: Masked, names: list[list[str]], fun_name: str,
                groups: Groups, raggeds: Sequence[Ragged], paths: list[str],
-               error: BaseException | None) -> None:
+               error: BaseException | None, learned: tuple[str, ...] = (),
+               learned_from: BaseException | None = None) -> None:
     self.groups = groups
+    #: constraints on the lengths learned from `fun` (`bounds.py`), and what
+    #: `fun` raises where they fail
+    self.learned = learned
+    self.learned_from = _root_cause(learned_from) if learned_from is not None else None
     self.masked, self.names = masked, names
     self.padded = group_padded(groups, raggeds)
     self.paths = paths
@@ -123,6 +130,38 @@ class Plan:
     error = self.mismatch(lengths, examples)
     if error is not None:
       raise error
+
+  def check_bounds(self, lengths: Sequence[Any], examples: Any = None) -> None:
+    """Raises for the first example whose lengths break a learned bound."""
+    _bounds.check(self.fun_name, self.names, self.paths, lengths, self.learned,
+                  self.learned_from, examples)
+
+  def check_bounds_in_program(self, lengths: list[Any], examples: Any = None) -> list[Any]:
+    """The lengths, after a check that every example keeps the learned bounds
+    (`bounds.py`): as `check_in_program`, a `lax.cond` whose taken side calls
+    back to the host to raise the pj.ShapeError (grouped batches, and lengths
+    traced by the caller's own `jax.jit`, get no host check before)."""
+    if not self.learned:
+      return lengths
+    env: dict[str, Any] = {}
+    for ns, ls in zip(self.names, lengths, strict=True):
+      env.update({n: (ls if len(ns) == 1 and jnp.ndim(ls) == 1 else ls[:, j])
+                  for j, n in enumerate(ns)})
+    hold = _size_range.constraints_hold(env, _spec.make_scope(self.learned))
+    broken = jnp.any(~hold)
+    n = len(lengths)
+
+    def host(*values: Any) -> list[np.ndarray]:
+      self.check_bounds(values[:n], None if examples is None else values[n])
+      return [np.asarray(v) for v in values[:n]]
+
+    def fail(lengths: list[Any]) -> Any:
+      # jax.ShapeDtypeStruct's constructor carries no annotations (strict only)
+      shapes = [jax.ShapeDtypeStruct(jnp.shape(l), jnp.result_type(l)) for l in lengths]  # type: ignore[no-untyped-call, unused-ignore]
+      extra = [] if examples is None else [examples]
+      return jax.pure_callback(host, shapes, *lengths, *extra, vmap_method="sequential")
+
+    return list(lax.cond(broken, fail, lambda lengths: list(lengths), list(lengths)))
 
   def check_in_program(self, lengths: list[Any], examples: Any = None) -> list[Any]:
     """The lengths, each shared group's replaced by its first member's after

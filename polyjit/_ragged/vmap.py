@@ -60,7 +60,8 @@ from .arguments import (aval_key, batch_and_count, broadcast, check_counts, desc
                         pad_ragged_axes, split_lengths)
 from .ragged import Ragged, is_concrete, is_ragged
 from .plan import Plan
-from .sharing import Groups, find_groups, may_share
+from .sharing import Groups, find_groups, group_padded, may_share
+from . import bounds as _bounds
 
 #: `pj.vmap`'s `in_axes`, as in `jax.vmap`: an int, None, or a list or tuple
 #: with one pytree prefix (of ints and Nones) per positional argument.
@@ -91,6 +92,7 @@ class RaggedVmapped:
     self.out_axes = out_axes
     self._masked: dict[Any, Masked] = {}
     self._plans: dict[Any, Plan] = {}
+    self._bounded = False   # some plan learned a bound on the lengths (`bounds.py`)
     functools.update_wrapper(self, fun, updated=())
 
     def run(*args: Any) -> Any:
@@ -109,13 +111,20 @@ class RaggedVmapped:
     if not raggeds:
       return jax.vmap(self.fun, self.in_axes, self.out_axes)(*args)
     check_counts(raggeds)
-    if may_share(raggeds) and all(is_concrete(r.lengths) for r in raggeds):
-      # Concrete lengths: a mismatch is a pj.ShapeError here, before running.
+    if ((may_share(raggeds) or self._bounded or not self._plans)
+        and all(is_concrete(r.lengths) for r in raggeds)):
+      # Concrete lengths: a mismatch, or a length `fun` fails at (a bound
+      # learned from `fun`, `bounds.py`), is a pj.ShapeError here, before
+      # running. (After the first plan, only where some plan learned a bound;
+      # the program checks again, for traced lengths and a first call of
+      # another structure: `Plan.check_bounds_in_program`.)
       treedef, leaves, paths, axes = self._flatten(args)
       batch_and_count(leaves, axes, paths)
       plan = self._plan(treedef, leaves, axes, paths)
-      if plan.shares:
-        plan.check_on_host(host_lengths([x for x in leaves if is_ragged(x)]))
+      if plan.shares or plan.learned:
+        lengths = host_lengths([x for x in leaves if is_ragged(x)])
+        plan.check_on_host(lengths)
+        plan.check_bounds(lengths)
     if (_verify.enabled() and self.out_axes == 0
         and all(is_concrete(r.lengths) for r in raggeds)):
       _, leaves, _, axes = self._flatten(args)
@@ -175,6 +184,7 @@ class RaggedVmapped:
     # Arguments that share size variables: their lengths, checked equal in the
     # program (a mismatch is never silent), are the group's first member's.
     lengths = plan.check_in_program(lengths, examples)
+    lengths = plan.check_bounds_in_program(lengths, examples)   # (`bounds.py`)
     sizes = [split_lengths(l, r.ragged_axes)
              for l, r in zip(lengths, [x for x in leaves if is_ragged(x)], strict=True)]
     kinds = [is_ragged(x) for x in leaves]
@@ -210,7 +220,8 @@ class RaggedVmapped:
     return self._assemble(outs, out_lengths, count, keep)
 
   def _masked_for(self, treedef: Any, ks: tuple[int | None, ...], groups: Groups,
-                  constraints: tuple[str, ...] = ()) -> tuple[Masked, list[list[str]]]:
+                  constraints: tuple[str, ...] = (), keep: bool = False
+                  ) -> tuple[Masked, list[list[str]]]:
     """`pj.mask(fun)` for this argument structure and sharing (cached), and
     the dim names of each Ragged argument: `n{i}_{j}`, i the first member of
     its group."""
@@ -224,7 +235,7 @@ class RaggedVmapped:
       it = iter(names)
       specs = [_spec(next(it)) if k is not None else None for k in ks]
       masked = Masked(self.fun, list(treedef.unflatten(specs)), constraints=constraints)
-      if not constraints:  # the probes' are used once
+      if not constraints or keep:  # the probes' are used once
         self._masked[key] = masked
     return masked, names
 
@@ -239,12 +250,31 @@ class RaggedVmapped:
     plan = self._plans.get(key)
     if plan is not None:
       return plan
-    probe = functools.partial(self._probe, treedef, leaves, axes)
+    # Each probe learns the bounds `fun` needs on the lengths (`bounds.py`).
+    learned: dict[tuple[Groups, tuple[str, ...]], tuple[tuple[str, ...], Any]] = {}
+
+    def probe(groups: Groups, constraints: Sequence[str],
+              padded: Sequence[tuple[int, ...]]) -> BaseException | None:
+      seen: list[BaseException] = []
+
+      def once(cons: tuple[str, ...]) -> BaseException | None:
+        error = self._probe(treedef, leaves, axes, groups, cons, padded)
+        seen.extend([error] if error is not None else [])
+        return error
+      bound, error = _bounds.learn(once, tuple(constraints))
+      learned[(groups, tuple(constraints))] = (bound, seen[0] if seen else None)
+      return error
+
     groups, error = find_groups(probe, raggeds)
-    masked, names = self._masked_for(treedef, ks, groups)
+    if (groups, ()) not in learned:   # (the plain trace is cached for the call)
+      probe(groups, (), group_padded(groups, raggeds))
+    bound, bound_error = learned[(groups, ())]
+    masked, names = self._masked_for(treedef, ks, groups, bound, keep=True)
     fun_name = getattr(self.fun, "__name__", None) or repr(self.fun)
     plan = Plan(masked, names, fun_name, groups, raggeds,
-                [p for x, p in zip(leaves, paths, strict=True) if is_ragged(x)], error)
+                [p for x, p in zip(leaves, paths, strict=True) if is_ragged(x)], error,
+                learned=bound, learned_from=bound_error if bound else None)
+    self._bounded = self._bounded or bool(bound)
     self._plans[key] = plan
     return plan
 

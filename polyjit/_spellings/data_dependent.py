@@ -70,7 +70,23 @@ def _bool_mask_index(idx: Any) -> Any:
   return None
 
 
+def _size_indices(idx: Any) -> Any:
+  """`idx` with each integer index that is a size (`x[n // 2]`, `x[n - 1]`)
+  given as its int32 value: JAX takes only Python ints and arrays as integer
+  indices. An array index reads the same element (a negative one wraps with
+  the axis size, as a Python int does); only out-of-range handling differs,
+  where a Python int raises at trace time and an array index is clamped, so
+  such a size (`x[n]`) must be in range at the sizes it runs at."""
+  def value(i: Any) -> Any:
+    return jnp.asarray(i, np.int32) if jc.is_symbolic_dim(i) and not isinstance(i, jc.Tracer) else i
+  if isinstance(idx, tuple):
+    return tuple(value(i) for i in idx)
+  return value(idx)
+
+
 def getitem(original: Callable[..., Any], arr: Any, idx: Any, **kwargs: Any) -> Any:
+  if tracing_now():
+    idx = _size_indices(idx)
   mask = _bool_mask_index(idx) if tracing_now() else None
   if mask is None:
     if tracing_now() and not kwargs:

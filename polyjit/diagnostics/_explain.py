@@ -127,6 +127,11 @@ def _describe(cause: Cause) -> str:
   if kind == "zero size":
     return (f"{_changes(cause) or 'new shapes'}; exact shapes because a dynamic axis is "
             "empty (jax.jit's own program for empty arrays)")
+  if kind == "failing side":
+    error = (cause.error or "").strip().splitlines()
+    return (f"{_changes(cause) or 'new shapes'}; exact shapes because the function fails "
+            f"traced at these sizes ({error[0] if error else 'unknown reason'}), while "
+            "other sizes run masked")
   if kind == "exact":
     return f"{_changes(cause)}; exact shapes"
   sizes = ", ".join(f"{d}={n}" for d, n in sorted((cause.sizes or {}).items()))
