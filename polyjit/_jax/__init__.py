@@ -94,6 +94,7 @@ from .swaps import (
     register_spellings as register_spellings, replacement_of as replacement_of,
     spellings_active as spellings_active, trace_spellings as trace_spellings)
 from .compilation_cache import (
+    ProgramMismatch as ProgramMismatch, calling_convention as calling_convention,
     config_values as config_values, default_device_chosen as default_device_chosen,
     load_program as load_program,
     program_key as program_key, serialize_program as serialize_program)
