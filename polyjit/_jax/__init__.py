@@ -90,6 +90,7 @@ from .messages import (
     parse_cache_miss as parse_cache_miss, trace_refusal as trace_refusal)
 from .swaps import (
     ARRAY_GETITEM as ARRAY_GETITEM, CONVOLVE_ND as CONVOLVE_ND, SWAP_SITES as SWAP_SITES,
+    as_called_by_name as as_called_by_name,
     original_of as original_of,
     register_spellings as register_spellings, replacement_of as replacement_of,
     spellings_active as spellings_active, trace_spellings as trace_spellings)
