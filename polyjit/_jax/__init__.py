@@ -45,6 +45,7 @@ from .core import (
     is_dropvar as is_dropvar, jaxpr_as_fun as jaxpr_as_fun,
     make_closed_jaxpr as make_closed_jaxpr, promote_dtypes_inexact as promote_dtypes_inexact,
     replay_unsafe_effects as replay_unsafe_effects, shaped as shaped,
+    convert_weak as convert_weak,
     subjaxprs_in_params as subjaxprs_in_params, trace_context as trace_context,
     typeof as typeof, custom_jvp_rule_jaxpr as custom_jvp_rule_jaxpr,
     vmap_trace_of as vmap_trace_of)

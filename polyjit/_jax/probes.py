@@ -247,6 +247,16 @@ def _jaxprs() -> None:
   assert callable(_effects.remat_allowed_effects.filter_not_in)
 
 
+@internal("lax._convert_element_type(operand, new_dtype, weak_type=)", JAXPRS, "read",
+          "a size used as a value keeps the weak type JAX gives it (`dim_as_value`'s "
+          "rule, `rules/structural.py`)", versions="0.9.2, 0.10.2, 0.11.0, main (cec06d1)")
+def _weak_convert() -> None:
+  from .core import convert_weak
+  for weak in (True, False):
+    out = jax.eval_shape(lambda v: convert_weak(v, np.int32, weak), np.int8(3))
+    assert (out.dtype, out.weak_type) == (np.int32, weak), out
+
+
 @internal("call_hi_primitive's `_prim` (expand, in_tree, out_tree), Jaxpr.is_high, "
           "pe.lower_jaxpr2 (JAX 0.12 and later; absent before)", JAXPRS, "read",
           "JAX's hi primitives (searchsorted, nonzero) are masked through their "
