@@ -113,7 +113,7 @@ def calling_convention(stage: Any) -> tuple[str, ...]:
       "all_args " + ("None" if every is None else "; ".join(_aval_text(a) for a in every.in_avals)),
       "kept " + _text(sorted(kept)),
       "outs " + "; ".join(_aval_text(a) for a in outs),
-      f"in_tree {in_tree}", f"out_tree {stage.out_tree}")
+      f"in_tree {_text(in_tree)}", f"out_tree {_text(stage.out_tree)}")
 
 
 def _placement(lowered: Any) -> tuple[str, ...]:
