@@ -46,6 +46,14 @@ CASES = {  # name: (function, argument makers (size, seed) -> value)
     "lcm int8": (jnp.lcm, (ints(np.int8), ints(np.int8))),
     "nancumsum axis=None": (lambda x: jnp.nancumsum(x, axis=None), (floats,)),
     "nancumprod axis=None": (lambda x: jnp.nancumprod(x, axis=None), (floats,)),
+    # the same ops on integer vectors: at n = 0 their programs prune every
+    # argument and share one text with the float rows' (one directory for all)
+    "fmin int32": (jnp.fmin, (ints(np.int32), ints(np.int32))),
+    "fmax int8": (jnp.fmax, (ints(np.int8), ints(np.int8))),
+    "heaviside int32": (jnp.heaviside, (ints(np.int32), ints(np.int32))),
+    "hypot int8": (jnp.hypot, (ints(np.int8), ints(np.int8))),
+    "copysign float32 int32": (jnp.copysign, (floats, ints(np.int32))),
+    "ldexp int8": (jnp.ldexp, (ints(np.int8), ints(np.int8))),
 }
 
 
