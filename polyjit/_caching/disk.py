@@ -14,10 +14,15 @@ compiles), are cached by JAX's cache if and only if the user turned it on.
   `pj.disable_persistent_cache()` before the first call.
   `pj.enable_persistent_cache(directory, max_bytes=...)` picks another place.
 * **Keys**: a hash of the lowered program text (so a changed function body is
-  a different program), the JAX and jaxlib versions, the platform and device
-  kinds, the XLA flags and every `jax.config` value (`_jax.program_key`): a
-  change in any of them never gets an old program. Only single-device
-  programs are kept (a program on a mesh compiles in each process).
+  a different program), its whole calling convention (every argument's type,
+  the unused ones JAX drops from the text included, donation, the results'
+  weak types, the pytrees, the shardings and layouts asked for), the JAX and
+  jaxlib versions, the platform and device kinds, the XLA flags and every
+  `jax.config` value (`_jax.program_key`): a change in any of them never gets
+  an old program. A loaded program whose convention is not the call's (read
+  back from it: `_jax.load_program`) is a miss, deleted and compiled again.
+  Only single-device programs are kept (a program on a mesh compiles in each
+  process).
 * **Bounded**: at most `max_bytes` of programs (`$POLYJIT_CACHE_MAX_BYTES`,
   default 1 GiB, written as `1073741824`, `1e9`, `500M`, `1G`, `1GiB` or
   `1GB`; anything else warns once and keeps the default); past it, the least
@@ -321,7 +326,9 @@ def load_or_compile(lowered: Any, name: str, keep: bool, kept: list[bytes] | Non
     t0 = time.perf_counter()
     try:
       program = jc.load_program(data, lowered)
-    except Exception:  # written by a JAX that reads differently, or damaged: compile
+    except Exception:  # a miss, compiled again: written by a JAX that reads
+      # differently, damaged, or compiled for another calling convention
+      # (`_jax.ProgramMismatch`)
       cache.discard(entry)
     else:
       record_load(name, time.perf_counter() - t0)

@@ -46,6 +46,7 @@ from .core import (
     make_closed_jaxpr as make_closed_jaxpr, promote_dtypes_inexact as promote_dtypes_inexact,
     promote_dtypes as promote_dtypes,
     replay_unsafe_effects as replay_unsafe_effects, shaped as shaped,
+    convert_weak as convert_weak,
     subjaxprs_in_params as subjaxprs_in_params, trace_context as trace_context,
     typeof as typeof, custom_jvp_rule_jaxpr as custom_jvp_rule_jaxpr,
     vmap_trace_of as vmap_trace_of)
@@ -96,10 +97,12 @@ from .messages import (
 from .swaps import (
     ARRAY_GETITEM as ARRAY_GETITEM, CONVOLVE_ND as CONVOLVE_ND, TRIU_SIZE as TRIU_SIZE,
     CONV_1D as CONV_1D, SWAP_SITES as SWAP_SITES,
+    as_called_by_name as as_called_by_name,
     original_of as original_of,
     register_spellings as register_spellings, replacement_of as replacement_of,
     spellings_active as spellings_active, trace_spellings as trace_spellings)
 from .compilation_cache import (
+    ProgramMismatch as ProgramMismatch, calling_convention as calling_convention,
     config_values as config_values, default_device_chosen as default_device_chosen,
     load_program as load_program,
     program_key as program_key, serialize_program as serialize_program)

@@ -132,6 +132,14 @@ def make_closed_jaxpr(fun: Callable[..., Any], avals: list[Any]) -> ClosedJaxpr:
   return jax.make_jaxpr(fun)(*specs)
 
 
+def convert_weak(x: Any, dtype: Any, weak_type: bool) -> Any:
+  """`x` converted to `dtype` with the weak type given: a size used as a value
+  (`dim_as_value`) is weakly typed in JAX, as a Python int is, and
+  `lax.convert_element_type` (the public one) always gives a strong type."""
+  from jax._src.lax import lax as _lax_internal
+  return _lax_internal._convert_element_type(x, np.dtype(dtype), weak_type=weak_type)
+
+
 def shaped(shape: Any, dtype: Any, weak_type: bool = False) -> Any:
   """An abstract array value with the given (possibly symbolic) shape."""
   return _core.ShapedArray(tuple(shape), dtype, weak_type=weak_type)

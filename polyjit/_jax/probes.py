@@ -266,6 +266,16 @@ def _jaxprs() -> None:
   assert callable(_effects.remat_allowed_effects.filter_not_in)
 
 
+@internal("lax._convert_element_type(operand, new_dtype, weak_type=)", JAXPRS, "read",
+          "a size used as a value keeps the weak type JAX gives it (`dim_as_value`'s "
+          "rule, `rules/structural.py`)", versions="0.9.2, 0.10.2, 0.11.0, main (cec06d1)")
+def _weak_convert() -> None:
+  from .core import convert_weak
+  for weak in (True, False):
+    out = jax.eval_shape(lambda v: convert_weak(v, np.int32, weak), np.int8(3))
+    assert (out.dtype, out.weak_type) == (np.int32, weak), out
+
+
 @internal("call_hi_primitive's `_prim` (expand, in_tree, out_tree), Jaxpr.is_high, "
           "pe.lower_jaxpr2 (JAX 0.12 and later; absent before)", JAXPRS, "read",
           "JAX's hi primitives (searchsorted, nonzero) are masked through their "
@@ -399,18 +409,36 @@ def _concrete_size_texts() -> None:
 
 
 @internal("jax.experimental.serialize_executable.serialize/deserialize_and_load; "
-          "Lowered.as_text/in_tree/out_tree; jax.config.values", PROGRAMS, "read",
+          "Lowered.as_text/in_tree/out_tree/args_info[]._aval/in_avals; Lowered._lowering."
+          "compile_args[kept_var_idx, all_args_info, global_out_avals, in/out_shardings, "
+          "in/out_layouts]; MeshExecutable._kept_var_idx/_all_args_info/out_avals; "
+          "jax.config.values", PROGRAMS, "read",
           "polyjit's programs are kept on disk as serialized executables, keyed by the "
-          "lowered text and the configuration (`compilation_cache.py`, `_caching/disk.py`)")
+          "lowered text, the calling convention (every argument's type, pruned ones "
+          "included, donation, results' weak types, trees) and the configuration, and "
+          "checked on load (`compilation_cache.py`, `_caching/disk.py`)",
+          versions="0.10.2, main (cec06d1)")
 def _serialized_programs() -> None:
   from jax.experimental import serialize_executable as se
   assert "in_tree" in _params(se.deserialize_and_load), _params(se.deserialize_and_load)
   assert isinstance(jax.config.values, dict) and "jax_enable_x64" in jax.config.values
   assert _params(se.serialize) == ["compiled"], _params(se.serialize)
   # (no compile here: a probe must not show up in the user's compile counts)
-  lowered = jax.jit(lambda x: x * 2).lower(np.float32(1))
+  lowered = jax.jit(lambda x, unused: (x * 2, 1.0)).lower(np.float32(1), np.int8(1))
   assert "func.func" in lowered.as_text()
   assert lowered.in_tree is not None and lowered.out_tree is not None
+  args = lowered._lowering.compile_args
+  assert {"kept_var_idx", "all_args_info", "global_out_avals", "in_shardings",
+          "out_shardings", "in_layouts", "out_layouts"} <= set(args), sorted(args)
+  assert set(args["kept_var_idx"]) == {0}, args["kept_var_idx"]  # the unused one pruned
+  assert [str(a.dtype) for a in args["all_args_info"].in_avals] == ["float32", "int8"]
+  assert [a.weak_type for a in args["global_out_avals"]] == [False, True]
+  infos = jax.tree_util.tree_leaves(lowered.args_info)
+  assert [(str(i._aval.dtype), i.donated) for i in infos] == [("float32", False), ("int8", False)]
+  assert len(jax.tree_util.tree_leaves(lowered.in_avals)) == 2
+  # what a loaded program brings back (`MeshExecutable.__init__` sets them)
+  names = set(_pxla.MeshExecutable.__init__.__code__.co_names)
+  assert {"_kept_var_idx", "_all_args_info", "out_avals"} <= names, names
 
 
 @internal("_jax.get_tfrt_cpu_client(asynchronous=...); serialize_executable.deserialize_and_load"

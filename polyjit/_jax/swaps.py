@@ -153,6 +153,21 @@ def replacement_of(original: Callable[..., Any]) -> Callable[..., Any] | None:
   return _spelling_replacements.get(original_of(original))
 
 
+def as_called_by_name(fun: Callable[..., Any]) -> Callable[..., Any]:
+  """`fun` as polyjit traces it. A user may pass a function polyjit replaces
+  (`pj.jit(jnp.unique)`) where another would write `lambda v: jnp.unique(v)`:
+  the swap at its site never reaches the object passed in, so that object is
+  called through the wrapper a site holds while spellings are in place (the
+  replacement inside `trace_spellings()`, JAX's own outside it), and both
+  spellings trace alike. Any other function is returned as it is."""
+  try:
+    original = original_of(fun)
+    replacement = _spelling_replacements.get(original)
+  except TypeError:  # (an unhashable callable: not a JAX function)
+    return fun
+  return fun if replacement is None else _spelling_wrapper(original, replacement)
+
+
 def site_plan() -> list[tuple[Any, str, Any, Callable[..., Any], Callable[..., Any]]]:
   """(module, attribute, current value, JAX's function, its replacement) of
   every site; raises when a site is missing or holds no registered function."""

@@ -133,7 +133,9 @@ class JitFunction:
     specs = default(options, "polymorphic_shapes")
     annotated = _annotations.annotated_specs(fun) if specs is None else None
     specs = annotated if annotated is not None else specs
-    self._args = ArgLayout(fun, repr(self), polymorphic_shapes=specs,
+    # `pj.jit(jnp.unique)` traces as `pj.jit(lambda v: jnp.unique(v))` does
+    traced = jc.as_called_by_name(fun)
+    self._args = ArgLayout(traced, repr(self), polymorphic_shapes=specs,
                            static_argnums=default(options, "static_argnums"),
                            static_argnames=default(options, "static_argnames"),
                            donate_argnums=default(options, "donate_argnums"),
@@ -150,7 +152,7 @@ class JitFunction:
     compiler = Compiler(name, repr(self), self._args, self.stats, self._cache,
                         out_shardings=out_shardings, background=self.background_compile)
     self._buckets = BucketChoice(self.buckets, compiler)
-    self._planner = Planner(fun, self._args, self._shardings, compiler, self._buckets,
+    self._planner = Planner(traced, self._args, self._shardings, compiler, self._buckets,
                             self.stats, constraints=self.constraints, fallback=self.fallback,
                             specs_may_fall_back=annotated is not None)
     self._structures = self._planner.structures  # (the same dict: tests and benchmarks read it)

@@ -127,7 +127,8 @@ class Masked:
                out_shape: SpecTree = None, *, constraints: Sequence[str] = ()) -> None:
     if not callable(fun):
       raise TypeError(f"pj.mask expects a callable, got {type(fun).__name__}")
-    self.fun = fun
+    # `pj.mask(jnp.unique, ...)` traces as `pj.mask(lambda v: jnp.unique(v), ...)`
+    self.fun = jc.as_called_by_name(fun)
     self.in_shapes = in_shapes
     self.out_shape = out_shape
     self.constraints = tuple([constraints] if isinstance(constraints, str) else constraints)

@@ -36,7 +36,8 @@ def _position_preserving(ctx: RuleContext, *args: Any, **params: Any) -> list[An
 @register("dim_as_value")
 def _dim_as_value(ctx: RuleContext, *, dim: Any) -> list[Any]:
   out_aval, = ctx.out_avals
-  return [lax.convert_element_type(ctx.logical(dim), out_aval.dtype)]
+  # (weak as JAX's: `a.shape[0] + 1` stays weak, so `f(a) + jnp.int8(1)` is int8)
+  return [jc.convert_weak(ctx.logical(dim), out_aval.dtype, out_aval.weak_type)]
 
 
 # --- reshape -----------------------------------------------------------------
