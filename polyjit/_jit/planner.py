@@ -33,6 +33,7 @@ from typing import Any, Callable, Sequence, TypeAlias, TypeVar
 import numpy as np
 
 from .. import _jax as jc
+from .._caching import axes as _axes
 from .._caching.executables import wait
 from .._masking.data_dependent import plain_jit_trace
 from .._masking.errors import FallbackWarning, MaskingError, PolyjitError, ShapeError, warn_user
@@ -127,7 +128,13 @@ class Planner:
     names = self.args.leaf_names(key.treedef, key.static)
     if self.args.polymorphic_shapes is not None:
       return Structure(key, names, specs=self.args.explicit_specs(key.treedef, key.static))
-    return Structure(key, names, tracker=DimTracker(names, shapes))
+    struct = Structure(key, names, tracker=DimTracker(names, shapes))
+    # the axes an earlier run of this function learned (a hint: `_caching/axes.py`)
+    struct.axes_key = _axes.key(self.fun, key, names)
+    remembered = _axes.recall(struct.axes_key)
+    if remembered and struct.tracker is not None and struct.tracker.assume(remembered):
+      struct.reset(tuple(struct.tracker.specs()))
+    return struct
 
   def forget_program(self, key: ProgramKey) -> None:
     """Drops the plans that run an evicted program, so that it can be freed."""
@@ -154,6 +161,8 @@ class Planner:
     """`exact(cause)` or `masked(cause)`: how `struct` runs new `shapes`
     (see the module docstring). Automatic mode learns from the shapes."""
     changed, became = struct.observe(shapes)
+    if became and struct.tracker is not None:  # (automatic mode learned an axis)
+      _axes.remember(struct.axes_key, struct.tracker.dynamic_groups())
     why = functools.partial(Cause, shapes=shapes, changed=changed, became_dynamic=became)
     if struct.specs is None or struct.exact_only:
       kind: CauseKind = "fallback" if struct.exact_only else ("exact" if changed else "first call")

@@ -1,0 +1,44 @@
+"""Remembered dynamic axes (`polyjit/_caching/axes.py`): a second process of a
+script starts with the axes the first run learned dynamic, so automatic mode's
+first call runs (loads) a bucket program instead of compiling or loading the
+exact one. Fresh processes with temporary cache directories
+(`tests/disk_cache_worker.py`); programs counted with jax.monitoring there,
+results compared with NumPy on the unpadded input."""
+
+from __future__ import annotations
+
+import os
+
+from polyjit._jit.auto import DimTracker
+from test_disk_cache import SIZES, run
+
+
+def test_a_second_process_starts_with_the_learned_axis_dynamic(tmp_path):
+  first = run(tmp_path, "square", SIZES)
+  assert first["causes"][0] == "first call" and "bucket" in first["causes"]
+  assert os.listdir(tmp_path / "axes")
+  second = run(tmp_path, "square", SIZES)  # (`run` compares results with NumPy)
+  # no exact program: every program is a bucket's, loaded from disk
+  assert "first call" not in second["causes"] and second["causes"]
+  assert second["compiles"] == 0 and second["loads"] == len(second["causes"])
+  # A hint is only a hint: `loss` has the same code for another body (it calls
+  # a global), so the hint is found, and the programs come from the trace of
+  # the body as it is now (new ones, exact results).
+  cube = run(tmp_path, "cube", SIZES)
+  assert "first call" not in cube["causes"] and cube["compiles"] > 0
+
+
+def test_no_hint_is_kept_with_the_cache_off(tmp_path):
+  first = run(tmp_path, "square", SIZES, {"POLYJIT_NO_CACHE": "1"})
+  assert first["causes"][0] == "first call"
+  assert not (tmp_path / "axes").exists()
+
+
+def test_assume_splits_groups_as_remembered():
+  tracker = DimTracker(["x", "y", "w"], [(5, 3), (5,), (3, 3)])
+  assert tracker.assume([["x_0"], ["y_0"]])
+  # x_0 and y_0 had equal sizes in this call, but separate variables when remembered;
+  # w's axes, of x_1's size, stay fixed
+  assert tracker.specs() == ["(x_0, _)", "(y_0,)", None]
+  assert tracker.dynamic_groups() == [["x_0"], ["y_0"]]
+  assert not DimTracker(["x"], [(5,)]).assume([["z_0"]])  # another structure's names
