@@ -42,3 +42,24 @@ def test_assume_splits_groups_as_remembered():
   assert tracker.specs() == ["(x_0, _)", "(y_0,)", None]
   assert tracker.dynamic_groups() == [["x_0"], ["y_0"]]
   assert not DimTracker(["x"], [(5,)]).assume([["z_0"]])  # another structure's names
+
+
+def test_a_function_without_code_or_an_unprintable_static_value_gets_no_hint():
+  import functools
+
+  from polyjit._caching import axes
+
+  class Unprintable:
+    def __repr__(self):
+      raise RuntimeError("no repr")
+
+  def f(x, k):
+    return x * k
+
+  assert axes.key(f, (2,), ["x"]) is not None
+  assert axes.key(f, (Unprintable(),), ["x"]) is None
+  assert axes.key(functools.partial(f, k=2), (2,), ["x"]) is None
+  # another body under the same name is another key
+  g = lambda x, k: x + k  # noqa: E731
+  g.__qualname__ = f.__qualname__
+  assert axes.key(g, (2,), ["x"]) != axes.key(f, (2,), ["x"])

@@ -18,7 +18,9 @@ and never a wrong result. Its key is a hash of the function's identity (its
 module, qualified name and code, nested code included, not its closure's
 values), the call structure (static values, pytree, dtypes, ranks, placement,
 JAX's trace context, the arguments' names) and the JAX version; a function
-without code (a `functools.partial`, a callable object) gets no hint. At most
+without code (a `functools.partial`, a callable object) gets no hint, nor does
+a multi-process run (its processes must plan alike, whatever each one's cache
+holds). At most
 `MAX_PROGRAMS` hints are kept (the least recently written go).
 """
 
@@ -54,13 +56,16 @@ def key(fun: Callable[..., Any], structure: Any, leaf_names: Sequence[str]) -> s
   """The hint's key for `fun` called with `structure` (a `StructureKey`), or
   None where `fun` has no code of its own to identify it by."""
   code = getattr(fun, "__code__", None)
-  if not isinstance(code, types.CodeType):
+  if not isinstance(code, types.CodeType) or jax.process_count() > 1:
+    return None  # (the processes of a multi-process run must plan alike: no per-process hint)
+  try:
+    parts = [str(getattr(fun, "__module__", "")), str(getattr(fun, "__qualname__", "")),
+             jax.__version__]
+    _code_parts(code, parts)
+    parts += [_ADDRESS.sub("", repr(p)) for p in structure]  # (a static value's repr may raise)
+    parts += list(leaf_names)
+  except Exception:  # noqa: BLE001  (no hint: the call goes on as without one)
     return None
-  parts = [str(getattr(fun, "__module__", "")), str(getattr(fun, "__qualname__", "")),
-           jax.__version__]
-  _code_parts(code, parts)
-  parts += [_ADDRESS.sub("", repr(p)) for p in structure]
-  parts += list(leaf_names)
   return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
 
