@@ -44,10 +44,16 @@ def test_assume_splits_groups_as_remembered():
   assert not DimTracker(["x"], [(5,)]).assume([["z_0"]])  # another structure's names
 
 
-def test_a_function_without_code_or_an_unprintable_static_value_gets_no_hint():
+def test_a_function_without_code_or_an_unprintable_static_value_gets_no_hint(
+    tmp_path, monkeypatch):
   import functools
 
   from polyjit._caching import axes
+
+  def off(x, k):
+    return x * k
+  assert axes.key(off, (2,), ["x"]) is None  # the suite runs with the cache off
+  monkeypatch.setattr(axes.disk, "root", lambda: str(tmp_path))  # as if it were on
 
   class Unprintable:
     def __repr__(self):

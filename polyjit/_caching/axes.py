@@ -56,7 +56,9 @@ def key(fun: Callable[..., Any], structure: Any, leaf_names: Sequence[str]) -> s
   """The hint's key for `fun` called with `structure` (a `StructureKey`), or
   None where `fun` has no code of its own to identify it by."""
   code = getattr(fun, "__code__", None)
-  if not isinstance(code, types.CodeType) or jax.process_count() > 1:
+  if not isinstance(code, types.CodeType) or disk.root() is None:
+    return None  # (no code to know it by; or the on-disk cache is off)
+  if jax.process_count() > 1:
     return None  # (the processes of a multi-process run must plan alike: no per-process hint)
   try:
     parts = [str(getattr(fun, "__module__", "")), str(getattr(fun, "__qualname__", "")),
