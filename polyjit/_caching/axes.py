@@ -9,7 +9,10 @@ on-disk cache is on (`disk.py`), the dynamic axes a structure learned are kept
 in `axes/<hash>.json` (the axes' names, grouped as they share a dimension
 variable) and a new structure of a later process starts with them dynamic
 (`DimTracker.assume`): its first call runs the bucket program that the bucket
-memory and the program cache have for it.
+memory and the program cache have for it. Where no bucket an earlier run
+compiled holds the first call, it runs its exact shapes, as without the hint
+(`Planner._masked_plan`): a first call at the first run's first shapes loads
+that program rather than compile a new bucket.
 
 The file is a hint, never a program: what is compiled or loaded is decided by
 the trace of the function as it is now, as for any masked call, so a stale

@@ -134,6 +134,7 @@ class Planner:
     remembered = _axes.recall(struct.axes_key)
     if remembered and struct.tracker is not None and struct.tracker.assume(remembered):
       struct.reset(tuple(struct.tracker.specs()))
+      struct.recalled = True  # (its first call: `_masked_plan`)
     return struct
 
   def forget_program(self, key: ProgramKey) -> None:
@@ -170,6 +171,7 @@ class Planner:
     if zero_sized(struct.specs, shapes):
       # A masked trace assumes sizes >= 1; jax.jit's own program for the empty
       # shapes gives exactly its shapes, values and exceptions.
+      struct.recalled = False
       return exact(why("zero size"))
     try:
       return masked(why("bucket"))
@@ -255,6 +257,7 @@ class Planner:
     fast = self.fast_plan(struct, shapes)
     if fast is not None:
       return fast
+    recalled, struct.recalled = struct.recalled, False
     masked, binding, variant = self.variant(struct, shapes)
     logical = binding.padded  # solved from unpadded shapes: the logical sizes
     if struct.shardings is not None:  # on a mesh
@@ -267,6 +270,13 @@ class Planner:
       if plan is not None:
         return plan
       tight, buckets = buckets, rental.roomy(logical)
+    if recalled and (rental is None or buckets not in rental.remembered):
+      # The first call under remembered axes (`_caching/axes.py`) runs a bucket
+      # only where an earlier run's bucket holds it (a load); else its exact
+      # shapes, as a first call without the memory does (a first call at the
+      # first run's first shapes loads that program).
+      return self._exact_plan(struct, shapes, dataclasses.replace(why, kind="first call"))
+    if rental is not None:
       if buckets != tight and buckets in rental.remembered:
         why = dataclasses.replace(why, reason=(
             "no compiled bucket holds " + _sizes(logical) + "; the tightest bucket an "
