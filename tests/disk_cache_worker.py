@@ -58,6 +58,8 @@ def main() -> None:
   print(json.dumps({
       "compiles": len(log), "loads": len(log.cache_loads), "results": results,
       "expected": expected,
+      # why each program was built or loaded ("first call": automatic mode's exact one)
+      "causes": [e.cause.kind for e in f.stats.compile_events],
       "warnings": [str(w.message) for w in caught if issubclass(w.category, pj.PolyjitWarning)],
   }))
 

@@ -74,6 +74,31 @@ class DimTracker:
       self.dynamic.update(group)
     return self.dynamic != before
 
+  def assume(self, groups: Sequence[Sequence[str]]) -> bool:
+    """Makes dynamic the named dimensions that an earlier run of the same
+    function learned (`_caching/axes.py`), each listed group one dimension
+    variable where the first call's sizes agree; True when any axis became
+    dynamic. A name this call structure does not have makes it assume nothing."""
+    known = {self.name(d): d for g in self.groups for d in g}
+    if any(n not in known for g in groups for n in g):
+      return False
+    label = {known[n]: i for i, g in enumerate(groups) for n in g}
+    refined: list[list[Dim]] = []
+    for group in self.groups:  # split each group by the remembered groups (order kept)
+      parts: dict[int, list[Dim]] = {}
+      for d in group:
+        parts.setdefault(label.get(d, -1), []).append(d)
+      refined.extend(parts.values())
+    self.groups = refined
+    before = set(self.dynamic)
+    self.dynamic.update(label)
+    return self.dynamic != before
+
+  def dynamic_groups(self) -> list[list[str]]:
+    """The dynamic dimensions by name, grouped as they share a variable."""
+    return [[self.name(d) for d in g if d in self.dynamic]
+            for g in self.groups if any(d in self.dynamic for d in g)]
+
   def name(self, dim: Dim) -> str:
     leaf, axis = dim
     return f"{self.leaf_names[leaf]}_{axis}"

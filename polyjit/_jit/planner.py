@@ -33,6 +33,7 @@ from typing import Any, Callable, Sequence, TypeAlias, TypeVar
 import numpy as np
 
 from .. import _jax as jc
+from .._caching import axes as _axes
 from .._caching.executables import wait
 from .._masking.data_dependent import plain_jit_trace
 from .._masking.errors import FallbackWarning, MaskingError, PolyjitError, ShapeError, warn_user
@@ -127,7 +128,14 @@ class Planner:
     names = self.args.leaf_names(key.treedef, key.static)
     if self.args.polymorphic_shapes is not None:
       return Structure(key, names, specs=self.args.explicit_specs(key.treedef, key.static))
-    return Structure(key, names, tracker=DimTracker(names, shapes))
+    struct = Structure(key, names, tracker=DimTracker(names, shapes))
+    # the axes an earlier run of this function learned (a hint: `_caching/axes.py`)
+    struct.axes_key = _axes.key(self.fun, key, names)
+    remembered = _axes.recall(struct.axes_key)
+    if remembered and struct.tracker is not None and struct.tracker.assume(remembered):
+      struct.reset(tuple(struct.tracker.specs()))
+      struct.recalled = True  # (its first call: `_masked_plan`)
+    return struct
 
   def forget_program(self, key: ProgramKey) -> None:
     """Drops the plans that run an evicted program, so that it can be freed."""
@@ -154,6 +162,8 @@ class Planner:
     """`exact(cause)` or `masked(cause)`: how `struct` runs new `shapes`
     (see the module docstring). Automatic mode learns from the shapes."""
     changed, became = struct.observe(shapes)
+    if became and struct.tracker is not None:  # (automatic mode learned an axis)
+      _axes.remember(struct.axes_key, struct.tracker.dynamic_groups())
     why = functools.partial(Cause, shapes=shapes, changed=changed, became_dynamic=became)
     if struct.specs is None or struct.exact_only:
       kind: CauseKind = "fallback" if struct.exact_only else ("exact" if changed else "first call")
@@ -161,6 +171,7 @@ class Planner:
     if zero_sized(struct.specs, shapes):
       # A masked trace assumes sizes >= 1; jax.jit's own program for the empty
       # shapes gives exactly its shapes, values and exceptions.
+      struct.recalled = False
       return exact(why("zero size"))
     try:
       return masked(why("bucket"))
@@ -268,6 +279,7 @@ class Planner:
     fast = self.fast_plan(struct, shapes)
     if fast is not None:
       return fast
+    recalled, struct.recalled = struct.recalled, False
     masked, binding, variant = self.variant(struct, shapes)
     logical = binding.padded  # solved from unpadded shapes: the logical sizes
     if struct.shardings is not None:  # on a mesh
@@ -280,6 +292,13 @@ class Planner:
       if plan is not None:
         return plan
       tight, buckets = buckets, rental.roomy(logical)
+    if recalled and (rental is None or buckets not in rental.remembered):
+      # The first call under remembered axes (`_caching/axes.py`) runs a bucket
+      # only where an earlier run's bucket holds it (a load); else its exact
+      # shapes, as a first call without the memory does (a first call at the
+      # first run's first shapes loads that program).
+      return self._exact_plan(struct, shapes, dataclasses.replace(why, kind="first call"))
+    if rental is not None:
       if buckets != tight and buckets in rental.remembered:
         why = dataclasses.replace(why, reason=(
             "no compiled bucket holds " + _sizes(logical) + "; the tightest bucket an "

@@ -268,6 +268,8 @@ class Structure:
     self.on_mesh = key.shardings is not None  # (an attribute: read on every new size)
     self.leaf_names = leaf_names
     self.tracker = tracker              # automatic mode: learns the dynamic axes
+    self.axes_key: str | None = None    # its remembered axes' key (`_caching/axes.py`)
+    self.recalled = False               # specs from remembered axes, no call planned yet
     self.specs = specs                  # per-leaf specs in use (None: exact)
     self.masked: Masked | None = None   # `fun` masked with the specs in use
     self.last_shapes: Any = None        # shapes of the latest new plan
