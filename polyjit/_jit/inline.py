@@ -48,6 +48,10 @@ class InlineProgram:
     self.single = jax.tree_util.treedef_is_leaf(program.out_tree)
 
   def __call__(self, *args: Any) -> Any:
+    # (the crossings between the clients are polyjit's own transfers: explicit)
+    return jc.explicitly(self._call, *args)
+
+  def _call(self, *args: Any) -> Any:
     moved: list[Any] | None = None
     for i, a in enumerate(args):  # (the size tuple, last, is on this client already)
       if type(a) is jc.ARRAY_TYPE:

@@ -165,6 +165,8 @@ class Planner:
     try:
       return masked(why("bucket"))
     except Exception as e:
+      if jc.transfer_refused(e):  # the user's transfer guard: as jax.jit raises it
+        raise
       if struct.tracker is None and not self._specs_may_fall_back:  # the user asked
         if isinstance(e, PolyjitError):
           note_fixed_kwargs(e, struct.treedef, struct.leaf_names, self.args.label)
