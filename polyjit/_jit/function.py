@@ -214,12 +214,7 @@ class JitFunction:
     if calls is not None:
       plan = calls.hot.get(key)
       if plan is not None and plan.current:
-        self.stats.record_call(plan.bucket, plan.waste, plan.fallback)
-        if plan.borrow is not None:  # in a larger bucket than its own: pay for it
-          plan.pay()
-        if plan.host_calls:  # a resized plan: its sizes go on the device after a few calls
-          plan.host_call()
-        return plan.unpad_outputs(plan.run_plain(args))
+        return plan.call(args, self.stats)  # (the hot call: everything in one method)
       if key is not None:  # a never-seen size in a compiled bucket: the bucket's plan, resized
         plan = self._resized_plan(calls, key)
         if plan is not None:

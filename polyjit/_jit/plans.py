@@ -226,6 +226,36 @@ class Plan:
     return jc.explicitly(_placement.run, self.program, leaves, self.padded_shapes, self.dtypes,
                          self.logical, self.shardings)
 
+  def call(self, args: Any, stats: Any) -> Any:
+    """A hot call (`pj.jit`'s hot path, whole): counts it in `stats`, pays a
+    borrowed bucket, pads the leaves that need it, runs the program and
+    slices dynamic outputs. One method, read once per call: the attribute
+    reads and calls of `record_call`, `pay`, `run_plain` and `unpad_outputs`
+    in one frame."""
+    stats.calls += 1
+    bucket = self.bucket
+    if bucket is not None:
+      stats.bucket_hits[bucket] += 1
+      stats.waste_sum += self.waste
+      stats.waste_calls += 1
+      if self.borrow is not None:  # in a larger bucket than its own: pay for it
+        self.pay()
+    if self.fallback:
+      stats.fallback_calls += 1
+    if self.host_calls:  # a resized plan: its sizes go on the device after a few calls
+      self.host_call()
+    pads = self.pads
+    if pads:
+      leaves = list(args)
+      pad = self.pad_leaf
+      for i, padded, dtype, region in pads:
+        leaves[i] = pad(leaves[i], padded, dtype, region)
+      # (the host buffers are polyjit's: their upload is an explicit transfer)
+      outs = jc.explicitly(self.program, *leaves, self.logical)
+    else:
+      outs = self.program(*args, self.logical)
+    return self.map_outputs(outs, self.unpad_leaf) if self.dynamic_outputs else outs
+
   def run_plain(self, leaves: Any) -> Any:
     """`run` for leaves that are arrays or scalars (never `pj.Padded`): only
     the leaves this plan pads are touched."""
