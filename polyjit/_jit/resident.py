@@ -126,19 +126,19 @@ def _program(cache: dict[tuple[Any, ...], Any], key: tuple[Any, ...], x: Any,
 
 
 def _pad_program(padded: tuple[int, ...], dtype: Any) -> Callable[[Any], Any]:
-  def pad_to(a: Any) -> Any:
+  def polyjit_pad(a: Any) -> Any:
     a = a.astype(dtype)
     # (the padding's content is unspecified: zeros are the cheapest to write)
     return jax.lax.pad(a, np.zeros((), dtype), [(0, p - n, 0) for n, p in zip(
         a.shape, padded, strict=True)])
-  fn: Callable[[Any], Any] = jax.jit(pad_to)
+  fn: Callable[[Any], Any] = jax.jit(polyjit_pad)
   return fn
 
 
 def _slice_program(shape: tuple[int, ...], dtype: Any) -> Callable[[Any], Any]:
-  def corner(a: Any) -> Any:
+  def polyjit_slice(a: Any) -> Any:
     return jax.lax.slice(a, (0,) * len(shape), shape)
-  fn: Callable[[Any], Any] = jax.jit(corner)
+  fn: Callable[[Any], Any] = jax.jit(polyjit_slice)
   return fn
 
 
