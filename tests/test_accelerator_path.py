@@ -51,7 +51,11 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
 
 @pytest.fixture
 def accelerator(monkeypatch: pytest.MonkeyPatch) -> None:
+  """The accelerator path, a shape's pad and slice programs compiled at its
+  second call (`resident.RENT = 0`: by default its host round trips must
+  first have cost a compile, hundreds of calls)."""
   monkeypatch.setenv("POLYJIT_INLINE_CPU", "0")
+  monkeypatch.setattr(resident, "RENT", 0.0)
   resident.forget()
   yield
   resident.forget()
@@ -188,3 +192,44 @@ def test_probes_tell_user_settings_from_a_changed_jax() -> None:
     registry.forget()
     with setting():
       registry.require(registry.CALL)  # (raised JaxBoundaryError under the guard)
+
+
+def test_a_long_run_of_new_sizes_compiles_no_pad_programs(accelerator: None,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+  # By default a shape's program is bought only once its round trips through
+  # the host have cost a compile: sizes seen a few times each are served by
+  # the host (explicitly), with no compile per shape, and exactly.
+  monkeypatch.setattr(resident, "RENT", 1.0)
+  f = pj.jit(lambda x: jnp.tanh(x) * 2.0, polymorphic_shapes=["(n, _)"],
+             buckets=pj.buckets.PowersOfTwo())
+  ref = jax.jit(f.fun)
+  xs = [_on_device(n) for n in (40, 41, 42, 43, 44, 45)]
+  f(xs[0])
+  before = _compiles[0]
+  with jax.transfer_guard("disallow"):
+    outs = [f(x) for _ in range(3) for x in xs]
+  assert _compiles[0] == before
+  assert resident._pads == {} and resident._slices == {}
+  for out, x in zip(outs, xs * 3, strict=True):
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref(x)), rtol=1e-6)
+
+
+def test_a_shape_that_keeps_coming_back_buys_its_programs(accelerator: None,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          reads: list) -> None:
+  monkeypatch.setattr(resident, "RENT", 1.0)
+  # (a compile priced at a few round trips)
+  monkeypatch.setattr(resident, "compile_seconds", lambda: 1e-3)
+  f = pj.jit(lambda x: jnp.tanh(x) * 2.0, polymorphic_shapes=["(n, _)"],
+             buckets=pj.buckets.PowersOfTwo())
+  x = _on_device(40)
+  for _ in range(1000):
+    f(x)
+    if resident._pads and resident._slices:
+      break
+  assert list(resident._pads) == [((40, 3), (64, 3), np.dtype(np.float32))]
+  assert list(resident._slices) == [((64, 3), (40, 3), np.dtype(np.float32))]
+  reads.clear()
+  out = f(x)
+  assert reads == []  # bought: nothing through the host
+  np.testing.assert_allclose(np.asarray(out), np.tanh(np.asarray(x)) * 2, rtol=1e-6)

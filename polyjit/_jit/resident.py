@@ -8,19 +8,25 @@ same path, which is how CI tests it), a plan (`plans.py`) pads and unpads
 `jax.Array`s here, on their device:
 
 * **Padding** (`pad`): a small program per (shape, padded shape, dtype),
-  `lax.pad` under `jax.jit`, cached. A shape never seen before is padded
-  through the host once instead (explicit `jax.device_get`/`device_put`), since a
-  compile (milliseconds) costs more than a round trip of a small array (tens
-  of microseconds on a GPU); the second call of that shape compiles its pad
-  program, and every later one runs it. An array of `COMPILE_AT_ONCE` bytes or
-  more, whose round trip costs about a compile, compiles at its first call.
-  So a sequence of distinct sizes compiles only its buckets' programs, and a
-  shape seen before moves nothing through the host.
+  `lax.pad` under `jax.jit`, cached. Which is cheaper, that program's
+  compile (tens of milliseconds) or a round trip through the host (tens of
+  microseconds for a small array on a GPU, more where it waits for queued
+  work), depends on how often the shape comes back, so it is rented first:
+  a shape is padded through the host (explicit `jax.device_get`/`device_put`,
+  each round trip timed) until its round trips have cost `RENT` x a compile
+  (the mean of the pad and slice compiles timed in this process, `COMPILE`
+  seconds until one is), then its program is compiled and every later call
+  runs it. A shape that keeps coming back (a training loop's batch, the hot
+  call) moves nothing through the host after that; a long run of ever new
+  sizes (the seed workload: 8,600 distinct lengths in 20,000 calls) compiles
+  no pad programs where compiling one for every shape seen twice would have
+  cost thousands of compiles. An array of `COMPILE_AT_ONCE` bytes or more
+  compiles at its first call. `RENT = 0` compiles at a shape's second call.
 * **Unpadding** (`unpad`): an output with a dynamic dim is the leading corner
   of its padded buffer, cut by a small slice program per (padded shape,
-  logical shape, dtype), chosen the same way (the host once, then the
-  program). A zero-copy view is not to be had: `jax.Array` has no view of
-  part of a buffer, and DLPack's importers copy or refuse a strided corner.
+  logical shape, dtype), rented the same way. A zero-copy view is not to be
+  had: `jax.Array` has no view of part of a buffer, and DLPack's importers
+  copy or refuse a strided corner.
 * **Chains** (`origin`): each sliced output keeps its padded buffer (weakly
   keyed by the output, at most `ORIGINS` of them), so a polyjit output passed
   to a `pj.jit` function whose bucket has that padded shape is taken as it
@@ -37,6 +43,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import weakref
 from typing import Any, Callable
 
@@ -49,14 +56,20 @@ from .._masking import padding as _padding
 #: Arrays of this many bytes or more compile their pad or slice program at
 #: their first call (a round trip of them costs about what a compile does).
 COMPILE_AT_ONCE = 64 << 20
+#: A shape's program is compiled once its host round trips have cost RENT x
+#: a compile (0: at its second call).
+RENT = 1.0
+#: A pad or slice program's compile, in seconds, until one is timed.
+COMPILE = 0.05
 #: Sliced outputs whose padded buffer is kept for a chained call (`origin`).
 ORIGINS = 64
 
-# (shape, padded or logical shape, dtype) -> its program; a key in `_seen`
-# only: met once, padded or sliced through the host
+# (shape, padded or logical shape, dtype) -> its program
 _pads: dict[tuple[Any, ...], Callable[[Any], Any]] = {}
 _slices: dict[tuple[Any, ...], Callable[[Any], Any]] = {}
-_seen: set[tuple[Any, ...]] = set()
+# key -> seconds its host round trips have cost so far (a key without a program)
+_seen: dict[tuple[Any, ...], float] = {}
+_compiles = [0, 0.0]   # pad and slice programs compiled and timed, their seconds
 # id(sliced output) -> (weak reference to it, its padded buffer)
 _origins: dict[int, tuple[weakref.ref[Any], Any]] = {}
 _lock = threading.Lock()
@@ -82,11 +95,10 @@ def pad(x: Any, padded: tuple[int, ...], dtype: Any, region: Any = None) -> Any:
       return data
   key = (x.shape, padded, x.dtype)
   program = _pads.get(key)
-  if program is None:
-    program = _program(_pads, key, x, _pad_program, padded, dtype)
-    if program is None:
-      return _through_host(x, padded, dtype)
-  return program(x)
+  if program is not None:
+    return program(x)
+  return _rented(_pads, key, x, _pad_program, padded, dtype,
+                 lambda: _through_host(x, padded, dtype))
 
 
 def unpad(x: Any, shape: tuple[int, ...]) -> Any:
@@ -99,30 +111,50 @@ def unpad(x: Any, shape: tuple[int, ...]) -> Any:
     return jc.explicitly(jc.explicitly_read, _padding.unpad, x, shape)  # (keys, float0)
   key = (x.shape, shape, x.dtype)
   program = _slices.get(key)
-  if program is None:
-    program = _program(_slices, key, x, _slice_program, shape, x.dtype)
-  if program is None:
-    host = jax.device_get(x)[tuple(slice(0, n) for n in shape)]
-    out = jc.host_to_device(np.ascontiguousarray(host), x.sharding)
-  else:
+  if program is not None:
     out = program(x)
+  else:
+    def through_host() -> Any:
+      host = jax.device_get(x)[tuple(slice(0, n) for n in shape)]
+      return jc.host_to_device(np.ascontiguousarray(host), x.sharding)
+    out = _rented(_slices, key, x, _slice_program, shape, x.dtype, through_host)
   _keep_origin(out, x)
   return out
 
 
-def _program(cache: dict[tuple[Any, ...], Any], key: tuple[Any, ...], x: Any,
-             make: Callable[..., Any], shape: tuple[int, ...], dtype: Any) -> Any:
-  """The cached program for `key`, or None where this is the key's first
-  call and `x` is small: the host serves it (see the module docstring)."""
+def _rented(cache: dict[tuple[Any, ...], Any], key: tuple[Any, ...], x: Any,
+            make: Callable[..., Any], shape: tuple[int, ...], dtype: Any,
+            through_host: Callable[[], Any]) -> Any:
+  """`key`'s result for `x` where it has no program yet: through the host
+  (timed, as rent) until that has cost `RENT` x a compile, then by its
+  program, compiled now (timed). See the module docstring."""
+  rent = _seen.get(key)
+  if x.nbytes < COMPILE_AT_ONCE and (rent is None or rent < RENT * compile_seconds()):
+    t0 = time.perf_counter()
+    out = through_host()
+    if len(_seen) > 1 << 16:  # (a long run of new sizes: start the accounts over)
+      _seen.clear()
+    _seen[key] = _seen.get(key, 0.0) + time.perf_counter() - t0
+    return out
   with _lock:
     program = cache.get(key)
     if program is not None:
-      return program
-    if key not in _seen and x.nbytes < COMPILE_AT_ONCE:
-      _seen.add(key)
-      return None
-    program = cache[key] = make(shape, dtype)
-    return program
+      return program(x)
+    program = make(shape, dtype)
+    t0 = time.perf_counter()
+    out = program(x)  # (compiles: jax.jit's first call)
+    _compiles[0] += 1
+    _compiles[1] += time.perf_counter() - t0
+    cache[key] = program
+    _seen.pop(key, None)
+    return out
+
+
+def compile_seconds() -> float:
+  """What a pad or slice program's compile costs: the mean of those timed in
+  this process (`COMPILE` until one is)."""
+  count, seconds = _compiles
+  return seconds / count if count else COMPILE
 
 
 def _pad_program(padded: tuple[int, ...], dtype: Any) -> Callable[[Any], Any]:
@@ -182,3 +214,4 @@ def forget() -> None:
     _slices.clear()
     _seen.clear()
     _origins.clear()
+    _compiles[:] = [0, 0.0]
