@@ -250,8 +250,10 @@ class Plan:
       pad = self.pad_leaf
       for i, padded, dtype, region in pads:
         leaves[i] = pad(leaves[i], padded, dtype, region)
-      # (the host buffers are polyjit's: their upload is an explicit transfer)
-      outs = jc.explicitly(self.program, *leaves, self.logical)
+      # (the host buffers are polyjit's: their upload is an explicit transfer;
+      # a resident plan's leaves are on the device already)
+      outs = (self.program(*leaves, self.logical) if self.resident
+              else jc.explicitly(self.program, *leaves, self.logical))
     else:
       outs = self.program(*args, self.logical)
     return self.map_outputs(outs, self.unpad_leaf) if self.dynamic_outputs else outs
