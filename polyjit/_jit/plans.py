@@ -256,7 +256,8 @@ class Plan:
               else jc.explicitly(self.program, *leaves, self.logical))
     else:
       outs = self.program(*args, self.logical)
-    return self.map_outputs(outs, self.unpad_leaf) if self.dynamic_outputs else outs
+    # (a method: a data-dependent plan's outputs carry sizes and checks to read)
+    return self.unpad_outputs(outs)
 
   def run_plain(self, leaves: Any) -> Any:
     """`run` for leaves that are arrays or scalars (never `pj.Padded`): only
