@@ -233,3 +233,18 @@ def test_a_shape_that_keeps_coming_back_buys_its_programs(accelerator: None,
   out = f(x)
   assert reads == []  # bought: nothing through the host
   np.testing.assert_allclose(np.asarray(out), np.tanh(np.asarray(x)) * 2, rtol=1e-6)
+
+
+def test_a_guard_that_refuses_explicit_transfers_buys_the_programs(
+    accelerator: None, monkeypatch: pytest.MonkeyPatch) -> None:
+  monkeypatch.setattr(resident, "RENT", 1.0)  # (a shape's second call goes through the host)
+  f = pj.jit(lambda x: jnp.tanh(x) * 2.0, polymorphic_shapes=["(n, _)"],
+             buckets=pj.buckets.PowersOfTwo())
+  ref = jax.jit(f.fun)
+  for n in (8, 30, 20, 20, 20, 20):  # programs, plans and sizes on the device, before the guard
+    f(_on_device(n))
+  x = _on_device(20)
+  with jax.transfer_guard("disallow_explicit"):  # the round trip is refused: bought now
+    out = f(x)
+  assert ((20, 3), (32, 3), np.dtype(np.float32)) in resident._pads
+  np.testing.assert_allclose(np.asarray(out), np.asarray(ref(x)), rtol=1e-6)

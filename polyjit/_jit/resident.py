@@ -21,7 +21,9 @@ same path, which is how CI tests it), a plan (`plans.py`) pads and unpads
   sizes (the seed workload: 8,600 distinct lengths in 20,000 calls) compiles
   no pad programs where compiling one for every shape seen twice would have
   cost thousands of compiles. An array of `COMPILE_AT_ONCE` bytes or more
-  compiles at its first call. `RENT = 0` compiles at a shape's second call.
+  compiles at its first call, and so does any array where the user's
+  `jax.transfer_guard("disallow_explicit")` refuses the round trip. `RENT = 0`
+  compiles at a shape's second call.
 * **Unpadding** (`unpad`): an output with a dynamic dim is the leading corner
   of its padded buffer, cut by a small slice program per (padded shape,
   logical shape, dtype), rented the same way. A zero-copy view is not to be
@@ -131,11 +133,16 @@ def _rented(cache: dict[tuple[Any, ...], Any], key: tuple[Any, ...], x: Any,
   rent = _seen.get(key)
   if x.nbytes < COMPILE_AT_ONCE and (rent is None or rent < RENT * compile_seconds()):
     t0 = time.perf_counter()
-    out = through_host()
-    if len(_seen) > 1 << 16:  # (a long run of new sizes: start the accounts over)
-      _seen.clear()
-    _seen[key] = _seen.get(key, 0.0) + time.perf_counter() - t0
-    return out
+    try:
+      out = through_host()
+    except Exception as e:  # `jax.transfer_guard("disallow_explicit")`: buy it now
+      if not jc.transfer_refused(e):
+        raise
+    else:
+      if len(_seen) > 1 << 16:  # (a long run of new sizes: start the accounts over)
+        _seen.clear()
+      _seen[key] = _seen.get(key, 0.0) + time.perf_counter() - t0
+      return out
   with _lock:
     program = cache.get(key)
     if program is not None:
