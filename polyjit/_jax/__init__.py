@@ -41,6 +41,8 @@ from .core import (
     Tracer as Tracer, max_dim as max_dim, min_dim as min_dim,
     convert_constvars_jaxpr as convert_constvars_jaxpr,
     default_sharding as default_sharding, host_to_device as host_to_device,
+    explicitly as explicitly, explicitly_read as explicitly_read,
+    transfers_guarded as transfers_guarded,
     jit_disabled as jit_disabled,
     is_dropvar as is_dropvar, jaxpr_as_fun as jaxpr_as_fun,
     make_closed_jaxpr as make_closed_jaxpr, promote_dtypes_inexact as promote_dtypes_inexact,
@@ -85,6 +87,7 @@ from .patches import (
     is_zero_tangent as is_zero_tangent, wrap_custom_jvp_rule as wrap_custom_jvp_rule,
     wrap_jvp_rule as wrap_jvp_rule, wrap_transpose_rules as wrap_transpose_rules)
 from .messages import (
+    transfer_refused as transfer_refused,
     BACKEND_COMPILE_EVENT as BACKEND_COMPILE_EVENT, CACHE_HIT_EVENT as CACHE_HIT_EVENT,
     CacheMiss as CacheMiss, cache_miss_loggers as cache_miss_loggers,
     compile_event_function as compile_event_function,

@@ -143,3 +143,14 @@ def inconclusive_comparison(error: BaseException) -> tuple[str, str, str] | None
   """(a, op, b) of the comparison an InconclusiveDimensionOperation names."""
   match = _INCONCLUSIVE.search(str(error))
   return None if match is None else (match.group("a"), match.group("op"), match.group("b"))
+
+
+# --- the transfer guard --------------------------------------------------------
+
+_REFUSED_TRANSFER = re.compile(r"Disallowed (host-to-device|device-to-host|device-to-device) transfer")
+
+
+def transfer_refused(error: BaseException) -> bool:
+  """Whether `error` is JAX's transfer guard refusing a transfer (a user
+  setting, `jax.transfer_guard("disallow")`: never a reason to fall back)."""
+  return _REFUSED_TRANSFER.search(str(error)) is not None

@@ -32,8 +32,10 @@ from jax._src.interpreters import pxla as _pxla
 from jax._src.numpy import util as _np_util
 
 from .core import (InconclusiveDimensionOperation, Tracer, default_sharding, host_to_device,
+                   transfers_guarded,
                    is_dropvar, max_dim, replay_unsafe_effects, shaped, subjaxprs_in_params)
-from .messages import inconclusive_comparison, needs_concrete_size, trace_refusal_unchecked
+from .messages import (inconclusive_comparison, needs_concrete_size, trace_refusal_unchecked,
+                       transfer_refused)
 from .primitives import bind_params, primitive
 from .registry import (AD, CALL, DECISIONS, DIMS, INLINE, JAXPRS, PROGRAMS, REFUSALS, SIZES,
                        SOURCE, SWAPS, TEXTS, internal)
@@ -305,9 +307,14 @@ def _all_eqns(jaxpr: Any) -> list[Any]:
 # --- the call path (reads) ---------------------------------------------------------
 
 @internal("array.ArrayImpl, pxla.batched_device_put(aval, sharding, xs, devices, committed), "
-          "config.trace_context", CALL, "read",
+          "config.trace_context, guard_lib.thread_local_state().explicit_device_put/get, "
+          "config.transfer_guard_host_to_device, the guard's text \"Disallowed host-to-device transfer\"",
+          CALL, "read",
           "the exact type of device arrays; a fast host-to-device copy; pj.jit keys "
-          "structures and hot plans by what jax.jit keys on (x64, dtype promotion, ...)")
+          "structures and hot plans by what jax.jit keys on (x64, dtype promotion, ...); "
+          "polyjit's own transfers are explicit, as jax.device_put's, so its calls run "
+          "under jax.transfer_guard('disallow')",
+          versions="0.10.2, main (cec06d1); the transfer guard's flag: 0.9.2 to main")
 def _call_path() -> None:
   assert issubclass(_ArrayImpl, jax.Array)
   outside = _config.trace_context()
@@ -318,6 +325,20 @@ def _call_path() -> None:
   host = np.arange(3, dtype=np.int32)
   out = host_to_device(host, jax.sharding.SingleDeviceSharding(jax.devices()[0]))
   assert type(out) is _ArrayImpl and np.array_equal(np.asarray(out), host)
+  # An explicit transfer passes a guard that refuses implicit ones, which it sees.
+  # (no compile: a probe must not show up in the user's compile counts)
+  sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  with jax.transfer_guard("disallow"):
+    assert transfers_guarded()
+    host_to_device(host, sharding)
+    try:
+      _pxla.batched_device_put(shaped(host.shape, host.dtype), sharding, [host],
+                               list(sharding.device_set), False)
+    except Exception as e:  # (jaxlib's JaxRuntimeError: its class moved between versions)
+      assert transfer_refused(e), str(e)
+    else:
+      raise AssertionError("an implicit transfer passed jax.transfer_guard('disallow')")
+  assert not transfers_guarded()
 
 
 # --- spellings swapped during traces -----------------------------------------------

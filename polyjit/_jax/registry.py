@@ -17,6 +17,7 @@ half-working patch. This module imports nothing (the probes live in
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 from typing import Callable
@@ -104,7 +105,8 @@ def check(rows: list[Internal]) -> None:
         continue
       _running.add(row.name)
       try:
-        row.probe()
+        with _tested_settings():
+          row.probe()
       except Exception as e:
         failures.append((row, e))
         continue
@@ -114,6 +116,21 @@ def check(rows: list[Internal]) -> None:
     if failures:
       row, cause = failures[0]
       raise _error(row, cause) from cause
+
+
+@contextlib.contextmanager
+def _tested_settings():  # type: ignore[no-untyped-def]
+  """The settings the probes are written for, whatever the user's are: no
+  transfer guard, no default device, no x64. A probe checks that JAX has an
+  internal and behaves as assumed; a user's setting (`jax.transfer_guard
+  ("disallow")` refusing a probe's tiny transfer, say) must not read as a JAX
+  that changed (a `JaxBoundaryError`, and the feature turned off)."""
+  with contextlib.ExitStack() as stack:
+    stack.enter_context(jax.transfer_guard("allow"))
+    stack.enter_context(jax.default_device(None))
+    if jax.config.jax_enable_x64:  # type: ignore[attr-defined, unused-ignore]
+      stack.enter_context(jax.enable_x64(False))
+    yield
 
 
 def require(feature: str) -> None:

@@ -7,10 +7,16 @@ A call goes through these steps, all on the host:
    it, the *plan* for these exact shapes; a plan knows the padded shape of
    every argument, the logical sizes, the compiled program and how to unpad
    the outputs, so a repeated shape costs a dict lookup;
-3. pad the arguments to the bucket (on the host, `_masking/padding.py`; on a
+3. pad the arguments to the bucket (on the host, `_masking/padding.py`; on
+   the accelerator path, `jax.Array`s on their device, `resident.py`; on a
    mesh shard by shard, `_sharding/placement.py`: one path, whose one-device
    case has no shardings), run the program with the logical sizes as runtime
-   values, slice outputs with dynamic dims back to their logical shapes.
+   values, slice outputs with dynamic dims back to their logical shapes (on
+   the accelerator path on the device, keeping the padded buffer for a
+   chained `pj.jit` call).
+
+polyjit's own transfers (size scalars, host buffers) are explicit, as
+`jax.device_put`'s, so calls run under `jax.transfer_guard("disallow")`.
 
 Everything is keyed, as `jax.jit` keys its caches, by the trace context too
 (`jc.trace_context()`: `jax_enable_x64`, dtype promotion, matmul precision,
@@ -24,7 +30,8 @@ pads only the leaves that need it (into an aligned host buffer XLA:CPU uses
 in place: `_masking/padding.py`), passes logical sizes already on the device
 (a resized plan's after its first few calls: `Plan.host_call`), and returns
 outputs without dynamic dims as the program made them (nothing blocks the
-host). Only outputs with dynamic dims are sliced, on the host.
+host). Only outputs with dynamic dims are sliced (on the host; on the
+accelerator path on the device: `resident.py`).
 A signature not seen before, of a structure seen before (same types and
 ranks, `rank_signature`), whose sizes fall in a compiled bucket with a
 template, takes that bucket's plan resized (`Plan.resized`): new padding
@@ -211,12 +218,7 @@ class JitFunction:
       if calls is not None:
         plan = calls.hot.get(key)
         if plan is not None and plan.current:
-          self.stats.record_call(plan.bucket, plan.waste, plan.fallback)
-          if plan.borrow is not None:  # in a larger bucket than its own: pay for it
-            plan.pay()
-          if plan.host_calls:  # a resized plan: its sizes go on the device after a few calls
-            plan.host_call()
-          return plan.unpad_outputs(plan.run_plain(args))
+          return plan.call(args, self.stats)  # (the hot call: everything in one method)
         if key is not None:  # a never-seen size in a compiled bucket: the bucket's plan, resized
           plan = self._resized_plan(calls, key)
           if plan is not None:

@@ -24,6 +24,7 @@ else, and every backend but CPU, runs as JAX runs it.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import jax
@@ -33,6 +34,39 @@ from .. import _jax as jc
 
 INLINE_FLOPS = 1e7   # XLA's cost analysis of a program run inline, at most
 INLINE_BYTES = 1e7   # bytes it accesses, at most
+#: Arguments whose copy on the synchronous client is kept (`crossed`), and
+#: the largest one kept.
+CROSSED = 32
+CROSSED_BYTES = 1 << 20
+
+# id(default-client array) -> (a weak reference to it, its copy on polyjit's client)
+_crossed: dict[int, tuple[weakref.ref[Any], Any]] = {}
+
+
+def crossed(a: Any) -> Any:
+  """`a` (a default-client `jax.Array`) on polyjit's synchronous client. An
+  argument passed again unchanged (a model's data, a fixed parameter: arrays
+  are immutable) crosses once: its copy is kept while it lives, for the last
+  `CROSSED` arguments of at most `CROSSED_BYTES` (a crossing costs about as
+  much as the program of a small call)."""
+  entry = _crossed.get(id(a))
+  if entry is not None and entry[0]() is a and not a.is_deleted():  # type: ignore[union-attr, unused-ignore]
+    return entry[1]
+  moved = jc.to_inline(a)
+  if a.nbytes <= CROSSED_BYTES:
+    key = id(a)
+
+    def drop(ref: weakref.ref[Any]) -> None:
+      kept = _crossed.get(key)
+      if kept is not None and kept[0] is ref:
+        _crossed.pop(key, None)
+    _crossed[key] = (weakref.ref(a, drop), moved)
+    if len(_crossed) > CROSSED:
+      try:
+        del _crossed[next(iter(_crossed))]
+      except (KeyError, StopIteration, RuntimeError):  # (another thread got there)
+        pass
+  return moved
 
 
 class InlineProgram:
@@ -48,12 +82,16 @@ class InlineProgram:
     self.single = jax.tree_util.treedef_is_leaf(program.out_tree)
 
   def __call__(self, *args: Any) -> Any:
+    # (the crossings between the clients are polyjit's own transfers: explicit)
+    return jc.explicitly(self._call, *args)
+
+  def _call(self, *args: Any) -> Any:
     moved: list[Any] | None = None
     for i, a in enumerate(args):  # (the size tuple, last, is on this client already)
       if type(a) is jc.ARRAY_TYPE:
         if moved is None:
           moved = list(args)
-        moved[i] = jc.to_inline(a)
+        moved[i] = crossed(a)
     outs = self.program(*(args if moved is None else moved))
     # Uncommitted, as the program on the default client gives them (it was
     # lowered for uncommitted arguments).

@@ -176,6 +176,8 @@ class Planner:
     try:
       return masked(why("bucket"))
     except Exception as e:
+      if jc.transfer_refused(e):  # the user's transfer guard: as jax.jit raises it
+        raise
       if (getattr(e, "one_side", False) and self._fallback != "error"
           and (struct.tracker is not None or self._specs_may_fall_back)):
         # `fun` fails traced on this side of a size comparison (`lax.top_k(x, 3)`

@@ -34,6 +34,7 @@ from .inline import size_sharding
 from .templates import Template
 from .._masking.mask import Masked
 from .._masking.padding import pad_into
+from . import resident as _resident
 from .._buckets.cost_aware import REPEATS, Account, Borrow, Rental
 from .._sharding import placement as _placement
 
@@ -94,7 +95,7 @@ class Plan:
   __slots__ = ("key", "program", "dtypes", "logical", "out_shapes", "waste",
                "provisional", "fallback", "bucket", "pads", "dynamic_outputs", "live",
                "borrow", "padded_out", "shardings", "unpad_leaf", "loose", "calls",
-               "host_calls")
+               "host_calls", "resident", "pad_leaf")
 
   def __init__(self, key: ProgramKey, program: Any, dtypes: Any, logical: Any,
                out_shapes: Any, waste: float, provisional: Any = None,
@@ -132,7 +133,12 @@ class Plan:
     self.calls = 0
     self.host_calls = 0                 # (a resized plan's: `host_call`)
     self.shardings = key.structure.shardings  # per leaf on a mesh; None: one device
-    self.unpad_leaf = _placement.unpad_for(self.shardings)  # keeps shardings on a mesh
+    # One device on the accelerator path: `jax.Array`s are padded and unpadded
+    # on their device (`resident.py`); else on the host, or shard by shard.
+    self.resident = self.shardings is None and _resident.accelerator_path()
+    self.unpad_leaf = (_resident.unpad if self.resident
+                       else _placement.unpad_for(self.shardings))  # keeps shardings on a mesh
+    self.pad_leaf = _resident.pad if self.resident else pad_into
 
   @property
   def padded_shapes(self) -> Shapes:
@@ -151,6 +157,7 @@ class Plan:
     new.key, new.program, new.dtypes = self.key, self.program, self.dtypes
     new.fallback, new.bucket, new.padded_out = self.fallback, self.bucket, self.padded_out
     new.shardings, new.unpad_leaf = self.shardings, self.unpad_leaf
+    new.resident, new.pad_leaf = self.resident, self.pad_leaf
     new.logical = logical
     new.out_shapes = out_shapes
     new.pads = pads
@@ -160,6 +167,9 @@ class Plan:
     new.borrow = new.provisional = new.loose = None
     new.calls = 0
     new.host_calls = HOST_CALLS
+    if jc.transfers_guarded():  # (host scalars would be implicit transfers: on the device now)
+      new.host_calls = 1
+      new.host_call()
     return new
 
   def host_call(self) -> None:
@@ -208,16 +218,57 @@ class Plan:
     """The padded outputs: pads the leaves (on the host, or shard by shard on
     a mesh) and runs the program. Leaves may be `pj.Padded`, device or host
     arrays, or scalars."""
-    return _placement.run(self.program, leaves, self.padded_shapes, self.dtypes, self.logical,
-                          self.shardings)
+    if self.resident:
+      ins = [x if type(x) is jc.ARRAY_TYPE and x.shape == p and x.dtype == d
+             else _resident.pad(x, p, d)
+             for x, p, d in zip(leaves, self.padded_shapes, self.dtypes, strict=True)]
+      return jc.explicitly(self.program, *ins, self.logical)
+    return jc.explicitly(_placement.run, self.program, leaves, self.padded_shapes, self.dtypes,
+                         self.logical, self.shardings)
+
+  def call(self, args: Any, stats: Any) -> Any:
+    """A hot call (`pj.jit`'s hot path, whole): counts it in `stats`, pays a
+    borrowed bucket, pads the leaves that need it, runs the program and
+    slices dynamic outputs. One method, read once per call: the attribute
+    reads and calls of `record_call`, `pay`, `run_plain` and `unpad_outputs`
+    in one frame."""
+    stats.calls += 1
+    bucket = self.bucket
+    if bucket is not None:
+      stats.bucket_hits[bucket] += 1
+      stats.waste_sum += self.waste
+      stats.waste_calls += 1
+      if self.borrow is not None:  # in a larger bucket than its own: pay for it
+        self.pay()
+    if self.fallback:
+      stats.fallback_calls += 1
+    if self.host_calls:  # a resized plan: its sizes go on the device after a few calls
+      self.host_call()
+    pads = self.pads
+    if pads:
+      leaves = list(args)
+      pad = self.pad_leaf
+      for i, padded, dtype, region in pads:
+        leaves[i] = pad(leaves[i], padded, dtype, region)
+      # (the host buffers are polyjit's: their upload is an explicit transfer;
+      # a resident plan's leaves are on the device already)
+      outs = (self.program(*leaves, self.logical) if self.resident
+              else jc.explicitly(self.program, *leaves, self.logical))
+    else:
+      outs = self.program(*args, self.logical)
+    # (a method: a data-dependent plan's outputs carry sizes and checks to read)
+    return self.unpad_outputs(outs)
 
   def run_plain(self, leaves: Any) -> Any:
     """`run` for leaves that are arrays or scalars (never `pj.Padded`): only
     the leaves this plan pads are touched."""
     if self.pads:
       leaves = list(leaves)
+      pad = self.pad_leaf
       for i, padded, dtype, region in self.pads:
-        leaves[i] = pad_into(leaves[i], padded, dtype, region)
+        leaves[i] = pad(leaves[i], padded, dtype, region)
+      # (the host buffers are polyjit's: their upload is an explicit transfer)
+      return jc.explicitly(self.program, *leaves, self.logical)
     return self.program(*leaves, self.logical)
 
   def unpad_outputs(self, outs: Any) -> Any:

@@ -189,8 +189,9 @@ class Stats:
     # bucket key -> calls
     self.bucket_hits: collections.Counter[tuple[Any, ...]] = collections.Counter()
     self.dims: dict[str, DimRecord] = {}
-    self._waste_sum = 0.0
-    self._waste_calls = 0
+    self.waste_sum = 0.0     # (bucketed calls: their padding fractions summed, and counted;
+                             # `Plan.call` adds to them on the hot path)
+    self.waste_calls = 0
 
   @property
   def compiles(self) -> int:
@@ -203,7 +204,7 @@ class Stats:
   @property
   def padding_waste(self) -> float:
     """The mean fraction of a bucketed call's argument elements that were padding."""
-    return self._waste_sum / self._waste_calls if self._waste_calls else 0.0
+    return self.waste_sum / self.waste_calls if self.waste_calls else 0.0
 
   def record_call(self, bucket: tuple[Any, ...] | None, waste: float, fallback: bool) -> None:
     """A call ran in `bucket` (None: at exact shapes) with `waste` of padding."""
@@ -212,8 +213,8 @@ class Stats:
       self.fallback_calls += 1
     if bucket is not None:
       self.bucket_hits[bucket] += 1
-      self._waste_sum += waste
-      self._waste_calls += 1
+      self.waste_sum += waste
+      self.waste_calls += 1
 
   def record_compile(self, key: ProgramKey, cause: Cause, log: CompileLog, *,
                      program_name: str, wall_seconds: float) -> None:

@@ -21,11 +21,12 @@ its own on every call: on the test machine 25 us against 12 us a call for a
 128 KiB bucket, 150 us against 60 us at 1 MiB. XLA:CPU runs with denormals
 flushed, so garbage costs no slow arithmetic either.
 
-On a CPU the host *is* the device and this costs a copy. On a GPU it is a
-device-to-host round trip for device-resident arguments of a new shape and
-for outputs with dynamic dims. To chain calls without it, `f.call_padded`
-returns `pj.Padded` values (the padded buffer plus its logical shape), which
-another `pj.jit` function takes as they are when they fit its bucket.
+On a CPU the host *is* the device and this costs a copy. On the accelerator
+path (a GPU or TPU, or `POLYJIT_INLINE_CPU=0`) `jax.Array`s are padded and
+sliced on their device instead (`_jit/resident.py`); what comes here there
+is NumPy data, and a shape's first call. `f.call_padded` returns `pj.Padded`
+values (the padded buffer plus its logical shape), which another `pj.jit`
+function takes as they are when they fit its bucket.
 """
 
 from __future__ import annotations
