@@ -58,7 +58,8 @@ from jax import lax
 
 from .. import _jax as jc
 from .._masking import dims as _dims, native as _native
-from .._masking.core import MaskEnv, RuleContext, eqn_is_symbolic, masking_rules
+from .._masking.core import (MaskEnv, RuleContext, _no_rule_error, eqn_is_symbolic,
+                             masking_rules)
 from .._masking.errors import MaskingError
 from .._masking.rules.elementwise import ELEMENTWISE
 
@@ -116,6 +117,8 @@ class Layout:
     return self.lengths if self.is_base(d) else jnp.maximum(self.value(d), 0)
 
   def padded(self, d: Any) -> int:
+    if self.is_base(d):
+      return self.row_length
     return int(_dims.evaluate_dim(d, {self.name: self.row_length}))
 
   def fits(self, d: Any) -> bool:
@@ -245,6 +248,8 @@ def _eval_eqn(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     return rule(eqn, invals, layout)
   if name in _RELAYOUT:
     return _relayout(eqn, invals, layout)
+  if masking_rules.get(eqn.primitive) is None:   # unpacked it is refused too: say so now
+    raise _no_rule_error(eqn)
   if any(jc.is_symbolic_dim(d) for v in eqn.invars for d in getattr(v.aval, "shape", ())):
     why = "it has no packed rule and mixes positions along the example's axis"
   else:
@@ -484,6 +489,16 @@ def _dot_general(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   return _relayout(eqn, invals, layout)
 
 
+def _gather(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
+  operand, indices = invals
+  out_axis = _token_axis(eqn.outvars[0].aval, eqn)
+  if operand.kind == SHARED and indices.kind == TOKEN and out_axis is not None:
+    # a lookup per token (an embedding): straight; the tail looked up index 0
+    out, = _bind(eqn, [operand.val, indices.val], layout)
+    return [V(TOKEN, layout.select(out, out_axis, indices.dim), out_axis, indices.dim)]
+  return _relayout(eqn, invals, layout)
+
+
 def _call(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   closed = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
   if not hasattr(closed, "consts"):
@@ -603,7 +618,7 @@ _RULES.update({
     "one_minus_square": _elementwise, "polynomial": _elementwise,
     "broadcast_in_dim": _broadcast_in_dim, "iota": _iota, "dim_as_value": _dim_as_value,
     "transpose": _transpose, "squeeze": _squeeze, "reshape": _reshape, "slice": _slice,
-    "dot_general": _dot_general, "jit": _call, "closed_call": _call, "eval_jaxpr": _call,
+    "dot_general": _dot_general, "gather": _gather, "jit": _call, "closed_call": _call, "eval_jaxpr": _call,
     "call": _call, "custom_jvp_call": _custom_jvp_call, "custom_vjp_call": _custom_vjp,
     **{name: _reduce for name in _SEGMENT},
 })
