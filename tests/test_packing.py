@@ -184,6 +184,12 @@ THROUGH_MASKING_RULES = {
     "reverse": lambda w, x: x[::-1] * jnp.arange(x.shape[0])[:, None],
     "contract_ragged_axis": lambda w, x: x.T @ (x @ w),
     "sort": lambda w, x: jnp.sort(x @ w, axis=0),
+    # scores (n, n) stay one padded row per example; the rest runs packed
+    "attention": lambda w, x: jax.nn.softmax((x @ w) @ (x @ w).T / 2, axis=-1) @ x,
+    "causal_attention": lambda w, x: jax.nn.softmax(
+        jnp.where(jnp.tril(jnp.ones((x.shape[0],) * 2)) > 0, (x @ w) @ (x @ w).T, -1e9),
+        axis=-1) @ x + _positions(x.shape[0])[:, :3],
+    "pairwise_output": lambda w, x: jnp.sum(jnp.abs(x[:, None, :] - x[None, :, :]) @ w, axis=1),
 }
 
 
@@ -264,7 +270,6 @@ _clip_gradient.defvjp(lambda x: (x, None), lambda _, g: (jnp.clip(g, -0.1, 0.1),
 
 UNPACKED = {
     "scan_over_tokens": _scan,
-    "attention_scores": lambda w, x: jax.nn.softmax((x @ w) @ (x @ w).T, axis=-1) @ x,
     "custom_vjp": lambda w, x: jnp.sum(_clip_gradient(x @ w)),
 }
 

@@ -63,7 +63,7 @@ from .._masking.core import (MaskEnv, RuleContext, _no_rule_error, eqn_is_symbol
 from .._masking.errors import MaskingError
 from .._masking.rules.elementwise import ELEMENTWISE
 
-TOKEN, EXAMPLE, SHARED = "token", "example", "shared"
+TOKEN, EXAMPLE, SHARED, UNPACKED = "token", "example", "shared", "unpacked"
 
 
 class Unpackable(Exception):
@@ -187,6 +187,10 @@ def _token_axis(aval: Any, eqn: Any) -> int | None:
   return axes[0] if axes else None
 
 
+def _n_axes(aval: Any) -> int:
+  return sum(jc.is_symbolic_dim(d) for d in getattr(aval, "shape", ()))
+
+
 def _token_shape(aval: Any, layout: Layout) -> tuple[int, ...]:
   return tuple(layout.tokens if jc.is_symbolic_dim(d) else int(d) for d in aval.shape)
 
@@ -243,6 +247,9 @@ def _eval_eqn(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
         *[v.val for v in invals])
     return [V(EXAMPLE, o) for o in outs]
   name = eqn.primitive.name
+  if name not in _CALLS and (any(v.kind == UNPACKED for v in invals) or any(
+      _n_axes(o.aval) > 1 for o in eqn.outvars)):
+    return _relayout(eqn, invals, layout)   # pairs of tokens: one padded row per example
   rule = _RULES.get(name)
   if rule is not None:
     return rule(eqn, invals, layout)
@@ -558,6 +565,8 @@ def _as_kind(v: V, like: V, layout: Layout) -> V:
   """`v` in `like`'s kind (a tangent the rule computed in a narrower one)."""
   if v.kind == like.kind:
     return v
+  if UNPACKED in (v.kind, like.kind):
+    raise Unpackable(None, "a custom derivative rule on values with two axes along the example")
   target = like.val.shape
   if like.kind == EXAMPLE:
     val = jnp.broadcast_to(v.val, target)
@@ -572,17 +581,30 @@ def _as_kind(v: V, like: V, layout: Layout) -> V:
 # --- through the masking rules ----------------------------------------------------
 
 #: Ops that mix positions along the example's axis, evaluated one example per
-#: padded row with their masking rule: linear or order based, so that JAX's
+#: padded row with their masking rule: linear or order based (or selects and
+#: elementwise ops, run with the double select below), so that JAX's
 #: derivative of the rule, on zeros past each example, is the exact one.
 _RELAYOUT = frozenset({
     "cumsum", "cummax", "cummin", "cumprod", "cumlogsumexp", "rev", "slice", "pad",
     "concatenate", "dynamic_slice", "dynamic_update_slice", "gather", "dot_general",
     "reduce_prod", "reduce_and", "reduce_or", "reduce_xor", "sort", "split",
     "conv_general_dilated", "reduce_window_sum", "select_and_gather_add",
+    "reduce_sum", "reduce_max", "reduce_min", "argmax", "argmin", "broadcast_in_dim",
+    "iota", "transpose", "squeeze", "reshape", "dim_as_value", "one_minus_square",
+    "polynomial", *ELEMENTWISE,
 })
+_ELEMENTWISE = frozenset({*ELEMENTWISE, "one_minus_square", "polynomial"})
+_CALLS = frozenset({"jit", "closed_call", "eval_jaxpr", "call", "custom_jvp_call",
+                    "custom_vjp_call"})
 
 
 def _relayout(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
+  """`eqn` run by its masking rule, one padded row per example (`jax.vmap`ped
+  over the examples with each one's length). Values with two axes along the
+  example (attention scores) stay in that form (UNPACKED, zeros past the
+  example); the others go back to the packed layout. Every result's padding
+  is selected to zero, and an elementwise op selects its operands too, so a
+  NaN derivative in the padding reaches nothing."""
   rule = masking_rules.get(eqn.primitive)
   if rule is None or eqn.primitive.name not in _RELAYOUT:
     raise Unpackable(eqn, "it has no packed rule")
@@ -591,21 +613,30 @@ def _relayout(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     if v.kind == TOKEN:
       vals.append(layout.unpack(v.val, v.axis, v.dim)); axes.append(0)
     else:
-      vals.append(v.val); axes.append(0 if v.kind == EXAMPLE else None)
-  out_axes = [_token_axis(o.aval, eqn) for o in eqn.outvars]
+      vals.append(v.val); axes.append(None if v.kind == SHARED else 0)
+  out_axes = [_token_axis(o.aval, eqn) if _n_axes(o.aval) == 1 else None
+              for o in eqn.outvars]
   for o, a in zip(eqn.outvars, out_axes, strict=True):
     if a is not None and not layout.fits(o.aval.shape[a]):
       raise Unpackable(eqn, f"its result {o.aval.str_short()} is longer than the example "
                        "and does not fit in its slot of the row")
+  elementwise = eqn.primitive.name in _ELEMENTWISE
 
   def one(n: Any, *xs: Any) -> list[Any]:
     env = MaskEnv((layout.name,), {layout.name: layout.row_length}, [n])
-    return rule(RuleContext(env, eqn), *xs, **eqn.params)
+    ctx = RuleContext(env, eqn)
+    if elementwise:
+      xs = tuple(ctx.fill_padding(x, aval, 0) if _inexact(x) else x
+                 for x, aval in zip(xs, ctx.in_avals, strict=True))
+    outs = rule(ctx, *xs, **eqn.params)
+    return [ctx.fill_padding(o, aval, 0) for o, aval in zip(outs, ctx.out_avals, strict=True)]
 
   outs = jax.vmap(one, in_axes=(0, *axes))(layout.lengths, *vals)
   result = []
   for o, a, y in zip(eqn.outvars, out_axes, outs, strict=True):
-    if a is None:
+    if _n_axes(o.aval) > 1:
+      result.append(V(UNPACKED, y))
+    elif a is None:
       result.append(V(EXAMPLE, y))
     else:
       d = o.aval.shape[a]

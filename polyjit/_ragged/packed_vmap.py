@@ -26,7 +26,7 @@ import numpy as np
 from .._masking.errors import PerformanceWarning, warn_user_code
 from .._masking.mask import Masked
 from .arguments import example_struct, leaf_axes
-from .packed_eval import EXAMPLE, SHARED, TOKEN, Layout, Unpackable, V, eval_packed
+from .packed_eval import EXAMPLE, SHARED, TOKEN, UNPACKED, Layout, Unpackable, V, eval_packed
 from .packing import PackedRagged, is_packed
 from .ragged import Ragged
 
@@ -126,6 +126,8 @@ class PackedRunner:
       return o.val
     if o.kind == SHARED:
       return jnp.broadcast_to(o.val, (layout.examples, *jnp.shape(o.val)))
+    if o.kind == UNPACKED:   # several axes along the example: a pj.Ragged of them
+      raise Unpackable(None, "an output with several axes along the example")
     if o.axis != 0:
       raise Unpackable(None, "an output whose length-dependent axis is not its first")
     valid = layout.valid(o.dim)
