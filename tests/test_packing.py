@@ -189,6 +189,9 @@ THROUGH_MASKING_RULES = {
     "causal_attention": lambda w, x: jax.nn.softmax(
         jnp.where(jnp.tril(jnp.ones((x.shape[0],) * 2)) > 0, (x @ w) @ (x @ w).T, -1e9),
         axis=-1) @ x + _positions(x.shape[0])[:, :3],
+    # pairs of shifted tokens (sizes n - 1): one padded row per example
+    "shifted_scores": lambda w, x: jax.nn.softmax((x[1:] @ w) @ (x[:-1] @ w).T, axis=-1)
+    @ x[1:],
     "pairwise_output": lambda w, x: jnp.sum(jnp.abs(x[:, None, :] - x[None, :, :]) @ w, axis=1),
 }
 

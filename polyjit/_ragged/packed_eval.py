@@ -63,7 +63,16 @@ from .._masking.core import (MaskEnv, RuleContext, _no_rule_error, eqn_is_symbol
 from .._masking.errors import MaskingError
 from .._masking.rules.elementwise import ELEMENTWISE
 
-TOKEN, EXAMPLE, SHARED, UNPACKED = "token", "example", "shared", "unpacked"
+TOKEN, EXAMPLE, SHARED, UNPACKED, PAIR = "token", "example", "shared", "unpacked", "pair"
+
+#: Rules for values with two axes along the example held per row
+#: (`packed_pairs.py` fills it: it builds on this module).
+_PAIR_RULES: dict[str, Any] = {}
+
+
+class NoPairRule(Exception):
+  """No per-row pair rule for this equation (its values with two axes along
+  the example then go one padded row per example)."""
 
 
 class Unpackable(Exception):
@@ -82,6 +91,7 @@ class V:
   val: Any
   axis: int = -1        # TOKEN: the axis that holds the tokens
   dim: Any = None       # TOKEN: the symbolic size of that axis
+  axis2: int = -1       # PAIR: the axis that holds the tokens of each token's row
 
 
 class Layout:
@@ -247,9 +257,21 @@ def _eval_eqn(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
         *[v.val for v in invals])
     return [V(EXAMPLE, o) for o in outs]
   name = eqn.primitive.name
-  if name not in _CALLS and (any(v.kind == UNPACKED for v in invals) or any(
-      _n_axes(o.aval) > 1 for o in eqn.outvars)):
-    return _relayout(eqn, invals, layout)   # pairs of tokens: one padded row per example
+  if name not in _CALLS:
+    pairs_in = any(v.kind == PAIR for v in invals)
+    if pairs_in or any(_n_axes(o.aval) > 1 for o in eqn.outvars):
+      pair_rule = _PAIR_RULES.get(name)
+      if pair_rule is not None and not any(v.kind == UNPACKED for v in invals):
+        try:
+          return pair_rule(eqn, invals, layout)       # per row, block-diagonal
+        except NoPairRule:
+          pass
+      if pairs_in:
+        raise Unpackable(eqn, "an op on pairs of tokens (attention scores) that has no "
+                         "packed rule")
+      return _relayout(eqn, invals, layout)   # one padded row per example
+    if any(v.kind == UNPACKED for v in invals):
+      return _relayout(eqn, invals, layout)
   rule = _RULES.get(name)
   if rule is not None:
     return rule(eqn, invals, layout)
@@ -528,18 +550,19 @@ def _custom_jvp_call(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   n_out = len(eqn.outvars)
   n_lay = len(layout.arrays)
   diff_in = [i for i, v in enumerate(eqn.invars[n_consts:]) if _native.inexact(v.aval)]
-  shapes = [(v.kind, v.axis, v.dim) for v in invals]
-  kinds: list[tuple[str, int, Any]] = []
+  shapes = [(v.kind, v.axis, v.dim, v.axis2) for v in invals]
+  kinds: list[tuple[str, int, Any, int]] = []
 
   def rebuild(arrays: Sequence[Any]) -> tuple[Layout, list[V]]:
     inner = Layout(layout.name, arrays[:n_lay], layout.rows, layout.row_length)
-    return inner, [V(k, x, a, d) for (k, a, d), x in zip(shapes, arrays[n_lay:], strict=True)]
+    return inner, [V(k, x, a, d, a2)
+                   for (k, a, d, a2), x in zip(shapes, arrays[n_lay:], strict=True)]
 
   @jax.custom_jvp
   def packed(*arrays: Any) -> list[Any]:
     inner, vs = rebuild(arrays)
     outs = eval_packed(call_jaxpr.jaxpr, call_jaxpr.consts, vs, inner)
-    kinds[:] = [(o.kind, o.axis, o.dim) for o in outs]
+    kinds[:] = [(o.kind, o.axis, o.dim, o.axis2) for o in outs]
     return [o.val for o in outs]
 
   def packed_jvp(primals: Any, tangents: Any) -> tuple[list[Any], list[Any]]:
@@ -547,6 +570,8 @@ def _custom_jvp_call(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     ts = []
     for i in diff_in:
       v, t = vs[n_consts + i], tangents[n_lay + n_consts + i]
+      if v.kind in (PAIR, UNPACKED):
+        raise Unpackable(eqn, "a custom derivative rule on pairs of tokens")
       ts.append(V(v.kind, inner.select(t, v.axis, v.dim) if v.kind == TOKEN else t,
                   v.axis, v.dim))
     both = eval_packed(rule.jaxpr, rule.consts, [*vs[n_consts:], *ts], inner)
@@ -558,14 +583,14 @@ def _custom_jvp_call(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
 
   packed.defjvp(packed_jvp)
   vals = packed(*layout.arrays, *[v.val for v in invals])
-  return [V(k, x, a, d) for (k, a, d), x in zip(kinds, vals, strict=True)]
+  return [V(k, x, a, d, a2) for (k, a, d, a2), x in zip(kinds, vals, strict=True)]
 
 
 def _as_kind(v: V, like: V, layout: Layout) -> V:
   """`v` in `like`'s kind (a tangent the rule computed in a narrower one)."""
   if v.kind == like.kind:
     return v
-  if UNPACKED in (v.kind, like.kind):
+  if {v.kind, like.kind} & {UNPACKED, PAIR}:
     raise Unpackable(None, "a custom derivative rule on values with two axes along the example")
   target = like.val.shape
   if like.kind == EXAMPLE:
@@ -610,6 +635,8 @@ def _relayout(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     raise Unpackable(eqn, "it has no packed rule")
   vals, axes = [], []
   for v in invals:
+    if v.kind == PAIR:
+      raise Unpackable(eqn, "an op on pairs of tokens (attention scores) with no packed rule")
     if v.kind == TOKEN:
       vals.append(layout.unpack(v.val, v.axis, v.dim)); axes.append(0)
     else:

@@ -26,7 +26,8 @@ import numpy as np
 from .._masking.errors import PerformanceWarning, warn_user_code
 from .._masking.mask import Masked
 from .arguments import example_struct, leaf_axes
-from .packed_eval import EXAMPLE, SHARED, TOKEN, UNPACKED, Layout, Unpackable, V, eval_packed
+from . import packed_pairs  # noqa: F401  (fills the pair rules)
+from .packed_eval import EXAMPLE, PAIR, SHARED, TOKEN, UNPACKED, Layout, Unpackable, V, eval_packed
 from .packing import PackedRagged, is_packed
 from .ragged import Ragged
 
@@ -126,7 +127,7 @@ class PackedRunner:
       return o.val
     if o.kind == SHARED:
       return jnp.broadcast_to(o.val, (layout.examples, *jnp.shape(o.val)))
-    if o.kind == UNPACKED:   # several axes along the example: a pj.Ragged of them
+    if o.kind in (UNPACKED, PAIR):   # several axes along the example
       raise Unpackable(None, "an output with several axes along the example")
     if o.axis != 0:
       raise Unpackable(None, "an output whose length-dependent axis is not its first")
