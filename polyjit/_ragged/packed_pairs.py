@@ -28,8 +28,9 @@ import numpy as np
 from jax import lax
 
 from .._masking.rules.reductions import _extremum
-from .packed_eval import (NoPairRule, PAIR, SHARED, TOKEN, Layout, Unpackable, V, _bind,
-                          _inexact, _KEEPS_ZERO, _n_axes, _PAIR_RULES, _token_shape)
+from .packed_eval import (NoPairRule, PAIR, SHARED, TOKEN, Unpackable, V, _bind, _inexact,
+                          _KEEPS_ZERO, _n_axes, _PAIR_RULES, _token_axis, _token_shape)
+from .packed_layout import Layout
 from .._masking.rules.elementwise import ELEMENTWISE
 
 
@@ -91,9 +92,9 @@ def _dot_general(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   if lhs.kind == TOKEN and rhs.kind == TOKEN and _n_axes(out_aval) == 2:
     if lhs.axis in lc or lhs.axis in lb or rhs.axis in rc or rhs.axis in rb:
       raise NoPairRule()
-    _same_dims(lhs, layout), _same_dims(rhs, layout)
+    _same_dims(lhs, layout)
+    _same_dims(rhs, layout)
     a, b = lhs.axis, rhs.axis
-    shift = lambda axes, at: tuple(x + (1 if x > at else 0) for x in axes)
     l = _split_rows(lhs.val, a, layout)
     r = _split_rows(rhs.val, b, layout)
     dn = ((shift(lc, a), shift(rc, b)), ((a, *shift(lb, a)), (b, *shift(rb, b))))
@@ -119,7 +120,6 @@ def _dot_general(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   if list(pc).index(pair.axis2) != list(tc).index(tok.axis) or tok.axis in tb:
     raise NoPairRule()
   a, b = pair.axis, tok.axis
-  shift = lambda axes, at: tuple(x + (1 if x > at else 0) for x in axes)
   p = _split_rows(pair.val, a, layout)
   t = _split_rows(tok.val, b, layout)
   pc2 = tuple(x + 1 if x == b else x for x in shift(tc, b))   # (the row's tokens: b + 1)
@@ -128,9 +128,15 @@ def _dot_general(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   dn = ((pcs, pc2), (pbs, tbs)) if pair is lhs else ((pc2, pcs), (tbs, pbs))
   args = [p, t] if pair is lhs else [t, p]
   out, = _bind(eqn, args, layout, **dict(eqn.params, dimension_numbers=dn))
-  from .packed_eval import _token_axis
-  axis = _token_axis(eqn.outvars[0].aval, eqn)
-  return [V(TOKEN, _merge_rows(out, axis, layout), axis, pair.dim)]
+  out_axis = _token_axis(eqn.outvars[0].aval, eqn)
+  if out_axis is None:
+    raise NoPairRule()
+  return [V(TOKEN, _merge_rows(out, out_axis, layout), out_axis, pair.dim)]
+
+
+def shift(axes: Any, at: int) -> tuple[int, ...]:
+  """Axes numbers after a new axis is inserted at `at + 1`."""
+  return tuple(x + (1 if x > at else 0) for x in axes)
 
 
 def layout_dim(v: V) -> Any:

@@ -27,7 +27,8 @@ from .._masking.errors import PerformanceWarning, warn_user_code
 from .._masking.mask import Masked
 from .arguments import example_struct, leaf_axes
 from . import packed_pairs  # noqa: F401  (fills the pair rules)
-from .packed_eval import EXAMPLE, PAIR, SHARED, TOKEN, UNPACKED, Layout, Unpackable, V, eval_packed
+from .packed_eval import EXAMPLE, PAIR, SHARED, TOKEN, UNPACKED, Unpackable, V, eval_packed
+from .packed_layout import Layout
 from .packing import PackedRagged, is_packed
 from .ragged import Ragged
 
@@ -94,8 +95,10 @@ class PackedRunner:
               ) -> Any:
     masked = self._masked_for(treedef, tuple(is_packed(x) for x in flat))
     row_length = batch.row_length
-    example = [jax.tree.map(lambda a: jax.ShapeDtypeStruct((row_length, *a.shape[2:]), a.dtype),
-                            x.data) if is_packed(x)
+    def struct(a: Any) -> Any:
+      # jax.ShapeDtypeStruct's constructor carries no annotations (strict only)
+      return jax.ShapeDtypeStruct((row_length, *a.shape[2:]), a.dtype)  # type: ignore[no-untyped-call, unused-ignore]
+    example = [jax.tree.map(struct, x.data) if is_packed(x)
                else example_struct(x, a, None) for x, a in zip(flat, axes, strict=True)]
     example_args = list(treedef.unflatten(example))
     variants = masked.variants(example_args)

@@ -158,7 +158,8 @@ class PackedRagged:
 
   @classmethod
   def tree_unflatten(cls, nonempty: bool, children: Sequence[Any]) -> "PackedRagged":
-    return cls(*children, nonempty=nonempty)
+    data, lengths, starts, segments, positions = children
+    return cls(data, lengths, starts, segments, positions, nonempty=nonempty)
 
   # --- sizes ---------------------------------------------------------------
 
@@ -192,7 +193,8 @@ class PackedRagged:
 
   def valid(self) -> jax.Array:
     """`(rows, row_length)` bool: True on the tokens of examples."""
-    return (self.segments < self.num_examples).reshape(self.rows, self.row_length)
+    valid: jax.Array = (self.segments < self.num_examples).reshape(self.rows, self.row_length)
+    return valid
 
   def to_list(self) -> list[Any]:
     """The examples, unpacked, as NumPy arrays (or pytrees of them), in order."""
@@ -252,7 +254,8 @@ def pack(host: HostExamples, packing: Packing, buckets: _buckets.BucketSpec) -> 
     if column:
       out[flat] = np.concatenate([np.asarray(a, dtype) for a in column], axis=0)
     datas.append(jax.device_put(out.reshape(count, length, *column[0].shape[1:])))
-  put = lambda a: jax.device_put(np.asarray(a, np.int32))
+  def put(a: Any) -> Any:
+    return jax.device_put(np.asarray(a, np.int32))
   return PackedRagged(host.unflatten(datas), put(lengths), put(starts), put(segments),
                       put(positions), nonempty=bool(n == 0 or lengths.min() >= 1))
 
