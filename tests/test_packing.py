@@ -158,6 +158,19 @@ def _positions(n, width=4):
   return jnp.concatenate([jnp.sin(pos * freq), jnp.cos(pos * freq)], -1)
 
 
+def _scan(w, x):
+  def step(c, xt):
+    c = jnp.tanh(c + xt @ w)
+    return c, c
+  final, hs = lax.scan(step, jnp.zeros(4) + jnp.mean(x), x)
+  return final, hs
+
+
+def _reverse_scan(w, x):
+  step = lambda c, xt: (jnp.tanh(c * 0.5 + xt @ w), jnp.log1p(c ** 2))
+  return lax.scan(step, jnp.ones(4), x, reverse=True)[1]
+
+
 # One row per op family the packed layout runs, each written for one example
 # `x` (n, 3) with shared parameters `w` (3, 4).
 PACKED = {
@@ -175,6 +188,9 @@ PACKED = {
     "positions": lambda w, x: (x * jnp.arange(x.shape[0])[:, None], x.shape[0] * jnp.sum(w),
                                (x @ w) + _positions(x.shape[0])),
     "attention_pooling": lambda w, x: jax.nn.softmax(jnp.tanh(x @ w)[:, 0]) @ x,
+    "scan_restarted_per_example": _scan,
+    "bidirectional_scan": lambda w, x: jnp.concatenate(
+        [_scan(w, x)[1], _scan(w, x[::-1])[1][::-1], _reverse_scan(w, x)], axis=1),
 }
 
 # Position-mixing ops that run through their masking rule, one example per row.
@@ -256,14 +272,6 @@ def test_training_step_with_tokens_targets_and_labels():
 
 # --- what runs unpacked, and what is refused -----------------------------------------
 
-def _scan(w, x):
-  def step(c, xt):
-    c = jnp.tanh(c + xt @ w)
-    return c, c
-  final, hs = lax.scan(step, jnp.zeros(4), x)
-  return final, hs
-
-
 @jax.custom_vjp
 def _clip_gradient(x):
   return x
@@ -271,8 +279,12 @@ def _clip_gradient(x):
 
 _clip_gradient.defvjp(lambda x: (x, None), lambda _, g: (jnp.clip(g, -0.1, 0.1),))
 
+def _fori(w, x):
+  return lax.fori_loop(0, x.shape[0], lambda i, c: jnp.tanh(c + x[i] @ w), jnp.zeros(4))
+
+
 UNPACKED = {
-    "scan_over_tokens": _scan,
+    "fori_loop_over_tokens": _fori,
     "custom_vjp": lambda w, x: jnp.sum(_clip_gradient(x @ w)),
 }
 
@@ -289,9 +301,9 @@ def test_the_warning_names_the_op_and_the_line():
   w = jnp.asarray(rng.normal(size=(3, 4)).astype(np.float32))
   packed = pj.Ragged.from_list(_examples(rng), packing=pj.Packing())
   with pytest.warns(pj.PerformanceWarning) as caught:   # (a new function: traced anew)
-    pj.vmap(lambda w, x: _scan(w, x), in_axes=(None, 0))(w, packed)
-  line = inspect.getsourcelines(_scan)[1] + 4
-  assert "'scan'" in str(caught[0].message)
+    pj.vmap(lambda w, x: _fori(w, x), in_axes=(None, 0))(w, packed)
+  line = inspect.getsourcelines(_fori)[1] + 1
+  assert "'scan'" in str(caught[0].message)   # (fori_loop over n is a scan)
   assert f"test_packing.py:{line}" in str(caught[0].message)
 
 
