@@ -30,9 +30,13 @@ operands are gathered into one padded row per example, the masking rule runs
 `jax.vmap`ped over the examples with each example's length, and the result
 is gathered back into the packed layout. Only ops that are linear or order
 based take that path, so JAX's own derivative of the rule is exact there.
-Anything else that touches `n` (a `scan` or `while` over `n`, a value with
-two `n` axes such as attention scores, a `custom_vjp`) raises `Unpackable`,
-and `pj.vmap` runs the call unpacked with a `pj.PerformanceWarning`.
+Values with two axes along the example (attention scores) are held per row
+(PAIR, `packed_pairs.py`), or, where their sizes differ from the example's,
+one padded row per example (UNPACKED). A `lax.scan` over the tokens runs once
+over the positions of all rows, its carry restarted at each example
+(`_scan`). Anything else that touches `n` (a loop whose step reads the whole
+sequence, a `custom_vjp`) raises `Unpackable`, and `pj.vmap` runs the call
+unpacked with a `pj.PerformanceWarning`.
 
 The tail invariant
 ------------------

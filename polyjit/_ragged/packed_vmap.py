@@ -7,8 +7,8 @@ back stacked in the examples' order, per-token outputs as a `PackedRagged` in
 the input's layout, shared-parameter gradients through JAX's own derivative
 of the packed evaluation (exact by the tail invariant there).
 
-When the packed layout cannot run `fun` exactly (`Unpackable`: a scan over
-the tokens, attention scores, a `custom_vjp`, size comparisons that give
+When the packed layout cannot run `fun` exactly (`Unpackable`: a loop whose
+step reads the whole sequence, a `custom_vjp`, size comparisons that give
 `fun` several traces, empty examples), the call runs as `pj.vmap` over the
 padded batch instead (one row per example, `row_length` long), with a
 `pj.PerformanceWarning` that names the op and the user's line: slower,
