@@ -66,7 +66,7 @@ from .._masking.core import (MaskEnv, RuleContext, _no_rule_error, eqn_is_symbol
                              jaxpr_is_symbolic, masking_rules)
 from .._masking.errors import MaskingError
 from .._masking.rules.elementwise import ELEMENTWISE
-from .packed_layout import Layout, segment_arg, segment_extremum
+from .packed_layout import Layout, segment_arg, segment_extremum, segment_reduce
 
 TOKEN, EXAMPLE, SHARED, UNPACKED, PAIR = "token", "example", "shared", "unpacked", "pair"
 
@@ -357,8 +357,10 @@ def _reduce(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   valid = lax.broadcast_in_dim(valid, val.shape, (0,))
   if kind == "sum":
     out = jax.ops.segment_sum(val, layout.segments, layout.examples)
-  elif kind in ("max", "min"):
+  elif kind in ("max", "min") and _inexact(val):
     out = segment_extremum(kind, layout.examples, val, valid, layout.segments)
+  elif kind in ("max", "min"):   # (integers and bools: no derivative)
+    out = segment_reduce(kind, val, layout.segments, layout.examples, valid)
   else:
     out = segment_arg(kind, layout, val, valid, eqn.params["index_dtype"])
   return [V(EXAMPLE, lax.convert_element_type(out, eqn.outvars[0].aval.dtype))]
