@@ -213,6 +213,9 @@ THROUGH_MASKING_RULES = {
 }
 
 
+UNPACKED_FREE = {**PACKED, **THROUGH_MASKING_RULES}
+
+
 @pytest.mark.parametrize("name", sorted(PACKED))
 def test_packed_family_is_exact(name):
   rng = np.random.default_rng(2)
@@ -329,3 +332,29 @@ def test_a_primitive_without_any_rule_is_refused():
     pj.vmap(f)(packed)
   assert e.value.primitive == "mystery_packed"
   assert f"test_packing.py:{inspect.getsourcelines(f)[1] + 1}" in e.value.source
+
+
+def _shapes(jaxpr, out=None):
+  out = set() if out is None else out
+  for eqn in jaxpr.eqns:
+    out.update(tuple(getattr(v.aval, "shape", ())) for v in eqn.outvars)
+    for p in eqn.params.values():
+      inner = getattr(p, "jaxpr", p)
+      if hasattr(inner, "eqns"):
+        _shapes(inner, out)
+  return out
+
+
+def test_attention_scores_are_held_per_row():
+  """Scores are (tokens, row_length) per row, never one padded row per example
+  (examples, row_length, row_length), nor dense over every token."""
+  rng = np.random.default_rng(10)
+  xs = _examples(rng, [5, 1, 9, 13, 3, 2, 7])
+  w = jnp.asarray(rng.normal(size=(3, 4)).astype(np.float32))
+  packed = pj.Ragged.from_list(xs, packing=pj.Packing(row_length=16))
+  attend = pj.vmap(UNPACKED_FREE["attention"], in_axes=(None, 0))
+  jaxpr = jax.make_jaxpr(jax.grad(lambda w: attend(w, packed).sum()))(w)
+  shapes = _shapes(jaxpr.jaxpr)
+  tokens = packed.rows * 16
+  assert (tokens, 16) in shapes
+  assert (len(xs), 16, 16) not in shapes and (tokens, tokens) not in shapes
