@@ -217,7 +217,7 @@ def _elementwise(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   if any(v.axis != axis or str(v.dim) != str(dim) for v in tokens):
     raise Unpackable(eqn, "operands whose example axes differ")
   shape = _token_shape(out_aval, layout)
-  keeps = eqn.primitive.name in _KEEPS_ZERO
+  select_in, select_out = _selects(eqn, invals)
   args = []
   for v in invals:
     if v.kind == TOKEN:
@@ -229,16 +229,52 @@ def _elementwise(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
       else:
         x = jnp.moveaxis(lax.squeeze(g, (axis + 1,)), 0, axis)
     else:
-      keeps = keeps and np.ndim(v.val) == 0 and eqn.primitive.name == "select_n"
       x = v.val
     args.append(x)
-  if not keeps:   # the double select: no NaN derivative on the tail reaches anything
+  if select_in:   # the double select: no NaN derivative on the tail reaches anything
     args = [layout.select(x, axis, dim) if v.kind != SHARED and _inexact(x) else x
             for v, x in zip(invals, args, strict=True)]
   outs = _bind(eqn, args, layout)
-  if not keeps:
+  if select_out:
     outs = [layout.select(o, axis, dim) for o in outs]
   return [V(TOKEN, o, axis, dim) for o in outs]
+
+
+#: f(0) == 0 with a finite derivative at 0: zero tails stay zero, no selects.
+_ZERO_AT_ZERO = frozenset({"tanh", "sin", "tan", "erf", "erf_inv", "atan", "asinh", "sinh",
+                           "log1p", "expm1", "square", "abs", "sign", "floor", "ceil",
+                           "round", "neg"})
+#: f(0) finite with a finite derivative at 0: the result's tail is selected.
+_FINITE_AT_ZERO = frozenset({"exp", "exp2", "cos", "cosh", "logistic", "erfc", "add",
+                             "add_any", "sub", "max", "min"})
+
+
+def _finite_constant(x: Any) -> bool:
+  if isinstance(x, jc.Tracer):
+    return False
+  a = np.asarray(x)
+  return bool(a.dtype.kind in "biuf" and np.all(np.isfinite(a)))
+
+
+def _selects(eqn: Any, invals: list[V]) -> tuple[bool, bool]:
+  """(select the operands, select the result) for an elementwise op whose
+  TOKEN and EXAMPLE operands are zero on the tail: none where the op keeps
+  zeros zero with a finite derivative there, the result alone where only its
+  value on the tail may be non-zero, both (the double select) otherwise."""
+  name = eqn.primitive.name
+  shared = [v for v in invals if v.kind == SHARED]
+  if not all(_finite_constant(v.val) for v in shared):
+    return True, True
+  if name in _KEEPS_ZERO and not shared:
+    return False, False
+  if (name == "mul" or name in _ZERO_AT_ZERO
+      or (name == "integer_pow" and eqn.params["y"] >= 1)
+      or (name == "div" and invals[0].kind != SHARED and invals[1].kind == SHARED
+          and bool(np.all(np.asarray(invals[1].val) != 0)))):
+    return False, False
+  if name in _FINITE_AT_ZERO:
+    return False, True
+  return True, True
 
 
 def _broadcast_in_dim(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
