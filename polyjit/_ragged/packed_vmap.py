@@ -26,7 +26,7 @@ import numpy as np
 from .._masking.errors import PerformanceWarning, warn_user_code
 from .._masking.mask import Masked
 from .arguments import example_struct, leaf_axes
-from . import packed_pairs  # noqa: F401  (fills the pair rules)
+from . import packed_pairs, packed_scan  # noqa: F401  (they fill rule tables)
 from .packed_eval import EXAMPLE, PAIR, SHARED, TOKEN, UNPACKED, Unpackable, V, eval_packed
 from .packed_layout import Layout
 from .packing import PackedRagged, is_packed
