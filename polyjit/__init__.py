@@ -19,6 +19,7 @@ from ._jit.function import JitFunction, jit
 from ._masking.mask import Masked, mask
 from ._masking.padding import Padded
 from ._ragged.ragged import Ragged
+from ._ragged.packing import PackedRagged, Packing
 from ._ragged.groups import GroupedRagged, LengthGroups, vmap
 from ._spellings.selection import boolean_mask, nonzero, unique
 from ._masking.size_range import SizeRangeError
@@ -28,7 +29,7 @@ from .diagnostics import assert_max_compiles, explain, shapecheck, stats, watch
 __version__ = "0.1.0"
 
 __all__ = ["CacheWarning", "CompileLimitError", "FallbackWarning", "FilterJitFunction",
-           "GroupedRagged", "JitFunction", "LengthGroups", "MaskingError", "Masked", "Padded",
+           "GroupedRagged", "JitFunction", "LengthGroups", "MaskingError", "Masked", "PackedRagged", "Packing", "Padded",
            "PerformanceWarning", "PolyjitError", "PolyjitWarning", "Ragged", "ShapeError", "SizeRangeError",
            "SizeValueError", "VerificationError", "assert_max_compiles", "boolean_mask",
            "buckets", "diagnostics", "disable_persistent_cache", "enable_persistent_cache",

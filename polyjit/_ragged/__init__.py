@@ -10,4 +10,10 @@ Modules (each imports only those above it):
   vmap       `RaggedVmapped` and `pj.vmap` over Ragged arguments
   groups     `LengthGroups`, `GroupedRagged`: a batch in blocks by length,
              and the `pj.vmap` that also runs them
+  packing    `pj.Packing`, the first-fit-decreasing planner, `PackedRagged`
+             (imported by ragged: it builds on host alone)
+  packed_layout, packed_eval, packed_pairs, packed_scan
+             the per-example jaxpr evaluated on packed rows
+  packed_vmap `pj.vmap` over a `PackedRagged` (packed, or unpacked with a
+             PerformanceWarning)
 """

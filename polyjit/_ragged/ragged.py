@@ -36,6 +36,7 @@ its reductions over valid entries.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Callable, Literal, Protocol, Sequence, TypeVar, overload
 
 import jax
@@ -51,6 +52,7 @@ from .._masking.errors import ShapeError
 from .._masking.padding import is_key_dtype
 from .._sharding import placement as _sharding
 from .host import HostExamples
+from .packing import Packing, PackedRagged, pack
 
 _Grouped_co = TypeVar("_Grouped_co", covariant=True)
 
@@ -148,19 +150,29 @@ class Ragged:
   @classmethod
   def from_list(cls, arrays: Sequence[Any], *, ragged_axes: int = 1,
                 buckets: _buckets.BucketSpec = None, batch_buckets: _buckets.BucketSpec = None,
-                sharding: Sharding | None = None, groups: None = None) -> "Ragged": ...
+                sharding: Sharding | None = None, groups: None = None,
+                packing: None = None) -> "Ragged": ...
 
   @overload
   @classmethod
   def from_list(cls, arrays: Sequence[Any], *, ragged_axes: int = 1,
                 buckets: _buckets.BucketSpec = None, batch_buckets: Literal[None] = None,
-                sharding: Literal[None] = None, groups: LengthGrouping[_G]) -> _G: ...
+                sharding: Literal[None] = None, groups: None = None,
+                packing: Packing) -> PackedRagged: ...
+
+  @overload
+  @classmethod
+  def from_list(cls, arrays: Sequence[Any], *, ragged_axes: int = 1,
+                buckets: _buckets.BucketSpec = None, batch_buckets: Literal[None] = None,
+                sharding: Literal[None] = None, groups: LengthGrouping[_G],
+                packing: None = None) -> _G: ...
 
   @classmethod
   def from_list(cls, arrays: Sequence[Any], *, ragged_axes: int = 1,
                 buckets: _buckets.BucketSpec = None, batch_buckets: _buckets.BucketSpec = None,
                 sharding: Sharding | None = None,
-                groups: LengthGrouping[Any] | None = None) -> Any:
+                groups: LengthGrouping[Any] | None = None,
+                packing: Packing | None = None) -> Any:
     """Pads examples of different sizes into one `Ragged` (on the host).
 
     Args:
@@ -190,9 +202,23 @@ class Ragged:
         cost grows faster than the length (attention). One ragged axis, no
         `batch_buckets` or `sharding`.
 
+      packing: None, or a `pj.Packing`: the examples are stored several per
+        row (first-fit decreasing) and a `PackedRagged` comes back
+        (`packing.py`): `pj.vmap` runs a function written for one example
+        over it exactly as over the padded batch. One ragged axis, no
+        `batch_buckets`, `sharding` or `groups`.
+
     Padding is done with NumPy and the result is transferred with
     `jax.device_put`: no device program is compiled for any shape.
     """
+    if packing is not None:
+      if groups is not None or batch_buckets is not None or sharding is not None:
+        raise TypeError("Ragged.from_list(packing=...) takes no groups, batch_buckets or "
+                        "sharding: a packed batch is its own layout, on one device.")
+      if not isinstance(packing, Packing):
+        raise TypeError(f"Ragged.from_list(packing=...) takes a pj.Packing, got {packing!r}.")
+      return pack(HostExamples(arrays, ragged_axes, "Ragged.from_list needs at least one "
+                               "example."), packing, buckets)
     if groups is not None:
       if batch_buckets is not None or sharding is not None:
         raise TypeError("Ragged.from_list(groups=...) takes neither batch_buckets nor "
@@ -275,6 +301,20 @@ class Ragged:
     """The number of examples: an int, or an int32 scalar (traced inside
     `jax.jit`) when the batch is padded."""
     return self.batch_size if self._count is None else self._count
+
+  @property
+  def efficiency(self) -> Any:
+    """Real elements over stored elements along the ragged axes, over every
+    stored row (a float; a scalar inside `jax.jit`)."""
+    stored = self.batch_size * math.prod(self.padded_lengths)
+    real_rows = self.example_mask if self._count is not None else None
+    if not all(is_concrete(x) for x in (self.lengths, self._count)):
+      sizes = jnp.prod(jnp.reshape(self.lengths, (self.batch_size, -1)), axis=1)
+      if real_rows is not None:
+        sizes = jnp.where(real_rows, sizes, 0)
+      return jnp.sum(sizes) / stored
+    sizes = np.prod(np.asarray(self.lengths).reshape(self.batch_size, -1), axis=1)
+    return float(sizes[:len(self)].sum()) / stored if stored else 1.0
 
   def __len__(self) -> int:
     if self._count is None:

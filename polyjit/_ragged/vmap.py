@@ -60,6 +60,8 @@ from .arguments import (aval_key, batch_and_count, broadcast, check_counts, desc
                         pad_ragged_axes, split_lengths)
 from .ragged import Ragged, is_concrete, is_ragged
 from .plan import Plan
+from .packed_vmap import PackedRunner
+from .packing import is_packed
 from .sharing import Groups, find_groups, group_padded, may_share
 from . import bounds as _bounds
 
@@ -101,12 +103,17 @@ class RaggedVmapped:
     # Compile events and profiles then name the user's function.
     run.__name__ = run.__qualname__ = f"vmap_{getattr(fun, '__name__', 'fun')}"
     self._jitted = jax.jit(run)
+    # Packed batches (`packed_vmap.py`): their own program, and this one's run
+    # for the calls that go unpacked.
+    self._packed = PackedRunner(fun, self.in_axes, out_axes, self._run)
 
   def __repr__(self) -> str:
     return f"pj.vmap({getattr(self.fun, '__name__', self.fun)!r})"
 
   def __call__(self, *args: Any) -> Any:
-    leaves = jax.tree.leaves(args, is_leaf=is_ragged)
+    leaves = jax.tree.leaves(args, is_leaf=lambda x: is_ragged(x) or is_packed(x))
+    if any(is_packed(x) for x in leaves):
+      return self._packed.jitted(*args)
     raggeds = [x for x in leaves if is_ragged(x)]
     if not raggeds:
       return jax.vmap(self.fun, self.in_axes, self.out_axes)(*args)

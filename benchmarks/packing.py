@@ -1,0 +1,209 @@
+"""Packing against padding: training steps on SST-2's sentence lengths.
+
+    python benchmarks/packing.py [--steps 20] [--models mlp,attention,text] [--out FILE]
+
+Batches of 64 random SST-2 sentences (`sst2_batches.SST2_TRAIN_LENGTHS`, token
+ids random). Per model, in one run and on the same batches and parameters:
+
+  unpacked   `pj.vmap(loss)` over `pj.Ragged.from_list(batch)`: each example
+             padded to the bucket of the batch's longest (powers of two)
+  packed     `pj.vmap(loss)` over `pj.Ragged.from_list(batch, packing=
+             pj.Packing(row_length=64))`: the same per-example function
+  hand       (mlp only) the same model written by hand on the packed rows
+             with segment ids (`jax.ops.segment_sum`), the Grain/MaxText way
+
+A step is `jax.jit(value_and_grad(mean loss))` plus an SGD update. Each
+approach first runs every batch once (compiling its programs), then the
+timed pass runs them all again; the per-step time is the timed pass's mean.
+The losses and gradients of packed and unpacked are compared on the first
+batch (they must agree). Also reported: efficiency (real tokens over stored
+tokens) and the host time to build a batch (the packing planner included),
+and the planner alone on 1,000 examples.
+
+Models: `mlp` (embedding, a per-token MLP, mean pooling, a dense head: defined
+here), `attention` (`training_models.attention_model`: a transformer
+encoder), `text` (`training_models.text_model`: a bidirectional LSTM, a
+`lax.scan` over the tokens, which packing runs unpacked with a warning).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import polyjit as pj  # noqa: E402
+from polyjit._ragged.packing import plan_rows  # noqa: E402
+from sst2_batches import SST2_TRAIN_LENGTHS  # noqa: E402
+import training_models as tm  # noqa: E402
+
+VOCAB, WIDTH, HIDDEN, ROW = 1000, 64, 256, 64
+
+
+def sst2_batches(steps: int, batch: int, seed: int = 0) -> list[list[int]]:
+  lengths = np.repeat(np.array(list(SST2_TRAIN_LENGTHS)),
+                      np.array(list(SST2_TRAIN_LENGTHS.values())))
+  rng = np.random.default_rng(seed)
+  return [rng.choice(lengths, batch).tolist() for _ in range(steps)]
+
+
+def mlp_model():
+  def init(key):
+    k = jax.random.split(key, 4)
+    s = lambda key, shape: jax.random.normal(key, shape) / np.sqrt(shape[0])
+    return {"embed": jax.random.normal(k[0], (VOCAB, WIDTH)) * 0.1,
+            "up": s(k[1], (WIDTH, HIDDEN)), "down": s(k[2], (HIDDEN, WIDTH)),
+            "out": s(k[3], (WIDTH, 1)), "b": jnp.zeros(HIDDEN)}
+
+  def one(params, tokens, label):
+    h = params["embed"][tokens]
+    h = h + jax.nn.gelu(h @ params["up"] + params["b"]) @ params["down"]
+    pooled = jnp.mean(h, axis=0)
+    return tm.bce((jnp.tanh(pooled) @ params["out"])[0], label)
+
+  def hand(params, tokens, segments, labels, examples):
+    """The packed rows by hand: `segments` (rows * ROW,) holds each token's
+    example, `examples` (the tail)."""
+    h = params["embed"][tokens.reshape(-1)]
+    h = h + jax.nn.gelu(h @ params["up"] + params["b"]) @ params["down"]
+    valid = segments < examples
+    h = jnp.where(valid[:, None], h, 0)
+    sums = jax.ops.segment_sum(h, segments, examples)
+    counts = jax.ops.segment_sum(valid.astype(h.dtype), segments, examples)
+    logits = (jnp.tanh(sums / counts[:, None]) @ params["out"])[:, 0]
+    return jnp.mean(tm.bce(logits, labels))
+
+  return init, one, hand
+
+
+def model(name: str):
+  if name == "mlp":
+    return mlp_model()
+  if name == "attention":
+    m = tm.attention_model(VOCAB, WIDTH, 4, 2, 3, 54)
+  else:
+    m = tm.text_model(VOCAB, WIDTH, WIDTH, 3, 54)
+  return m.init, m.one, None
+
+
+def sgd(params, grads):
+  return jax.tree.map(lambda p, g: p - 0.01 * g, params, grads)
+
+
+def timed(step, params, inputs):
+  """Per step: (wall seconds, process CPU seconds). CPU time, XLA's threads
+  included, is the steadier figure on a machine that others share."""
+  for x in inputs:                       # compile every program
+    params, _ = step(params, *x)
+  jax.block_until_ready(params)
+  start, cpu = time.perf_counter(), time.process_time()
+  for x in inputs:
+    params, loss = step(params, *x)
+  jax.block_until_ready(params)
+  return ((time.perf_counter() - start) / len(inputs),
+          (time.process_time() - cpu) / len(inputs))
+
+
+def run_model(name: str, batches: list[list[int]]) -> dict:
+  init, one, hand = model(name)
+  params = init(jax.random.PRNGKey(0))
+  rng = np.random.default_rng(1)
+  data = [[(rng.integers(0, VOCAB, n).astype(np.int32),) for n in b] for b in batches]
+  labels = [jnp.asarray(rng.integers(0, 2, len(b)).astype(np.float32)) for b in batches]
+  loss_of = lambda p, batch, y: pj.vmap(lambda p, ex, l: one(p, ex[0], l),
+                                        in_axes=(None, 0, 0))(p, batch, y).mean()
+  grad_step = jax.jit(jax.value_and_grad(loss_of))
+
+  @jax.jit
+  def step(params, batch, y):
+    loss, grads = jax.value_and_grad(loss_of)(params, batch, y)
+    return sgd(params, grads), loss
+
+  t = time.perf_counter()
+  unpacked = [pj.Ragged.from_list(d) for d in data]
+  build_unpacked = (time.perf_counter() - t) / len(data)
+  t = time.perf_counter()
+  packing = pj.Packing(row_length=ROW)
+  packed = [pj.Ragged.from_list(d, packing=packing) for d in data]
+  build_packed = (time.perf_counter() - t) / len(data)
+  result = {
+      "efficiency_unpacked": float(np.mean([b.efficiency for b in unpacked])),
+      "efficiency_packed": float(np.mean([b.efficiency for b in packed])),
+      "build_ms_unpacked": build_unpacked * 1e3, "build_ms_packed": build_packed * 1e3,
+  }
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    (lu, gu), (lp, gp) = grad_step(params, unpacked[0], labels[0]), \
+        grad_step(params, packed[0], labels[0])
+  result["packed_runs_unpacked"] = any(issubclass(c.category, pj.PerformanceWarning)
+                                       for c in caught)
+  result["loss_difference"] = float(abs(lu - lp))
+  result["grad_max_difference"] = float(max(
+      jnp.max(jnp.abs(a - b)) for a, b in zip(jax.tree.leaves(gu), jax.tree.leaves(gp),
+                                               strict=True)))
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", pj.PerformanceWarning)
+    for key, batches in (("unpacked", unpacked), ("packed", packed)):
+      wall, cpu = timed(step, params, list(zip(batches, labels)))
+      result[f"step_ms_{key}"], result[f"step_cpu_ms_{key}"] = wall * 1e3, cpu * 1e3
+  if hand is not None:
+    hand_step = jax.jit(lambda p, tok, seg, y: (lambda lg: (sgd(p, lg[1]), lg[0]))(
+        jax.value_and_grad(hand)(p, tok, seg, y, y.shape[0])))
+    inputs = [(b.data[0], b.segments, y) for b, y in zip(packed, labels, strict=True)]
+    wall, cpu = timed(hand_step, params, inputs)
+    result["step_ms_hand"], result["step_cpu_ms_hand"] = wall * 1e3, cpu * 1e3
+    result["hand_loss_difference"] = float(abs(hand(params, *inputs[0], 64) - lp))
+  for t in ("ms", "cpu_ms"):
+    result[f"packed_over_unpacked_{t}"] = result[f"step_{t}_packed"] / result[f"step_{t}_unpacked"]
+    if "step_ms_hand" in result:
+      result[f"packed_over_hand_{t}"] = result[f"step_{t}_packed"] / result[f"step_{t}_hand"]
+  return result
+
+
+def planner_ms(examples: int = 1000, repeats: int = 200) -> tuple[float, float]:
+  """The planner's wall and CPU time (ms) per plan of `examples` SST-2 lengths
+  (CPU time: what it costs on a machine that others share)."""
+  lengths = sst2_batches(1, examples, seed=3)[0]
+  for _ in range(10):
+    plan_rows(lengths, ROW)
+  start, cpu = time.perf_counter(), time.process_time()
+  for _ in range(repeats):
+    plan_rows(lengths, ROW)
+  return ((time.perf_counter() - start) / repeats * 1e3,
+          (time.process_time() - cpu) / repeats * 1e3)
+
+
+def main(argv=None) -> dict:
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--steps", type=int, default=20)
+  parser.add_argument("--batch", type=int, default=64)
+  parser.add_argument("--models", default="mlp,attention,text")
+  parser.add_argument("--out", default=None)
+  args = parser.parse_args(argv)
+  batches = sst2_batches(args.steps, args.batch)
+  results = {"device": str(jax.devices()[0]), "steps": args.steps, "batch": args.batch,
+             "row_length": ROW, "planner_ms_1000_examples": planner_ms(),
+             "load_average": os.getloadavg()}
+  for name in args.models.split(","):
+    results[name] = run_model(name, batches)
+    print(name, json.dumps(results[name], indent=1), flush=True)
+  wall, cpu = results["planner_ms_1000_examples"]
+  print(f"planner: {wall:.3f} ms wall, {cpu:.3f} ms CPU for 1,000 examples")
+  if args.out:
+    with open(args.out, "w") as f:
+      json.dump(results, f, indent=1)
+  return results
+
+
+if __name__ == "__main__":
+  main()

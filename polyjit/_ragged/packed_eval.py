@@ -1,0 +1,594 @@
+"""The packed interpreter: a per-example jaxpr evaluated on packed rows.
+
+Design
+------
+`pj.vmap(fun)` over a `PackedRagged` traces `fun` once for one example with a
+symbolic length `n` (as it does for a padded batch) and evaluates that jaxpr
+on the whole packed batch at once. Every value is one of three kinds:
+
+* SHARED: the same for every example (parameters, constants): as traced.
+* EXAMPLE: one per example, stacked on a leading axis of `num_examples` (a
+  sum over the tokens, the length as a value, a per-example argument).
+* TOKEN: one per token: the array of the jaxpr's value with its `n` axis
+  (the one axis whose size mentions `n`) replaced by every token of every
+  row, `rows * row_length` of them. Its `dim` (`n`, `n - 1`, ...) says how
+  many leading tokens of each example's slot are real: a shorter value
+  (`x[1:]`) stays in its example's slot, and the rest of the slot counts as
+  tail.
+
+Ops then follow from the per-example jaxpr, primitive by primitive:
+elementwise ops run on the tokens as they are (per-example values gathered
+onto their tokens); an op with no `n` anywhere runs `jax.vmap`ped over the
+examples; reductions over `n` become segment reductions with the token's
+example as segment id; contractions whose contracted axes avoid `n` run
+straight on the packed rows (`x @ w`); `iota` along `n` is the position in
+the example. An op that mixes positions along `n` and has no packed rule of
+its own (`cumsum`, `rev`, slices and shifts, concatenation, a contraction
+over `n`, sorting, convolutions, gathers) runs through the *masking rule*
+of its primitive (`_masking/rules/`, the same table `pj.mask` uses): its
+operands are gathered into one padded row per example, the masking rule runs
+`jax.vmap`ped over the examples with each example's length, and the result
+is gathered back into the packed layout. Only ops that are linear or order
+based take that path, so JAX's own derivative of the rule is exact there.
+Values with two axes along the example (attention scores) are held per row
+(PAIR, `packed_pairs.py`), or, where their sizes differ from the example's,
+one padded row per example (UNPACKED). A `lax.scan` over the tokens runs once
+over the positions of all rows, its carry restarted at each example
+(`_scan`). Anything else that touches `n` (a loop whose step reads the whole
+sequence, a `custom_vjp`) raises `Unpackable`, and `pj.vmap` runs the call
+unpacked with a `pj.PerformanceWarning`.
+
+The tail invariant
+------------------
+Every TOKEN value holds exactly 0 on the tail (tokens outside its dim), the
+packed data included (zeroed on entry). Ops that keep zeros zero with
+finite derivatives (`add`, `mul`, a contraction, a segment gather) need
+nothing; any other op selects its TOKEN operands and its result on the
+valid tokens. The selects' transposes zero the tail's cotangent before it
+reaches another op, so NaN and inf in the tail reach no value and no
+gradient, and JAX differentiates the packed evaluation itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .. import _jax as jc
+from .._masking import dims as _dims, native as _native
+from .._masking.core import (MaskEnv, RuleContext, _no_rule_error, eqn_is_symbolic,
+                             masking_rules)
+from .._masking.rules.elementwise import ELEMENTWISE
+from .packed_layout import Layout, segment_arg, segment_extremum, segment_reduce
+
+TOKEN, EXAMPLE, SHARED, UNPACKED, PAIR = "token", "example", "shared", "unpacked", "pair"
+
+#: Rules for values with two axes along the example held per row
+#: (`packed_pairs.py` fills it: it builds on this module).
+_PAIR_RULES: dict[str, Any] = {}
+
+
+class NoPairRule(Exception):
+  """No per-row pair rule for this equation (its values with two axes along
+  the example then go one padded row per example)."""
+
+
+class Unpackable(Exception):
+  """An equation the packed layout cannot evaluate exactly (the call then
+  runs unpacked): says which primitive, where, and why."""
+
+  def __init__(self, eqn: Any, why: str) -> None:
+    self.primitive = eqn.primitive.name if eqn is not None else None
+    self.source = jc.source_line(eqn) if eqn is not None else ""
+    super().__init__(f"'{self.primitive}' {self.source}: {why}")
+
+
+@dataclasses.dataclass
+class V:
+  kind: str
+  val: Any
+  axis: int = -1        # TOKEN: the axis that holds the tokens
+  dim: Any = None       # TOKEN: the symbolic size of that axis
+  axis2: int = -1       # PAIR: the axis that holds the tokens of each token's row
+
+
+def _token_axis(aval: Any, eqn: Any) -> int | None:
+  axes = [a for a, d in enumerate(aval.shape) if jc.is_symbolic_dim(d)]
+  if len(axes) > 1:
+    raise Unpackable(eqn, f"its result {aval.str_short()} has two axes that vary with "
+                     "the example's length (pairs of tokens, such as attention scores), "
+                     "which the packed layout does not hold")
+  return axes[0] if axes else None
+
+
+def _n_axes(aval: Any) -> int:
+  return sum(jc.is_symbolic_dim(d) for d in getattr(aval, "shape", ()))
+
+
+def _token_shape(aval: Any, layout: Layout) -> tuple[int, ...]:
+  return tuple(layout.tokens if jc.is_symbolic_dim(d) else int(d) for d in aval.shape)
+
+
+def _subst(value: Any, layout: Layout) -> Any:
+  """A param with every symbolic size replaced by the token count."""
+  if jc.is_symbolic_dim(value):
+    return layout.tokens
+  if isinstance(value, (tuple, list)):
+    items = [_subst(x, layout) for x in value]
+    return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+  return value
+
+
+def _bind(eqn: Any, args: Sequence[Any], layout: Layout, **params: Any) -> list[Any]:
+  prim = eqn.primitive
+  params = {k: _subst(v, layout) for k, v in (params or eqn.params).items()}
+  out = prim.bind(*args, **prim.get_bind_params(params))
+  return list(out) if prim.multiple_results else [out]
+
+
+def _inexact(x: Any) -> bool:
+  return jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+
+
+# --- the interpreter ------------------------------------------------------------
+
+def eval_packed(jaxpr: Any, consts: Sequence[Any], args: Sequence[V], layout: Layout) -> list[V]:
+  vals: dict[Any, V] = {}
+
+  def read(v: Any) -> V:
+    return V(SHARED, v.val) if isinstance(v, jc.Literal) else vals[v]
+
+  for v, x in zip(jaxpr.constvars, consts, strict=True):
+    vals[v] = V(SHARED, x)
+  for v, x in zip(jaxpr.invars, args, strict=True):
+    vals[v] = x
+  for eqn in jaxpr.eqns:
+    invals = [read(v) for v in eqn.invars]
+    with jc.eqn_context(eqn):
+      outs = _eval_eqn(eqn, invals, layout)
+    for v, o in zip(eqn.outvars, outs, strict=True):
+      if not jc.is_dropvar(v):
+        vals[v] = o
+  return [read(v) for v in jaxpr.outvars]
+
+
+def _eval_eqn(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
+  if not eqn_is_symbolic(eqn):
+    if all(v.kind == SHARED for v in invals):
+      return [V(SHARED, o) for o in _bind(eqn, [v.val for v in invals], layout)]
+    axes = [0 if v.kind == EXAMPLE else None for v in invals]
+    outs = jax.vmap(lambda *xs: _bind(eqn, xs, layout), in_axes=axes)(
+        *[v.val for v in invals])
+    return [V(EXAMPLE, o) for o in outs]
+  name = eqn.primitive.name
+  if name not in _CALLS:
+    pairs_in = any(v.kind == PAIR for v in invals)
+    if pairs_in or any(_n_axes(o.aval) > 1 for o in eqn.outvars):
+      pair_rule = _PAIR_RULES.get(name)
+      if pair_rule is not None and not any(v.kind == UNPACKED for v in invals):
+        try:
+          paired: list[V] = pair_rule(eqn, invals, layout)   # per row, block-diagonal
+          return paired
+        except NoPairRule:
+          pass
+      if pairs_in:
+        raise Unpackable(eqn, "an op on pairs of tokens (attention scores) that has no "
+                         "packed rule")
+      return _relayout(eqn, invals, layout)   # one padded row per example
+    if any(v.kind == UNPACKED for v in invals):
+      return _relayout(eqn, invals, layout)
+  rule = _RULES.get(name)
+  if rule is not None:
+    ruled: list[V] = rule(eqn, invals, layout)
+    return ruled
+  if name in _RELAYOUT:
+    return _relayout(eqn, invals, layout)
+  if masking_rules.get(eqn.primitive) is None:   # unpacked it is refused too: say so now
+    raise _no_rule_error(eqn)
+  if any(jc.is_symbolic_dim(d) for v in eqn.invars for d in getattr(v.aval, "shape", ())):
+    why = "it has no packed rule and mixes positions along the example's axis"
+  else:
+    why = "it has no packed rule"
+  raise Unpackable(eqn, why)
+
+
+# --- rules ----------------------------------------------------------------------
+
+#: Elementwise ops that map zeros to zero, with finite derivatives there.
+_KEEPS_ZERO = frozenset({"add", "add_any", "sub", "mul", "neg", "max", "min", "select_n",
+                         "convert_element_type", "copy", "real", "imag", "conj",
+                         "stop_gradient", "reduce_precision"})
+
+
+def _elementwise(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
+  out_aval = eqn.outvars[0].aval
+  axis = _token_axis(out_aval, eqn)
+  tokens = [v for v in invals if v.kind == TOKEN]
+  if axis is None or not tokens:   # (sizes only in params: not elementwise data)
+    raise Unpackable(eqn, "an elementwise op with no operand on the example's axis")
+  dim = tokens[0].dim
+  if any(v.axis != axis or str(v.dim) != str(dim) for v in tokens):
+    raise Unpackable(eqn, "operands whose example axes differ")
+  shape = _token_shape(out_aval, layout)
+  select_in, select_out = _selects(eqn, invals)
+  args = []
+  for v in invals:
+    if v.kind == TOKEN:
+      x = v.val
+    elif v.kind == EXAMPLE:   # a scalar, or size 1 on the token axis: onto the tokens
+      g = layout.onto_tokens(v.val, dim)
+      if g.ndim == 1:
+        x = lax.broadcast_in_dim(g, shape, (axis,))
+      else:
+        x = jnp.moveaxis(lax.squeeze(g, (axis + 1,)), 0, axis)
+    else:
+      x = v.val
+    args.append(x)
+  if select_in:   # the double select: no NaN derivative on the tail reaches anything
+    args = [layout.select(x, axis, dim) if v.kind != SHARED and _inexact(x) else x
+            for v, x in zip(invals, args, strict=True)]
+  outs = _bind(eqn, args, layout)
+  if select_out:
+    outs = [layout.select(o, axis, dim) for o in outs]
+  return [V(TOKEN, o, axis, dim) for o in outs]
+
+
+#: f(0) == 0 with a finite derivative at 0: zero tails stay zero, no selects.
+_ZERO_AT_ZERO = frozenset({"tanh", "sin", "tan", "erf", "erf_inv", "atan", "asinh", "sinh",
+                           "log1p", "expm1", "square", "abs", "sign", "floor", "ceil",
+                           "round", "neg"})
+#: f(0) finite with a finite derivative at 0: the result's tail is selected.
+_FINITE_AT_ZERO = frozenset({"exp", "exp2", "cos", "cosh", "logistic", "erfc", "add",
+                             "add_any", "sub", "max", "min"})
+
+
+def _finite_constant(x: Any) -> bool:
+  if isinstance(x, jc.Tracer):
+    return False
+  a = np.asarray(x)
+  return bool(a.dtype.kind in "biuf" and np.all(np.isfinite(a)))
+
+
+def _selects(eqn: Any, invals: list[V]) -> tuple[bool, bool]:
+  """(select the operands, select the result) for an elementwise op whose
+  TOKEN and EXAMPLE operands are zero on the tail: none where the op keeps
+  zeros zero with a finite derivative there, the result alone where only its
+  value on the tail may be non-zero, both (the double select) otherwise."""
+  name = eqn.primitive.name
+  shared = [v for v in invals if v.kind == SHARED]
+  if not all(_finite_constant(v.val) for v in shared):
+    return True, True
+  if name in _KEEPS_ZERO and not shared:
+    return False, False
+  if (name == "mul" or name in _ZERO_AT_ZERO
+      or (name == "integer_pow" and eqn.params["y"] >= 1)
+      or (name == "div" and invals[0].kind != SHARED and invals[1].kind == SHARED
+          and bool(np.all(np.asarray(invals[1].val) != 0)))):
+    return False, False
+  if name in _FINITE_AT_ZERO:
+    return False, True
+  return True, True
+
+
+def _broadcast_in_dim(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
+  (x,), aval = invals, eqn.outvars[0].aval
+  axis = _token_axis(aval, eqn)
+  if axis is None:
+    raise Unpackable(eqn, "a broadcast with sizes in its parameters only")
+  dim, shape = aval.shape[axis], _token_shape(aval, layout)
+  dims = tuple(eqn.params["broadcast_dimensions"])
+  if x.kind == TOKEN:
+    out, = _bind(eqn, [x.val], layout)
+    return [V(TOKEN, out, axis, dim)]
+  if x.kind == SHARED:
+    out, = _bind(eqn, [x.val], layout)
+    return [V(TOKEN, layout.select(out, axis, dim), axis, dim)]
+  g = layout.onto_tokens(x.val, dim)            # (tokens, *operand shape)
+  where = [axis, *dims]
+  order = sorted(range(len(where)), key=lambda i: where[i])
+  g = lax.transpose(g, tuple(order))
+  return [V(TOKEN, lax.broadcast_in_dim(g, shape, tuple(sorted(where))), axis, dim)]
+
+
+def _iota(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
+  aval = eqn.outvars[0].aval
+  axis = _token_axis(aval, eqn)
+  if axis is None:
+    raise Unpackable(eqn, "an iota with sizes in its parameters only")
+  dim, shape = aval.shape[axis], _token_shape(aval, layout)
+  if eqn.params["dimension"] == axis:   # positions within the example
+    pos = lax.convert_element_type(layout.positions, aval.dtype)
+    out = lax.broadcast_in_dim(pos, shape, (axis,))
+    return [V(TOKEN, out if layout.is_base(dim) else layout.select(out, axis, dim), axis, dim)]
+  out, = _bind(eqn, [], layout)
+  return [V(TOKEN, layout.select(out, axis, dim), axis, dim)]
+
+
+def _dim_as_value(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
+  dtype = eqn.outvars[0].aval.dtype
+  return [V(EXAMPLE, lax.convert_element_type(layout.value(eqn.params["dim"]), dtype))]
+
+
+def _position_only(eqn: Any, invals: list[V], layout: Layout, new_axis: Any) -> list[V]:
+  """An op on one TOKEN operand that keeps the token axis whole: bound as is."""
+  x, = invals
+  if x.kind != TOKEN:
+    raise Unpackable(eqn, "a per-example operand")
+  axis = new_axis(x.axis)
+  if axis is None:
+    raise Unpackable(eqn, "it moves data along the example's axis")
+  out, = _bind(eqn, [x.val], layout)
+  return [V(TOKEN, out, axis, x.dim)]
+
+
+def _transpose(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
+  perm = list(eqn.params["permutation"])
+  return _position_only(eqn, invals, layout, perm.index)
+
+
+def _squeeze(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
+  gone = eqn.params["dimensions"]
+  return _position_only(eqn, invals, layout,
+                        lambda a: None if a in gone else a - sum(d < a for d in gone))
+
+
+def _reshape(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
+  in_aval, out_aval = eqn.invars[0].aval, eqn.outvars[0].aval
+  out_axis = _token_axis(out_aval, eqn)
+
+  def keeps(a: int) -> int | None:
+    if out_axis is None or str(out_aval.shape[out_axis]) != str(in_aval.shape[a]):
+      return None
+    before_in = int(np.prod([int(d) for d in in_aval.shape[:a]]))
+    before_out = int(np.prod([int(d) for d in out_aval.shape[:out_axis]]))
+    return out_axis if before_in == before_out and eqn.params.get("dimensions") is None else None
+  return _position_only(eqn, invals, layout, keeps)
+
+
+def _slice(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
+  x, = invals
+  p = eqn.params
+  if x.kind == TOKEN:
+    a = x.axis
+    whole = (not jc.is_symbolic_dim(p["start_indices"][a]) and int(p["start_indices"][a]) == 0
+             and str(p["limit_indices"][a]) == str(x.dim)
+             and (p["strides"] is None or int(p["strides"][a]) == 1))
+    if whole:
+      out, = _bind(eqn, [x.val], layout)
+      return [V(TOKEN, out, a, x.dim)]
+  return _relayout(eqn, invals, layout)
+
+
+_SEGMENT = {"reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min",
+            "argmax": "argmax", "argmin": "argmin"}
+
+
+def _reduce(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
+  x, = invals
+  axes = tuple(eqn.params["axes"])
+  if x.kind != TOKEN:
+    raise Unpackable(eqn, "a per-example operand")
+  if x.axis not in axes:   # over other axes: per token, and zeros stay zeros
+    out, = _bind(eqn, [x.val], layout)
+    return [V(TOKEN, out, x.axis - sum(a < x.axis for a in axes), x.dim)]
+  kind = _SEGMENT[eqn.primitive.name]
+  rest = tuple(a for a in axes if a != x.axis)
+  val = x.val
+  if rest:
+    reduce = {"sum": lax.reduce_sum_p, "max": lax.reduce_max_p, "min": lax.reduce_min_p}
+    if kind not in reduce:
+      raise Unpackable(eqn, "an arg-reduction over several axes")
+    params = {k: v for k, v in eqn.params.items() if k != "axes"}
+    val = reduce[kind].bind(val, axes=rest, **params)
+  axis = x.axis - sum(a < x.axis for a in rest)
+  val = jnp.moveaxis(val, axis, 0)
+  valid = layout.valid(x.dim)
+  valid = lax.broadcast_in_dim(valid, val.shape, (0,))
+  if kind == "sum":
+    out = jax.ops.segment_sum(val, layout.segments, layout.examples)
+  elif kind in ("max", "min") and _inexact(val):
+    out = segment_extremum(kind, layout.examples, val, valid, layout.segments)
+  elif kind in ("max", "min"):   # (integers and bools: no derivative)
+    out = segment_reduce(kind, val, layout.segments, layout.examples, valid)
+  else:
+    out = segment_arg(kind, layout, val, valid, eqn.params["index_dtype"])
+  return [V(EXAMPLE, lax.convert_element_type(out, eqn.outvars[0].aval.dtype))]
+
+
+def _dot_general(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
+  lhs, rhs = invals
+  (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+  out_axis = _token_axis(eqn.outvars[0].aval, eqn)
+  if lhs.kind == TOKEN and rhs.kind == TOKEN and out_axis is not None:
+    if lhs.axis in lb and rhs.axis in rb and list(lb).index(lhs.axis) == list(rb).index(rhs.axis):
+      out, = _bind(eqn, [lhs.val, rhs.val], layout)
+      return [V(TOKEN, out, out_axis, lhs.dim)]
+  elif TOKEN in (lhs.kind, rhs.kind) and SHARED in (lhs.kind, rhs.kind):
+    tok, contracting = (lhs, lc) if lhs.kind == TOKEN else (rhs, rc)
+    if tok.axis not in contracting and out_axis is not None:   # the free axis: straight
+      out, = _bind(eqn, [lhs.val, rhs.val], layout)
+      return [V(TOKEN, out, out_axis, tok.dim)]
+  return _relayout(eqn, invals, layout)
+
+
+def _gather(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
+  operand, indices = invals
+  out_axis = _token_axis(eqn.outvars[0].aval, eqn)
+  if operand.kind == SHARED and indices.kind == TOKEN and out_axis is not None:
+    # a lookup per token (an embedding): straight; the tail looked up index 0
+    out, = _bind(eqn, [operand.val, indices.val], layout)
+    return [V(TOKEN, layout.select(out, out_axis, indices.dim), out_axis, indices.dim)]
+  return _relayout(eqn, invals, layout)
+
+
+def _call(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
+  closed = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+  if not hasattr(closed, "consts"):
+    closed = jc.ClosedJaxpr(closed, ())
+  return eval_packed(closed.jaxpr, closed.consts, invals, layout)
+
+
+def _custom_vjp(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
+  raise Unpackable(eqn, "a jax.custom_vjp function whose operands vary with the length: "
+                   "its backward rule is written for one example")
+
+
+def _custom_jvp_call(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
+  """The function packed, with its custom derivative rule packed too (as
+  `_masking/rules/control_flow.py` does for masking), so `jax.nn.relu`'s
+  derivative at 0 stays the rule's."""
+  call_jaxpr = eqn.params["call_jaxpr"]
+  rule, out_zeros = _native.custom_jvp_rule(eqn)
+  n_consts = eqn.params["num_consts"]
+  n_out = len(eqn.outvars)
+  n_lay = len(layout.arrays)
+  diff_in = [i for i, v in enumerate(eqn.invars[n_consts:]) if _native.inexact(v.aval)]
+  shapes = [(v.kind, v.axis, v.dim, v.axis2) for v in invals]
+  kinds: list[tuple[str, int, Any, int]] = []
+
+  def rebuild(arrays: Sequence[Any]) -> tuple[Layout, list[V]]:
+    inner = Layout(layout.name, arrays[:n_lay], layout.rows, layout.row_length)
+    return inner, [V(k, x, a, d, a2)
+                   for (k, a, d, a2), x in zip(shapes, arrays[n_lay:], strict=True)]
+
+  @jax.custom_jvp
+  def packed(*arrays: Any) -> list[Any]:
+    inner, vs = rebuild(arrays)
+    outs = eval_packed(call_jaxpr.jaxpr, call_jaxpr.consts, vs, inner)
+    kinds[:] = [(o.kind, o.axis, o.dim, o.axis2) for o in outs]
+    return [o.val for o in outs]
+
+  def packed_jvp(primals: Any, tangents: Any) -> tuple[list[Any], list[Any]]:
+    inner, vs = rebuild(primals)
+    ts = []
+    for i in diff_in:
+      v, t = vs[n_consts + i], tangents[n_lay + n_consts + i]
+      if v.kind in (PAIR, UNPACKED):
+        raise Unpackable(eqn, "a custom derivative rule on pairs of tokens")
+      ts.append(V(v.kind, inner.select(t, v.axis, v.dim) if v.kind == TOKEN else t,
+                  v.axis, v.dim))
+    both = eval_packed(rule.jaxpr, rule.consts, [*vs[n_consts:], *ts], inner)
+    outs, nz = both[:n_out], iter(both[n_out:])
+    touts = []
+    for o, z in zip(outs, out_zeros, strict=True):
+      touts.append(jnp.zeros_like(o.val) if z else _as_kind(next(nz), o, inner).val)
+    return [o.val for o in outs], touts
+
+  packed.defjvp(packed_jvp)
+  vals = packed(*layout.arrays, *[v.val for v in invals])
+  return [V(k, x, a, d, a2) for (k, a, d, a2), x in zip(kinds, vals, strict=True)]
+
+
+def _as_kind(v: V, like: V, layout: Layout) -> V:
+  """`v` in `like`'s kind (a tangent the rule computed in a narrower one)."""
+  if v.kind == like.kind:
+    return v
+  if {v.kind, like.kind} & {UNPACKED, PAIR}:
+    raise Unpackable(None, "a custom derivative rule on values with two axes along the example")
+  target = like.val.shape
+  if like.kind == EXAMPLE:
+    val = jnp.broadcast_to(v.val, target)
+  elif v.kind == SHARED:
+    val = layout.select(jnp.broadcast_to(v.val, target), like.axis, like.dim)
+  else:   # EXAMPLE onto TOKEN
+    g = layout.onto_tokens(jnp.broadcast_to(v.val, (layout.examples,)), like.dim)
+    val = lax.broadcast_in_dim(g, target, (like.axis,))
+  return V(like.kind, val, like.axis, like.dim)
+
+
+# --- through the masking rules ----------------------------------------------------
+
+#: Ops that mix positions along the example's axis, evaluated one example per
+#: padded row with their masking rule: linear or order based (or selects and
+#: elementwise ops, run with the double select below), so that JAX's
+#: derivative of the rule, on zeros past each example, is the exact one.
+_RELAYOUT = frozenset({
+    "cumsum", "cummax", "cummin", "cumprod", "cumlogsumexp", "rev", "slice", "pad",
+    "concatenate", "dynamic_slice", "dynamic_update_slice", "gather", "dot_general",
+    "reduce_prod", "reduce_and", "reduce_or", "reduce_xor", "sort", "split",
+    "conv_general_dilated", "reduce_window_sum", "select_and_gather_add",
+    "reduce_sum", "reduce_max", "reduce_min", "argmax", "argmin", "broadcast_in_dim",
+    "iota", "transpose", "squeeze", "reshape", "dim_as_value", "one_minus_square",
+    "polynomial", *ELEMENTWISE,
+})
+_ELEMENTWISE = frozenset({*ELEMENTWISE, "one_minus_square", "polynomial"})
+_CALLS = frozenset({"jit", "closed_call", "eval_jaxpr", "call", "custom_jvp_call",
+                    "custom_vjp_call"})
+
+
+def _relayout(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
+  """`eqn` run by its masking rule, one padded row per example (`jax.vmap`ped
+  over the examples with each one's length). Values with two axes along the
+  example (attention scores) stay in that form (UNPACKED, zeros past the
+  example); the others go back to the packed layout. Every result's padding
+  is selected to zero, and an elementwise op selects its operands too, so a
+  NaN derivative in the padding reaches nothing."""
+  rule = masking_rules.get(eqn.primitive)
+  if rule is None or eqn.primitive.name not in _RELAYOUT:
+    raise Unpackable(eqn, "it has no packed rule")
+  vals: list[Any] = []
+  axes: list[int | None] = []
+  for v in invals:
+    if v.kind == PAIR:
+      raise Unpackable(eqn, "an op on pairs of tokens (attention scores) with no packed rule")
+    if v.kind == TOKEN:
+      vals.append(layout.unpack(v.val, v.axis, v.dim)); axes.append(0)
+    else:
+      vals.append(v.val); axes.append(None if v.kind == SHARED else 0)
+  out_axes = [_token_axis(o.aval, eqn) if _n_axes(o.aval) == 1 else None
+              for o in eqn.outvars]
+  for o, a in zip(eqn.outvars, out_axes, strict=True):
+    if a is not None and not layout.fits(o.aval.shape[a]):
+      raise Unpackable(eqn, f"its result {o.aval.str_short()} is longer than the example "
+                       "and does not fit in its slot of the row")
+  elementwise = eqn.primitive.name in _ELEMENTWISE
+
+  def one(n: Any, *xs: Any) -> list[Any]:
+    env = MaskEnv((layout.name,), {layout.name: layout.row_length}, [n])
+    ctx = RuleContext(env, eqn)
+    if elementwise:
+      xs = tuple(ctx.fill_padding(x, aval, 0) if _inexact(x) else x
+                 for x, aval in zip(xs, ctx.in_avals, strict=True))
+    outs = rule(ctx, *xs, **eqn.params)
+    return [ctx.fill_padding(o, aval, 0) for o, aval in zip(outs, ctx.out_avals, strict=True)]
+
+  outs = jax.vmap(one, in_axes=(0, *axes))(layout.lengths, *vals)
+  result = []
+  for o, a, y in zip(eqn.outvars, out_axes, outs, strict=True):
+    if _n_axes(o.aval) > 1:
+      result.append(V(UNPACKED, y))
+    elif a is None:
+      result.append(V(EXAMPLE, y))
+    else:
+      d = o.aval.shape[a]
+      result.append(V(TOKEN, layout.repack(y, a, d), a, d))
+  return result
+
+
+_RULES: dict[str, Any] = {name: _elementwise for name in ELEMENTWISE}
+_RULES.update({
+    "one_minus_square": _elementwise, "polynomial": _elementwise,
+    "broadcast_in_dim": _broadcast_in_dim, "iota": _iota, "dim_as_value": _dim_as_value,
+    "transpose": _transpose, "squeeze": _squeeze, "reshape": _reshape, "slice": _slice,
+    "dot_general": _dot_general, "gather": _gather, "jit": _call, "closed_call": _call, "eval_jaxpr": _call,
+    "call": _call, "custom_jvp_call": _custom_jvp_call, "custom_vjp_call": _custom_vjp,
+    **{name: _reduce for name in _SEGMENT},
+})
+
+
+def _concatenate(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
+  first = invals[0]
+  if (all(v.kind == TOKEN and v.axis == first.axis and str(v.dim) == str(first.dim)
+          for v in invals) and eqn.params["dimension"] != first.axis):
+    out, = _bind(eqn, [v.val for v in invals], layout)    # along another axis: straight
+    return [V(TOKEN, out, first.axis, first.dim)]
+  return _relayout(eqn, invals, layout)
+
+
+_RULES["concatenate"] = _concatenate

@@ -1,0 +1,169 @@
+"""The packed batch's layout in a program, and reductions per example.
+
+`Layout` holds a `PackedRagged`'s layout arrays inside the program (each
+example's length and start, each token's example and position) and what the
+packed interpreter (`packed_eval.py`) derives from them once per call: which
+tokens a value of a given symbolic size holds, per-example values gathered
+onto their tokens, and the gathers between the packed layout and one padded
+row per example. The segment reductions below reduce per-token values per
+example (the token's example as segment id); the tail's id is out of range,
+so it never contributes.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .._masking import dims as _dims
+
+
+class Layout:
+  """The packed batch's layout in the program, and what is derived from it."""
+
+  def __init__(self, name: str, arrays: Sequence[Any], rows: int, row_length: int) -> None:
+    self.name = name
+    self.arrays = tuple(arrays)
+    self.lengths, self.starts, self.segments, self.positions = arrays
+    self.examples = int(self.lengths.shape[0])
+    self.rows, self.row_length = rows, row_length
+    self.tokens = rows * row_length
+    self._cache: dict[Any, Any] = {}
+
+  def _cached(self, key: Any, make: Any) -> Any:
+    hit = self._cache.get(key)
+    if hit is None:
+      hit = self._cache[key] = make()
+    return hit
+
+  def is_base(self, d: Any) -> bool:
+    return str(d) == self.name
+
+  def value(self, d: Any) -> Any:
+    """`d` at each example's length: int32 `(examples,)`."""
+    if self.is_base(d):
+      return self.lengths
+    return self._cached(("value", str(d)), lambda: jax.vmap(
+        lambda m: lax.convert_element_type(_dims.evaluate_dim(d, {self.name: m}),
+                                           np.int32))(self.lengths))
+
+  def size(self, d: Any) -> Any:
+    return self.lengths if self.is_base(d) else jnp.maximum(self.value(d), 0)
+
+  def padded(self, d: Any) -> int:
+    if self.is_base(d):
+      return self.row_length
+    return int(_dims.evaluate_dim(d, {self.name: self.row_length}))
+
+  def fits(self, d: Any) -> bool:
+    """Whether a value of size `d` fits in each example's slot: d(m) <= m."""
+    if self.is_base(d):
+      return True
+    return all(_dims.evaluate_dim(d, {self.name: m}) <= m
+               for m in range(self.row_length + 1))
+
+  def valid(self, d: Any) -> Any:
+    """`(tokens,)` bool: the tokens a value of size `d` holds."""
+    def make() -> Any:
+      inside = self.segments < self.examples
+      if self.is_base(d):
+        return inside
+      own = jnp.take(self.size(d), self.segments, mode="fill", fill_value=0)
+      return inside & (self.positions < own)
+    return self._cached(("valid", str(d)), make)
+
+  def valid_like(self, shape: Sequence[int], axis: int, d: Any) -> Any:
+    return self._cached(("like", tuple(shape), axis, str(d)), lambda: lax.broadcast_in_dim(
+        self.valid(d), tuple(shape), (axis,)))
+
+  def select(self, x: Any, axis: int, d: Any) -> Any:
+    """`x` with its tail (along `axis`, for size `d`) set to 0."""
+    return lax.select(self.valid_like(x.shape, axis, d), x, lax.full_like(x, 0))
+
+  def onto_tokens(self, x: Any, d: Any) -> Any:
+    """Per-example `x` `(examples, ...)` repeated on each token `(tokens, ...)`,
+    0 on the tail."""
+    out = jnp.take(x, self.segments, axis=0, mode="fill", fill_value=0)
+    return out if self.is_base(d) else self.select(out, 0, d)
+
+  def unpack(self, x: Any, axis: int, d: Any) -> Any:
+    """TOKEN `x` as one padded row per example: `(examples, ..., padded(d) at
+    axis, ...)`, zeros past each example's size."""
+    p = self.padded(d)
+    def make() -> Any:
+      at = jnp.arange(p, dtype=np.int32)
+      idx = self.starts[:, None] + at
+      return jnp.where(at < self.size(d)[:, None], idx, self.tokens)
+    idx = self._cached(("unpack", str(d)), make)
+    out = jnp.take(x, idx, axis=axis, mode="fill", fill_value=0)
+    return jnp.moveaxis(out, axis, 0)
+
+  def repack(self, y: Any, axis: int, d: Any) -> Any:
+    """The inverse of `unpack`: per-example rows `(examples, ...)`, the padded
+    axis at `axis + 1`, back to TOKEN form with the tokens at `axis`."""
+    p = y.shape[axis + 1]
+    def make() -> Any:
+      flat = self.segments * p + self.positions
+      return jnp.where(self.valid(d), flat, self.examples * p)
+    idx = self._cached(("repack", str(d), p), make)
+    y = jnp.moveaxis(y, axis + 1, 1)
+    flat = y.reshape(self.examples * p, *y.shape[2:])
+    out = jnp.take(flat, idx, axis=0, mode="fill", fill_value=0)
+    return jnp.moveaxis(out, 0, axis)
+
+
+def identity(kind: str, dtype: Any) -> Any:
+  if jnp.issubdtype(dtype, jnp.inexact):
+    return -np.inf if kind == "max" else np.inf
+  info = np.iinfo(dtype) if jnp.issubdtype(dtype, jnp.integer) else None
+  if info is None:   # bool
+    return kind == "min"
+  return info.min if kind == "max" else info.max
+
+
+def segment_reduce(kind: str, x: Any, segments: Any, examples: int, valid: Any) -> Any:
+  filled = jnp.where(valid, x, jnp.asarray(identity(kind, x.dtype), x.dtype))
+  op = jax.ops.segment_max if kind == "max" else jax.ops.segment_min
+  return op(filled, segments, examples)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
+def segment_extremum(kind: str, examples: int, x: Any, valid: Any, segments: Any) -> Any:
+  """max/min per example; the derivative divided among the valid ties (as
+  JAX's `reduce_max`'s, and the masking rule's)."""
+  return segment_reduce(kind, x, segments, examples, valid)
+
+
+@segment_extremum.defjvp
+def segment_extremum_jvp(kind: str, examples: int, primals: Any, tangents: Any) -> Any:
+  x, valid, segments = primals
+  t = tangents[0]
+  ans = segment_extremum(kind, examples, x, valid, segments)
+  back = jnp.take(ans, segments, axis=0, mode="fill", fill_value=0)
+  at = valid & (x == back)
+  count = jax.ops.segment_sum(at.astype(x.dtype), segments, examples)
+  count = jnp.where(count == 0, jnp.ones_like(count), count)
+  return ans, jax.ops.segment_sum(jnp.where(at, t, jnp.zeros_like(t)), segments, examples) / count
+
+
+def segment_arg(kind: str, layout: Layout, x: Any, valid: Any, index_dtype: Any) -> Any:
+  """argmax/argmin per example: the first position of the extremum, a NaN
+  winning as in `lax.argmax`."""
+  base = "max" if kind == "argmax" else "min"
+  best = segment_reduce(base, x, layout.segments, layout.examples, valid)
+  back = jnp.take(best, layout.segments, axis=0, mode="fill", fill_value=0)
+  at = valid & (x == back)
+  if jnp.issubdtype(x.dtype, jnp.inexact):
+    nan = jnp.isnan(x) & valid
+    has_nan = jax.ops.segment_max(nan.astype(np.int32), layout.segments, layout.examples) > 0
+    has_nan = jnp.take(has_nan, layout.segments, axis=0, mode="fill", fill_value=False)
+    at = jnp.where(has_nan, nan, at)
+  big = np.int32(np.iinfo(np.int32).max)
+  pos = lax.broadcast_in_dim(layout.positions, x.shape, (0,))
+  first = jax.ops.segment_min(jnp.where(at, pos, big), layout.segments, layout.examples)
+  return jnp.where(first == big, 0, first).astype(index_dtype)

@@ -1,0 +1,156 @@
+"""`pj.vmap` over a `PackedRagged`: the packed evaluation, or the padded one.
+
+`pj.vmap(fun)(params, packed)` traces `fun` once for one example with a
+symbolic length (`pj.mask`'s trace, the dim named as `pj.vmap` names it) and
+evaluates it on the packed rows (`packed_eval.py`): per-example outputs come
+back stacked in the examples' order, per-token outputs as a `PackedRagged` in
+the input's layout, shared-parameter gradients through JAX's own derivative
+of the packed evaluation (exact by the tail invariant there).
+
+When the packed layout cannot run `fun` exactly (`Unpackable`: a loop whose
+step reads the whole sequence, a `custom_vjp`, size comparisons that give
+`fun` several traces, empty examples), the call runs as `pj.vmap` over the
+padded batch instead (one row per example, `row_length` long), with a
+`pj.PerformanceWarning` that names the op and the user's line: slower,
+never wrong. Its per-token outputs are then a `pj.Ragged`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._masking.errors import PerformanceWarning, warn_user_code
+from .._masking.mask import Masked
+from .arguments import example_struct, leaf_axes
+from . import packed_pairs, packed_scan  # noqa: F401  (they fill rule tables)
+from .packed_eval import EXAMPLE, PAIR, SHARED, TOKEN, UNPACKED, Unpackable, V, eval_packed
+from .packed_layout import Layout
+from .packing import PackedRagged, is_packed
+from .ragged import Ragged
+
+DIM = "n0_0"
+
+
+def _spec() -> str:
+  return f"({DIM}, ...)"
+
+
+class PackedRunner:
+  """The packed path of one `pj.vmap`ped function (cached per structure)."""
+
+  def __init__(self, fun: Callable[..., Any], in_axes: Any, out_axes: Any,
+               unpacked: Callable[..., Any]) -> None:
+    self.fun = fun
+    self.in_axes = in_axes
+    self.out_axes = out_axes
+    self.unpacked = unpacked    # pj.vmap's own run over padded arguments
+    self._masked: dict[Any, Masked] = {}
+    self.jitted = jax.jit(self.run)
+
+  def run(self, *args: Any) -> Any:
+    flat, treedef = jax.tree.flatten(args, is_leaf=is_packed)
+    axes = leaf_axes(self.in_axes, args, len(flat), is_packed, "a pj.PackedRagged")
+    packed = [x for x in flat if is_packed(x)]
+    if len(packed) != 1 or any(isinstance(x, Ragged) for x in flat):
+      raise TypeError("pj.vmap over packed examples takes one PackedRagged argument "
+                      "(put every per-token array of an example in it: "
+                      "pj.Ragged.from_list([(tok, tgt), ...], packing=...)) and no pj.Ragged.")
+    batch = packed[0]
+    for x, a in zip(flat, axes, strict=True):
+      if is_packed(x) and a != 0:
+        raise TypeError("pj.vmap maps a PackedRagged over its examples: its in_axes must be 0.")
+      if not is_packed(x) and a is not None and np.shape(x)[a] != batch.num_examples:
+        raise ValueError(f"an argument has {np.shape(x)[a]} entries on its mapped axis "
+                         f"{a}, but the packed batch holds {batch.num_examples} examples.")
+    try:
+      if not batch.nonempty:
+        raise Unpackable(None, "the batch holds empty examples, which take the padded "
+                         "path's own evaluation at size 0")
+      return self._packed(treedef, flat, axes, batch)
+    except Unpackable as e:
+      warn_user_code(
+          f"pj.vmap({getattr(self.fun, '__name__', self.fun)}) runs this packed batch "
+          f"unpacked, one padded row per example (exact, but without packing's "
+          f"savings): {e}.\nWhat to do: pass the batch unpacked (no packing=) to "
+          "silence this, or write that step with ops that have packed rules "
+          "(docs/guide/packing.md lists them).", PerformanceWarning)
+      return self._unpacked(treedef, flat, batch)
+
+  # --- packed --------------------------------------------------------------
+
+  def _masked_for(self, treedef: Any, packed: tuple[bool, ...]) -> Masked:
+    """`pj.mask(fun)` with the packed argument's leaves of length `n0_0`."""
+    masked = self._masked.get((treedef, packed))
+    if masked is None:
+      specs = [_spec() if p else None for p in packed]
+      masked = self._masked[(treedef, packed)] = Masked(self.fun,
+                                                        list(treedef.unflatten(specs)))
+    return masked
+
+  def _packed(self, treedef: Any, flat: list[Any], axes: list[Any], batch: PackedRagged
+              ) -> Any:
+    masked = self._masked_for(treedef, tuple(is_packed(x) for x in flat))
+    row_length = batch.row_length
+    def struct(a: Any) -> Any:
+      # jax.ShapeDtypeStruct's constructor carries no annotations (strict only)
+      return jax.ShapeDtypeStruct((row_length, *a.shape[2:]), a.dtype)  # type: ignore[no-untyped-call, unused-ignore]
+    example = [jax.tree.map(struct, x.data) if is_packed(x)
+               else example_struct(x, a, None) for x, a in zip(flat, axes, strict=True)]
+    example_args = list(treedef.unflatten(example))
+    variants = masked.variants(example_args)
+    if len(variants) > 1:
+      raise Unpackable(None, f"{getattr(self.fun, '__name__', 'the function')} compares "
+                       "the example's length, so each example may take another trace")
+    traced = variants[0].traced
+    layout = Layout(DIM, (batch.lengths, batch.starts, batch.segments, batch.positions),
+                    batch.rows, row_length)
+    tokens = layout.tokens
+    inputs: list[V] = [V(SHARED, c) for c in traced.consts]
+    for x, a in zip(flat, axes, strict=True):
+      if is_packed(x):
+        for leaf in jax.tree.leaves(x.data):
+          val = jnp.reshape(leaf, (tokens, *leaf.shape[2:]))
+          dim = traced.in_avals[len(inputs)].shape[0]   # (the symbolic n0_0)
+          inputs.append(V(TOKEN, layout.select(val, 0, dim), 0, dim))
+      elif a is None:
+        inputs.append(V(SHARED, x))
+      else:
+        inputs.append(V(EXAMPLE, jnp.moveaxis(jnp.asarray(x), a, 0)))
+    outs = eval_packed(traced.jaxpr, [], inputs, layout)
+    return jax.tree.unflatten(traced.out_tree, [self._output(o, layout, batch) for o in outs])
+
+  def _output(self, o: V, layout: Layout, batch: PackedRagged) -> Any:
+    if self.out_axes != 0:
+      raise TypeError("pj.vmap over packed examples supports out_axes=0 only.")
+    if o.kind == EXAMPLE:
+      return o.val
+    if o.kind == SHARED:
+      return jnp.broadcast_to(o.val, (layout.examples, *jnp.shape(o.val)))
+    if o.kind in (UNPACKED, PAIR):   # several axes along the example
+      raise Unpackable(None, "an output with several axes along the example")
+    if o.axis != 0:
+      raise Unpackable(None, "an output whose length-dependent axis is not its first")
+    valid = layout.valid(o.dim)
+    data = jnp.reshape(o.val, (layout.rows, layout.row_length, *o.val.shape[1:]))
+    segments = jnp.where(valid, layout.segments, layout.examples)
+    positions = jnp.where(valid, layout.positions, 0)
+    return PackedRagged(data, layout.size(o.dim), layout.starts, segments, positions,
+                        nonempty=False)
+
+  # --- unpacked --------------------------------------------------------------
+
+  def _unpacked(self, treedef: Any, flat: list[Any], batch: PackedRagged) -> Any:
+    layout = Layout(DIM, (batch.lengths, batch.starts, batch.segments, batch.positions),
+                    batch.rows, batch.row_length)
+    def unpack(leaf: Any) -> Any:
+      tokens = jnp.reshape(leaf, (layout.tokens, *leaf.shape[2:]))
+      return layout.unpack(tokens, 0, DIM)
+    padded = [Ragged._make(jax.tree.map(unpack, x.data), x.lengths, None, 1, x.nonempty)
+              if is_packed(x) else x for x in flat]
+    return self.unpacked(*treedef.unflatten(padded))
+
+

@@ -1,0 +1,360 @@
+"""Packing (`pj.Packing`, `PackedRagged`): the planner, and `pj.vmap` over packed rows.
+
+Every op family is checked against each example run alone under `jax.jit`:
+the per-example and per-token outputs, and the gradient with respect to the
+shared parameters, with NaN and inf written into the unused tail of every
+row. Supported families must run packed (no warning); the others must run
+unpacked with a `pj.PerformanceWarning` and still be exact, or be refused.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.extend.core import Primitive
+
+import polyjit as pj
+from polyjit._ragged.packing import plan_rows
+
+LENGTHS = [5, 1, 9, 13]   # in rows of 16: 13 | 9 5 1; 9 and 13 longer than half a row
+
+
+def _ffd_reference(lengths, row_length, max_segments=None):
+  """First-fit decreasing, one example at a time."""
+  order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+  fill, count = [], []
+  rows, offsets = [0] * len(lengths), [0] * len(lengths)
+  for i in order:
+    for r in range(len(fill)):
+      if fill[r] + lengths[i] <= row_length and (max_segments is None or count[r] < max_segments):
+        break
+    else:
+      fill.append(0), count.append(0)
+      r = len(fill) - 1
+    rows[i], offsets[i] = r, fill[r]
+    fill[r] += lengths[i]
+    count[r] += 1
+  return rows, offsets, len(fill)
+
+
+@pytest.mark.parametrize("max_segments", [None, 1, 2, 3])
+def test_planner_is_first_fit_decreasing(max_segments):
+  rng = np.random.default_rng(0)
+  for _ in range(60):
+    row_length = int(rng.integers(1, 40))
+    lengths = rng.integers(0, row_length + 1, int(rng.integers(1, 50)))
+    rows, offsets, count = plan_rows(lengths, row_length, max_segments)
+    want = _ffd_reference(list(lengths), row_length, max_segments)
+    assert rows.tolist() == want[0] and offsets.tolist() == want[1] and count == want[2]
+
+
+def test_planner_refuses_an_example_longer_than_a_row():
+  with pytest.raises(pj.ShapeError, match="example 1 has length 9"):
+    plan_rows([3, 9], 8)
+
+
+def test_from_list_packs_and_round_trips():
+  rng = np.random.default_rng(1)
+  xs = [rng.normal(size=(n, 2)).astype(np.float32) for n in [*LENGTHS, 0]]
+  packed = pj.Ragged.from_list(xs, packing=pj.Packing())
+  assert isinstance(packed, pj.PackedRagged)
+  assert packed.row_length == 16            # the bucket of the longest
+  assert packed.num_examples == len(xs) and not packed.nonempty
+  for got, want in zip(packed.to_list(), xs, strict=True):
+    np.testing.assert_array_equal(got, want)
+  real = sum(len(x) for x in xs)
+  assert packed.efficiency == real / (packed.rows * 16)
+  padded = pj.Ragged.from_list(xs)
+  assert padded.efficiency == real / (len(xs) * 16)
+  assert packed.efficiency > padded.efficiency
+  # equal lengths, equal layout
+  again = pj.Ragged.from_list([x + 1 for x in xs], packing=pj.Packing())
+  for a, b in [(packed.starts, again.starts), (packed.segments, again.segments)]:
+    np.testing.assert_array_equal(a, b)
+  capped = pj.Ragged.from_list(xs, packing=pj.Packing(row_length=32, max_segments=2))
+  assert np.bincount(np.asarray(capped.starts) // 32).max() <= 2
+
+
+def test_packing_arguments_are_checked():
+  with pytest.raises(ValueError):
+    pj.Packing(row_length=0)
+  with pytest.raises(TypeError):
+    pj.Ragged.from_list([np.zeros(3)], packing=pj.Packing(), batch_buckets=[8])
+
+
+# --- pj.vmap over packed rows --------------------------------------------------------
+
+def _examples(rng, lengths=LENGTHS):
+  return [rng.normal(size=(n, 3)).astype(np.float32) for n in lengths]
+
+
+def _poison(packed):
+  """The packed batch with NaN and inf in the unused tail of every row."""
+  valid = np.asarray(packed.valid())
+  def fill(x):
+    x = np.array(x)
+    bad = np.where(np.arange(x[~valid].size).reshape(x[~valid].shape) % 2, np.nan, np.inf)
+    x[~valid] = bad.astype(x.dtype) if np.issubdtype(x.dtype, np.floating) else 7
+    return jnp.asarray(x)
+  return pj.PackedRagged(jax.tree.map(fill, packed.data), packed.lengths, packed.starts,
+                         packed.segments, packed.positions, packed.nonempty)
+
+
+def _loss(out):
+  """A scalar of every output, with cotangents that differ per entry."""
+  total = 0.0
+  for leaf in jax.tree.leaves(out, is_leaf=lambda x: isinstance(x, (pj.PackedRagged, pj.Ragged))):
+    if isinstance(leaf, (pj.PackedRagged, pj.Ragged)):
+      data = jnp.sin(leaf.data.astype(jnp.float32))
+      total = total + jnp.sum(jnp.where(leaf._mask_like(data), data, 0))
+    else:
+      total = total + jnp.sum(jnp.sin(jnp.asarray(leaf, jnp.float32)))
+  return total
+
+
+def _example_loss(out):
+  return sum(jnp.sum(jnp.sin(jnp.asarray(o, jnp.float32))) for o in jax.tree.leaves(out))
+
+
+def _per_example(out, i):
+  return [o.to_list()[i] if isinstance(o, (pj.PackedRagged, pj.Ragged)) else np.asarray(o)[i]
+          for o in jax.tree.leaves(out, is_leaf=lambda x: isinstance(x, (pj.PackedRagged,
+                                                                           pj.Ragged)))]
+
+
+def _check(fun, w, xs, row_length=16, expect_warning=False, tol=2e-5):
+  packed = _poison(pj.Ragged.from_list(xs, packing=pj.Packing(row_length=row_length)))
+  vmapped = pj.vmap(fun, in_axes=(None, 0))
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    out = jax.jit(vmapped)(w, packed)
+    value, grad = jax.jit(jax.value_and_grad(lambda w: _loss(vmapped(w, packed))))(w)
+  warned = [c for c in caught if issubclass(c.category, pj.PerformanceWarning)]
+  assert bool(warned) == expect_warning, [str(c.message) for c in warned]
+
+  @jax.jit
+  def one(w, x):   # each example alone, its value and gradient
+    return fun(w, x), jax.grad(lambda w: _example_loss(fun(w, x)))(w)
+
+  refs = [one(w, x) for x in xs]
+  for i, (want, _) in enumerate(refs):
+    for g, r in zip(_per_example(out, i), jax.tree.leaves(want), strict=True):
+      np.testing.assert_allclose(g, r, rtol=tol, atol=tol)
+  assert np.all(np.isfinite(grad))
+  np.testing.assert_allclose(grad, sum(r[1] for r in refs), rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(value, sum(_example_loss(r[0]) for r in refs), rtol=1e-4)
+  return out
+
+
+def _positions(n, width=4):
+  pos = jnp.arange(n, dtype=jnp.float32)[:, None]
+  freq = jnp.exp(-np.log(100.0) * jnp.arange(0, width, 2, dtype=jnp.float32) / width)
+  return jnp.concatenate([jnp.sin(pos * freq), jnp.cos(pos * freq)], -1)
+
+
+def _scan(w, x):
+  def step(c, xt):
+    c = jnp.tanh(c + xt @ w)
+    return c, c
+  final, hs = lax.scan(step, jnp.zeros(4) + jnp.mean(x), x)
+  return final, hs
+
+
+def _reverse_scan(w, x):
+  step = lambda c, xt: (jnp.tanh(c * 0.5 + xt @ w), jnp.log1p(c ** 2))
+  return lax.scan(step, jnp.ones(4), x, reverse=True)[1]
+
+
+# One row per op family the packed layout runs, each written for one example
+# `x` (n, 3) with shared parameters `w` (3, 4).
+PACKED = {
+    "elementwise": lambda w, x: jnp.tanh(x) * 2 + jnp.log1p(x ** 2) - jnp.exp(-jnp.abs(x)),
+    "broadcast_example_values": lambda w, x: (x - jnp.mean(x, axis=0)) / jnp.linalg.norm(x),
+    "sum_mean": lambda w, x: (jnp.sum(x * w[:, 0]), jnp.mean(x, axis=0), jnp.mean(x)),
+    "max_min": lambda w, x: (jnp.max(x, axis=0) * w[0, :3], jnp.min(x), jnp.max(jnp.round(x))),
+    "argmax": lambda w, x: (jnp.argmax(x, axis=0), jnp.argmin(x[:, 1]), jnp.sum(x @ w),
+                            jnp.max(jnp.floor(x * 3).astype(jnp.int32), axis=0)),
+    "logsumexp_softmax": lambda w, x: (jax.nn.logsumexp(x @ w, axis=0),
+                                       jax.nn.softmax(x @ w, axis=0)),
+    "norms_var": lambda w, x: (jnp.linalg.norm(x @ w, axis=0), jnp.var(x, axis=0),
+                               jnp.std(x @ w)),
+    "contraction_free_axis": lambda w, x: jax.nn.relu(x @ w + 0.1) @ w.T,
+    "pooling_head": lambda w, x: jnp.tanh(jnp.mean(jax.nn.gelu(x @ w), axis=0)) @ w[0],
+    "positions": lambda w, x: (x * jnp.arange(x.shape[0])[:, None], x.shape[0] * jnp.sum(w),
+                               (x @ w) + _positions(x.shape[0])),
+    "attention_pooling": lambda w, x: jax.nn.softmax(jnp.tanh(x @ w)[:, 0]) @ x,
+    "scan_restarted_per_example": _scan,
+    "bidirectional_scan": lambda w, x: jnp.concatenate(
+        [_scan(w, x)[1], _scan(w, x[::-1])[1][::-1], _reverse_scan(w, x)], axis=1),
+}
+
+# Position-mixing ops that run through their masking rule, one example per row.
+THROUGH_MASKING_RULES = {
+    "cumsum": lambda w, x: jnp.cumsum(x @ w, axis=0),
+    "shift": lambda w, x: (x[1:] - x[:-1]) @ w,
+    "reverse": lambda w, x: x[::-1] * jnp.arange(x.shape[0])[:, None],
+    "contract_ragged_axis": lambda w, x: x.T @ (x @ w),
+    "sort": lambda w, x: jnp.sort(x @ w, axis=0),
+    # scores (n, n) stay one padded row per example; the rest runs packed
+    "attention": lambda w, x: jax.nn.softmax((x @ w) @ (x @ w).T / 2, axis=-1) @ x,
+    "causal_attention": lambda w, x: jax.nn.softmax(
+        jnp.where(jnp.tril(jnp.ones((x.shape[0],) * 2)) > 0, (x @ w) @ (x @ w).T, -1e9),
+        axis=-1) @ x + _positions(x.shape[0])[:, :3],
+    # pairs of shifted tokens (sizes n - 1): one padded row per example
+    "shifted_scores": lambda w, x: jax.nn.softmax((x[1:] @ w) @ (x[:-1] @ w).T, axis=-1)
+    @ x[1:],
+    "pairwise_output": lambda w, x: jnp.sum(jnp.abs(x[:, None, :] - x[None, :, :]) @ w, axis=1),
+}
+
+
+UNPACKED_FREE = {**PACKED, **THROUGH_MASKING_RULES}
+
+
+@pytest.mark.parametrize("name", sorted(PACKED))
+def test_packed_family_is_exact(name):
+  rng = np.random.default_rng(2)
+  w = jnp.asarray(rng.normal(size=(3, 4)).astype(np.float32))
+  _check(PACKED[name], w, _examples(rng))
+
+
+@pytest.mark.parametrize("name", sorted(THROUGH_MASKING_RULES))
+def test_position_mixing_family_is_exact(name):
+  rng = np.random.default_rng(3)
+  w = jnp.asarray(rng.normal(size=(3, 4)).astype(np.float32))
+  _check(THROUGH_MASKING_RULES[name], w, _examples(rng))
+
+
+def test_token_outputs_come_back_packed_with_their_lengths():
+  rng = np.random.default_rng(4)
+  xs = _examples(rng)
+  packed = pj.Ragged.from_list(xs, packing=pj.Packing())
+  out = pj.vmap(lambda x: x[1:] - x[:-1])(packed)
+  assert isinstance(out, pj.PackedRagged)
+  assert np.asarray(out.lengths).tolist() == [n - 1 for n in LENGTHS]
+  for got, x in zip(out.to_list(), xs, strict=True):
+    np.testing.assert_allclose(got, x[1:] - x[:-1], rtol=1e-6)
+
+
+def test_training_step_with_tokens_targets_and_labels():
+  """A pytree per example (int tokens, per-token targets), a per-example label,
+  an embedding lookup: the mean loss and its gradient."""
+  rng = np.random.default_rng(5)
+  vocab, width = 11, 4
+  params = {"emb": jnp.asarray(rng.normal(size=(vocab, width)).astype(np.float32)),
+            "w": jnp.asarray(rng.normal(size=(width, 1)).astype(np.float32))}
+  examples = [(rng.integers(0, vocab, n).astype(np.int32), rng.normal(size=n).astype(np.float32))
+              for n in LENGTHS]
+  labels = jnp.asarray(rng.integers(0, 2, len(LENGTHS)).astype(np.float32))
+
+  def loss(params, example, label):
+    tokens, targets = example
+    h = jnp.tanh(params["emb"][tokens]) @ params["w"]
+    token_loss = jnp.mean((h[:, 0] - targets) ** 2)
+    logit = jnp.max(h)
+    return token_loss + jnp.log1p(jnp.exp(-logit * label))
+
+  packed = _poison(pj.Ragged.from_list(examples, packing=pj.Packing()))
+  step = jax.jit(jax.value_and_grad(
+      lambda p: pj.vmap(loss, in_axes=(None, 0, 0))(p, packed, labels).mean()))
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", pj.PerformanceWarning)
+    value, grads = step(params)
+  one = jax.jit(jax.value_and_grad(loss))
+  refs = [one(params, (jnp.asarray(t), jnp.asarray(y)), l)
+          for (t, y), l in zip(examples, labels, strict=True)]
+  np.testing.assert_allclose(value, np.mean([r[0] for r in refs]), rtol=1e-5)
+  for key in params:
+    np.testing.assert_allclose(grads[key], sum(r[1][key] for r in refs) / len(refs),
+                               rtol=1e-4, atol=1e-6)
+
+
+# --- what runs unpacked, and what is refused -----------------------------------------
+
+@jax.custom_vjp
+def _clip_gradient(x):
+  return x
+
+
+_clip_gradient.defvjp(lambda x: (x, None), lambda _, g: (jnp.clip(g, -0.1, 0.1),))
+
+def _fori(w, x):
+  return lax.fori_loop(0, x.shape[0], lambda i, c: jnp.tanh(c + x[i] @ w), jnp.zeros(4))
+
+
+UNPACKED = {
+    "fori_loop_over_tokens": _fori,
+    "custom_vjp": lambda w, x: jnp.sum(_clip_gradient(x @ w)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNPACKED))
+def test_unpackable_runs_unpacked_with_a_warning(name):
+  rng = np.random.default_rng(6)
+  w = jnp.asarray(rng.normal(size=(3, 4)).astype(np.float32))
+  _check(UNPACKED[name], w, _examples(rng), expect_warning=True)
+
+
+def test_the_warning_names_the_op_and_the_line():
+  rng = np.random.default_rng(7)
+  w = jnp.asarray(rng.normal(size=(3, 4)).astype(np.float32))
+  packed = pj.Ragged.from_list(_examples(rng), packing=pj.Packing())
+  with pytest.warns(pj.PerformanceWarning) as caught:   # (a new function: traced anew)
+    pj.vmap(lambda w, x: _fori(w, x), in_axes=(None, 0))(w, packed)
+  line = inspect.getsourcelines(_fori)[1] + 1
+  assert "'scan'" in str(caught[0].message)   # (fori_loop over n is a scan)
+  assert f"test_packing.py:{line}" in str(caught[0].message)
+
+
+def test_empty_examples_run_unpacked_and_exact():
+  rng = np.random.default_rng(8)
+  w = jnp.asarray(rng.normal(size=(3, 4)).astype(np.float32))
+  _check(lambda w, x: jnp.sum(jnp.tanh(x @ w)), w, _examples(rng, [4, 0, 7]),
+         expect_warning=True)
+
+
+mystery_p = Primitive("mystery_packed")
+mystery_p.def_abstract_eval(lambda x: x)
+mystery_p.def_impl(lambda x: x)
+
+
+def test_a_primitive_without_any_rule_is_refused():
+  def f(x):
+    return mystery_p.bind(x * 2).sum()   # the line the error must point to
+
+  packed = pj.Ragged.from_list(_examples(np.random.default_rng(9)), packing=pj.Packing())
+  with pytest.raises(pj.MaskingError) as e:
+    pj.vmap(f)(packed)
+  assert e.value.primitive == "mystery_packed"
+  assert f"test_packing.py:{inspect.getsourcelines(f)[1] + 1}" in e.value.source
+
+
+def _shapes(jaxpr, out=None):
+  out = set() if out is None else out
+  for eqn in jaxpr.eqns:
+    out.update(tuple(getattr(v.aval, "shape", ())) for v in eqn.outvars)
+    for p in eqn.params.values():
+      inner = getattr(p, "jaxpr", p)
+      if hasattr(inner, "eqns"):
+        _shapes(inner, out)
+  return out
+
+
+def test_attention_scores_are_held_per_row():
+  """Scores are (tokens, row_length) per row, never one padded row per example
+  (examples, row_length, row_length), nor dense over every token."""
+  rng = np.random.default_rng(10)
+  xs = _examples(rng, [5, 1, 9, 13, 3, 2, 7])
+  w = jnp.asarray(rng.normal(size=(3, 4)).astype(np.float32))
+  packed = pj.Ragged.from_list(xs, packing=pj.Packing(row_length=16))
+  attend = pj.vmap(UNPACKED_FREE["attention"], in_axes=(None, 0))
+  jaxpr = jax.make_jaxpr(jax.grad(lambda w: attend(w, packed).sum()))(w)
+  shapes = _shapes(jaxpr.jaxpr)
+  tokens = packed.rows * 16
+  assert (tokens, 16) in shapes
+  assert (len(xs), 16, 16) not in shapes and (tokens, tokens) not in shapes
