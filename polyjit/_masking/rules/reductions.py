@@ -9,7 +9,10 @@ can never win, and ties go to the lowest index, which is always a valid one.
 A maximum or minimum of floats differentiates with the count of positions
 that reach it (JAX divides the tangent among ties); a padding filled with
 -inf ties with a valid maximum of -inf, so that count is taken over the valid
-positions only (`_extremum`, a custom JVP).
+positions only (`_extremum`, a custom JVP). Valid means valid along every
+dynamic axis, the kept ones too: a padded slice of a kept axis has no valid
+position, so its tangent is 0 (not 0/0, which a reverse pass would carry
+into the gradient of whatever was broadcast into that slice).
 
 Cumulative ops run forward need nothing: position i only sees positions <= i.
 Run in reverse, position i sees the padding, so they fill it with the identity.
@@ -44,8 +47,11 @@ def _reducer(kind: str) -> Rule:
     aval, = ctx.in_avals
     if kind in ("max", "min") and ctx.eqn.primitive.name.startswith("reduce_") \
         and jnp.issubdtype(aval.dtype, jnp.inexact):
-      valid = ctx.valid_mask(aval, axes)
-      if valid is not None:
+      if ctx.valid_mask(aval, axes) is not None:
+        # (valid along every dynamic axis, the kept ones too: a padded slice
+        # of a kept axis then has no valid position, and its tangent is 0,
+        # where counting ties along the reduced axes only gave 0/0 there)
+        valid = ctx.valid_mask(aval)
         return [_extremum(kind, tuple(axes), identity_value(kind, aval.dtype), x,
                           lax.broadcast_in_dim(valid, x.shape, tuple(range(x.ndim))))]
     x = ctx.fill_padding_if(x, aval, identity_value(kind, aval.dtype), axes)
