@@ -69,7 +69,8 @@ def test_a_violated_constraint_gives_nan_gradients():
   assert np.isnan(got_s) and np.all(np.isnan(got_x))
 
 
-@pytest.mark.filterwarnings("ignore::polyjit.PerformanceWarning")  # (the empty path: lengths traced)
+# (lengths traced inside the step: the empty path runs, and says so)
+@pytest.mark.filterwarnings("ignore::polyjit.PerformanceWarning")
 def test_a_bad_example_does_not_drop_out_of_a_batch_gradient():
   s = np.float32(0.8)
   batch = np.stack([_padded(X[:3], np.nan), _padded(X[:2], np.inf)])

@@ -188,7 +188,8 @@ def _poisoned_outputs_jvp(primals: Any, tangents: Any) -> tuple[list[Any], list[
   gate = zero * lax.select(ok, jnp.zeros_like(total), total)
   out_tangents = []
   for t in t_outs:
-    real = jnp.finfo(t.dtype).dtype   # (the real dtype of a complex one)
+    # (the real dtype of a complex one)
+    real = jnp.finfo(t.dtype).dtype  # type: ignore[no-untyped-call, unused-ignore]
     scaled = _scaled(t, one.astype(real))
     out_tangents.append(_added_to_real(scaled, gate.astype(real)))
   return _poisoned_outputs(ok, outs, inputs), out_tangents
