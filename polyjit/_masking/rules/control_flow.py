@@ -73,7 +73,7 @@ from jax import lax
 
 from ... import _jax as jc
 from ..core import RuleContext, eval_jaxpr_masked, register
-from .. import dims as _dims, native as _native
+from .. import dims as _dims, native as _native, native_zeros as _zeros
 
 
 @register("jit")
@@ -317,7 +317,7 @@ def _singular(eqn: Any) -> bool:
     return bool(eqn.params["y"] < 0)
   if name == "div":   # (by a nonzero constant: bounded)
     d = eqn.invars[1]
-    return not (isinstance(d, jc.Literal) and bool(np.all(np.asarray(d.val) != 0)))
+    return not (isinstance(d, jc.Literal) and bool(np.all(_zeros.literal_value(d) != 0)))
   if name in _SINGULAR:
     return True
   if name == "custom_jvp_call":   # (its rule is what differentiates it)
