@@ -147,12 +147,17 @@ def poison(outs: Sequence[Any], ok: Any, inputs: Sequence[Any] = ()) -> list[Any
       guarded.append(jax.random.wrap_key_data(data, impl=jax.random.key_impl(o)))
       continue
     bad = poison_value(o.dtype) if hasattr(o, "dtype") else None
-    if bad is not None and _inexact(o):
+    if bad is not None and _inexact(o) and isinstance(o, jc.Tracer):
       indices.append(len(guarded))
       floats.append(o)
     guarded.append(o if bad is None else _poisoned(o, ok, bad))
   if floats:
-    differentiable = [x for x in inputs if _inexact(x)]
+    # (only traced values can have a derivative; a NumPy constant, also one
+    # that jax.vmap holds as a batched value, is no argument for a
+    # jax.custom_jvp: copied, it is a JAX value, and the copy is unused but
+    # by the derivative)
+    differentiable = [jnp.array(x, copy=True) for x in inputs
+                      if _inexact(x) and isinstance(x, jc.Tracer)]
     for i, y in zip(indices, _poisoned_outputs(ok, floats, differentiable), strict=True):
       guarded[i] = y
   return guarded
