@@ -214,6 +214,10 @@ class MaskEnv:
     # Native mode, evaluating a custom_jvp rule: its values may be linear in
     # the tangents JAX transposes, so `native.wrap` masks linearly there.
     self.native_linear = False
+    # Native mode, the body of a scan over a dynamic length: what each
+    # equation's inputs pass through first (`rules/control_flow.py`: a frozen
+    # step's zero cotangent must stay 0 through a derivative that may be inf).
+    self.gate_inputs: Callable[[jc.JaxprEqn, list[Any]], list[Any]] | None = None
 
   def bind_size(self, name: str, padded: int, logical: Any) -> None:
     """Adds a data-dependent size, computed by the program, to the sizes."""
@@ -391,8 +395,11 @@ def eval_jaxpr_masked(jaxpr: jc.Jaxpr, consts: Sequence[Any],
   for v, x in zip(jaxpr.invars, args, strict=True):
     vals[v] = x
   lapack = _lapack_order.lapack_calls(jaxpr) if _lapack_order.ACTIVE else None
+  gate = env.gate_inputs
   for i, (eqn, symbolic, outvars) in enumerate(_steps(jaxpr)):
     invals = [read(v) for v in eqn.invars]
+    if gate is not None:
+      invals = gate(eqn, invals)
     if lapack is not None and lapack[i]:
       invals = _lapack_order.after(env.lapack_token, invals)
     with jc.eqn_context(eqn):

@@ -433,14 +433,14 @@ def _call_traced(masked: Masked, found: Sequence[_variants.Variant], binding: _s
     outs = _apply_selected(found, binding, leaves, logical)
     n_out = len(traced.out_avals)   # (created sizes and check codes follow)
     guarded, in_contract = _size_range.guard(outs[:n_out], env, binding.padded, what,
-                                             masked.scope)
+                                             masked.scope, inputs=leaves)
     return [*guarded, *outs[n_out:]], None, in_contract
 
   def main(xs: list[Any], e: dict[str, Any]) -> list[Any]:
     return _apply_selected(found, binding, xs, [e[k] for k in binding.dim_names])
   outs, shapes, ok = _empty.selected(masked, args, binding, env, main, traced.out_avals)
   guarded, in_contract = _size_range.guard(outs, env, binding.padded, what, masked.scope,
-                                           lowest=0, ok=ok)
+                                           lowest=0, ok=ok, inputs=leaves)
   return guarded, shapes, in_contract
 
 

@@ -13,7 +13,15 @@ the pj.mask and Ragged guides document), the key data's maximum in typed
 PRNG keys, and the logical shapes a data-dependent function returns (its
 counts) the int32 minimum. So are the outputs of a call whose traced sizes
 violate a declared constraint (`constraints=["n >= 3"]`), where jax.jit of
-the function raises at those shapes. Under the checking mode
+the function raises at those shapes. The poison reaches derivatives too: a
+select alone would give a poisoned output a derivative of 0 (its transpose
+drops the cotangent of the branch not taken), and under `jax.vmap` such an
+example would silently drop out of a batch loss's gradient. So a poisoned
+output's tangent is NaN, and so is the cotangent it sends to each of the
+call's inexact inputs, whatever the masked evaluation makes of it (with a
+size of -1 every valid mask is empty, and nothing would reach them);
+where the sizes keep the contract the derivatives are exact (times 1, plus
+0: `_poisoned_outputs`). Under the checking mode
 (`POLYJIT_VERIFY=1` or `pj.verify(True)`, `_masking/verify.py`) the call raises
 `pj.SizeRangeError` instead, from a host callback.
 
@@ -102,11 +110,12 @@ def constraints_hold(env: Mapping[str, Any], scope: jc.SymbolicScope | None) -> 
 
 def guard(outs: Sequence[Any], env: Mapping[str, Any], padded: Mapping[str, int],
           what: str, scope: jc.SymbolicScope | None = None, *, lowest: int = 1,
-          ok: Any = None) -> tuple[list[Any], Any]:
+          ok: Any = None, inputs: Sequence[Any] = ()) -> tuple[list[Any], Any]:
   """(`outs`, poisoned where a size of `env` is outside [lowest, padded], `ok`
   is False (a path that has no computation at these sizes) or a declared
   constraint of `scope` is violated; the traced bool that says they are not).
-  Checking, the call raises instead."""
+  Their derivatives, with respect to the call's `inputs` too, are poisoned
+  with them. Checking, the call raises instead."""
   if not env:
     return list(outs), jnp.bool_(True)
   in_bounds = in_range(env, padded, lowest)
@@ -120,14 +129,17 @@ def guard(outs: Sequence[Any], env: Mapping[str, Any], padded: Mapping[str, int]
     jax.debug.callback(_raise_if_out_of_range, in_bounds, declared, [env[k] for k in names],
                        names=tuple(names), padded=tuple(padded[k] for k in names), what=what,
                        constraints=constraints)
-  return poison(outs, ok), ok
+  return poison(outs, ok, inputs), ok
 
 
-def poison(outs: Sequence[Any], ok: Any) -> list[Any]:
+def poison(outs: Sequence[Any], ok: Any, inputs: Sequence[Any] = ()) -> list[Any]:
   """Each of `outs` where `ok` (a traced bool), its poison elsewhere; typed
   PRNG keys get the unsigned poison in their key data (a key that no seed
-  gives by chance is not possible, but one every failed call shares is)."""
-  guarded = []
+  gives by chance is not possible, but one every failed call shares is).
+  Where not `ok`, the inexact outputs' derivatives, with respect to the
+  call's `inputs` too, are NaN (`_poisoned_outputs`)."""
+  guarded: list[Any] = []
+  floats, indices = [], []
   for o in outs:
     if hasattr(o, "dtype") and is_key_dtype(o.dtype):
       data = jax.random.key_data(o)
@@ -135,8 +147,74 @@ def poison(outs: Sequence[Any], ok: Any) -> list[Any]:
       guarded.append(jax.random.wrap_key_data(data, impl=jax.random.key_impl(o)))
       continue
     bad = poison_value(o.dtype) if hasattr(o, "dtype") else None
+    if bad is not None and _inexact(o) and isinstance(o, jc.Tracer):
+      indices.append(len(guarded))
+      floats.append(o)
     guarded.append(o if bad is None else _poisoned(o, ok, bad))
+  if floats:
+    # (only traced values can have a derivative; a NumPy constant, also one
+    # that jax.vmap holds as a batched value, is no argument for a
+    # jax.custom_jvp: copied, it is a JAX value, and the copy is unused but
+    # by the derivative)
+    differentiable = [jnp.array(x, copy=True) for x in inputs
+                      if _inexact(x) and isinstance(x, jc.Tracer)]
+    for i, y in zip(indices, _poisoned_outputs(ok, floats, differentiable), strict=True):
+      guarded[i] = y
   return guarded
+
+
+def _inexact(x: Any) -> bool:
+  return hasattr(x, "dtype") and not is_key_dtype(x.dtype) and bool(
+      jnp.issubdtype(x.dtype, jnp.inexact))
+
+
+@jax.custom_jvp
+def _poisoned_outputs(ok: Any, outs: list[Any], inputs: list[Any]) -> list[Any]:
+  """`outs` where `ok`, NaN elsewhere (values as `_poisoned`); where not `ok`
+  their tangents are NaN, and so are the cotangents they send to `outs` and
+  to `inputs` (the call's own inputs: a select in the masked evaluation, or
+  a valid mask that is empty at a size of -1, would drop them on the way)."""
+  return [_poisoned(o, ok, poison_value(o.dtype)) for o in outs]
+
+
+@_poisoned_outputs.defjvp
+def _poisoned_outputs_jvp(primals: Any, tangents: Any) -> tuple[list[Any], list[Any]]:
+  ok, outs, inputs = primals
+  _, t_outs, t_inputs = tangents
+  # Linear in the tangents and exact where `ok`: times 1, plus a term that a
+  # select makes 0 there, whatever the tangents hold (inf, NaN) and in both
+  # directions (0 * inf would be NaN: the NaN factor multiplies after the
+  # select going forward, before it going back).
+  one = lax.select(ok, np.float32(1), np.float32(np.nan))
+  zero = lax.select(ok, np.float32(0), np.float32(np.nan))
+  total: Any = np.float32(0)
+  for t in t_inputs:
+    total = total + jnp.sum(_real_parts(t), dtype=np.float32)
+  gate = zero * lax.select(ok, jnp.zeros_like(total), total)
+  out_tangents = []
+  for t in t_outs:
+    # (the real dtype of a complex one)
+    real = jnp.finfo(t.dtype).dtype  # type: ignore[no-untyped-call, unused-ignore]
+    scaled = _scaled(t, one.astype(real))
+    out_tangents.append(_added_to_real(scaled, gate.astype(real)))
+  return _poisoned_outputs(ok, outs, inputs), out_tangents
+
+
+def _real_parts(t: Any) -> Any:
+  return lax.real(t) + lax.imag(t) if jnp.issubdtype(t.dtype, jnp.complexfloating) else t
+
+
+def _scaled(t: Any, c: Any) -> Any:
+  """`t * c` for a real scalar `c`, exact for infinite complex parts."""
+  if jnp.issubdtype(t.dtype, jnp.complexfloating):
+    return lax.complex(lax.real(t) * c, lax.imag(t) * c)
+  return t * c
+
+
+def _added_to_real(t: Any, c: Any) -> Any:
+  if jnp.issubdtype(t.dtype, jnp.complexfloating):
+    return lax.complex(lax.real(t) + c, lax.imag(t))
+  return t + c
 
 
 def _raise_if_out_of_range(in_bounds: Any, declared: Any, values: Sequence[Any], *,

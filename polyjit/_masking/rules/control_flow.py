@@ -46,19 +46,34 @@ inexact consts as `where(length > 0, c, stop_gradient(c))`, once before the
 loop: no step of an empty scan sends them a cotangent. Under `jax.vmap`
 that makes those consts per example, a cost paid only where a length can be
 0. A scan whose padded length is 0 runs no step and needs no fill.
+
+A real step's local derivative can itself be infinite (`jnp.sqrt(w + x_t)`
+where `x_0 = -w`): JAX's gradient is then inf, and a frozen step rerunning
+that step would add 0 * inf = NaN to the consts' cotangent. So in the body
+of a native scan, the inexact inputs of each equation whose derivative may
+be unbounded at finite arguments (`_SINGULAR`: sqrt, log, div, pow, ...;
+a call, a nested loop or a custom_jvp function that may hold one) pass
+through `where(live, u, stop_gradient(u))`: the frozen steps' zero
+cotangent stays 0 past it. The select is on the value that meets the
+singular derivative, per step and of its shape (under `jax.vmap` per
+example where it is computed from the data anyway), not on the consts,
+which stay shared; a body without such an equation (an LSTM: tanh,
+logistic, mul, dot) gets none.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from ... import _jax as jc
 from ..core import RuleContext, eval_jaxpr_masked, register
-from .. import dims as _dims, native as _native
+from .. import dims as _dims, native as _native, native_zeros as _zeros
 
 
 @register("jit")
@@ -262,6 +277,7 @@ def _masked_scan_body(ctx: RuleContext, closed: Any, num_consts: Any, num_carry:
 
     carry_in = list(carry)
     if native:
+      sub_env.gate_inputs = lambda eqn, invals: _gate_singular(eqn, invals, live_as)
       # A step past the logical length runs on a real step's inputs instead
       # (the initial carry here; the slices of the first step were put in
       # the padding of `xs` before the loop), held constant: its outputs
@@ -281,3 +297,49 @@ def _masked_scan_body(ctx: RuleContext, closed: Any, num_consts: Any, num_carry:
   result = jc.make_closed_jaxpr(body, in_avals)
   env.cache[key] = (closed, result)
   return result
+
+
+#: Elementwise primitives whose derivative may be infinite (or 0/0) at finite
+#: arguments with a finite value (sqrt at 0, log at 0, 1/x at 0, asin at 1, a
+#: pole of lgamma). Not among them: +, *, tanh, logistic, exp, sin, select,
+#: max, ... (a derivative that is finite wherever the step's values are).
+_SINGULAR = frozenset({
+    "sqrt", "rsqrt", "cbrt", "log", "log1p", "div", "pow", "acos", "asin", "atanh",
+    "acosh", "atan2", "tan", "erf_inv", "lgamma", "digamma", "polygamma", "igamma",
+    "igammac", "igamma_grad_a", "random_gamma_grad", "regularized_incomplete_beta",
+    "zeta", "rem"})
+
+_singular_jaxprs: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+
+
+def _singular(eqn: Any) -> bool:
+  """Whether `eqn`'s derivative may be unbounded at finite arguments."""
+  name = eqn.primitive.name
+  if name == "integer_pow":
+    return bool(eqn.params["y"] < 0)
+  if name == "div":   # (by a nonzero constant: bounded)
+    d = eqn.invars[1]
+    return not (isinstance(d, jc.Literal) and bool(np.all(_zeros.literal_value(d) != 0)))
+  if name in _SINGULAR:
+    return True
+  if name == "custom_jvp_call":   # (its rule is what differentiates it)
+    return not _native._rule_zero_preserving(eqn)
+  return any(_singular_jaxpr(j) for j in jc.subjaxprs_in_params(eqn.params))
+
+
+def _singular_jaxpr(jaxpr: Any) -> bool:
+  hit = _singular_jaxprs.get(jaxpr)
+  if hit is None:
+    hit = _singular_jaxprs[jaxpr] = any(_singular(e) for e in jaxpr.eqns)
+  return hit
+
+
+def _gate_singular(eqn: Any, invals: list[Any], live_as: Any) -> list[Any]:
+  """`invals` of one equation in a native scan's body: where its derivative
+  may be unbounded, its inexact inputs as `where(live, u, stop_gradient(u))`
+  (see the module docstring)."""
+  if not _singular(eqn):
+    return invals
+  return [lax.select(live_as(jnp.shape(x)), x, lax.stop_gradient(x))
+          if not isinstance(v, jc.Literal) and _native.inexact(v.aval) else x
+          for v, x in zip(eqn.invars, invals, strict=True)]
