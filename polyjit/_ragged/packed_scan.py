@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .. import _jax as jc
 from .._masking.core import jaxpr_is_symbolic
 from .packed_eval import EXAMPLE, SHARED, TOKEN, Unpackable, V, _RULES, eval_packed
 from .packed_layout import Layout
@@ -30,7 +31,7 @@ def _scan(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   (the same values a real step sees, so its derivative is as finite as the
   example's own), and its outputs are discarded."""
   p = eqn.params
-  nc, nk = p["num_consts"], p["num_carry"]
+  nc, nk = jc.scan_counts(p)   # (named in params up to JAX 0.11, in `ft_in` after)
   consts, init, xs = invals[:nc], invals[nc:nc + nk], invals[nc + nk:]
   body = p["jaxpr"]
   if not layout.is_base(p["length"]) or jaxpr_is_symbolic(body.jaxpr):
