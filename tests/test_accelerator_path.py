@@ -153,6 +153,25 @@ def test_chained_calls_take_the_padded_buffer_as_it_lies(
     np.testing.assert_allclose(np.asarray(out), np.asarray(want(xs[n])), rtol=1e-5)
 
 
+def test_a_deleted_or_donated_output_is_refused_as_jax_jit_refuses_it(
+    accelerator: None) -> None:
+  # (its padded buffer is still kept for a chained call: taking it would
+  # compute on an array the user deleted or donated)
+  f = pj.jit(lambda x: x * 2.0, polymorphic_shapes=["n"])
+  g = pj.jit(jnp.cumsum, polymorphic_shapes=["n"])
+  donate = jax.jit(lambda y: y + 1.0, donate_argnums=0)
+  for n in (3, 5, 6, 7):
+    y = f(jnp.arange(n, dtype=jnp.float32))
+    y.delete()
+    with pytest.raises(RuntimeError, match="deleted"):
+      g(y)
+    z = f(jnp.arange(n, dtype=jnp.float32))
+    donate(z)
+    if z.is_deleted():  # (a backend that does not take the donation keeps z)
+      with pytest.raises(RuntimeError, match="deleted"):
+        g(z)
+
+
 def test_ten_sizes_under_disallow_run_exact_without_fallback(path: str) -> None:
   registry.forget()  # (the probes run again, under the user's guard)
   f = pj.jit(lambda x, mu: jnp.sum(-0.5 * (x - mu) ** 2, axis=0) - 0.5 * x.shape[0])

@@ -189,8 +189,9 @@ def current_source_line() -> str | None:
   try:
     info = _siu.current()
     line = _siu.summarize(info)
-    frames = ([(f.file_name, f.function_name) for f in info.traceback.frames]
-              if info.traceback is not None else [])
+    frames: list[tuple[str, str]] = (
+        [(f.file_name, f.function_name) for f in info.traceback.frames]
+        if info.traceback is not None else [])
   except Exception:  # pragma: no cover - defensive: never fail an error path
     return None
   if line and line != "unknown":

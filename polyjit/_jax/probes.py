@@ -165,7 +165,8 @@ def _eqn_source() -> None:
           "read", "a JAX derivative rule's size question names the jnp function it came "
           "from (`frames.current_source_line`); an error path: None if it changed")
 def _current_source() -> None:
-  frames = _siu.current().traceback.frames
+  traceback: Any = _siu.current().traceback   # (None outside a trace: not here)
+  frames = traceback.frames
   assert frames and isinstance(frames[0].file_name, str)
   assert isinstance(frames[0].function_name, str)
 

@@ -24,13 +24,13 @@ else, and every backend but CPU, runs as JAX runs it.
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import jax
 import numpy as np
 
 from .. import _jax as jc
+from .kept import KeptWhileAlive
 
 INLINE_FLOPS = 1e7   # XLA's cost analysis of a program run inline, at most
 INLINE_BYTES = 1e7   # bytes it accesses, at most
@@ -39,8 +39,8 @@ INLINE_BYTES = 1e7   # bytes it accesses, at most
 CROSSED = 32
 CROSSED_BYTES = 1 << 20
 
-# id(default-client array) -> (a weak reference to it, its copy on polyjit's client)
-_crossed: dict[int, tuple[weakref.ref[Any], Any]] = {}
+# a default-client array -> its copy on polyjit's client
+_crossed = KeptWhileAlive(CROSSED)
 
 
 def crossed(a: Any) -> Any:
@@ -49,23 +49,12 @@ def crossed(a: Any) -> Any:
   are immutable) crosses once: its copy is kept while it lives, for the last
   `CROSSED` arguments of at most `CROSSED_BYTES` (a crossing costs about as
   much as the program of a small call)."""
-  entry = _crossed.get(id(a))
-  if entry is not None and entry[0]() is a and not a.is_deleted():  # type: ignore[union-attr, unused-ignore]
-    return entry[1]
+  kept = _crossed.get(a)
+  if kept is not None and not a.is_deleted():
+    return kept
   moved = jc.to_inline(a)
   if a.nbytes <= CROSSED_BYTES:
-    key = id(a)
-
-    def drop(ref: weakref.ref[Any]) -> None:
-      kept = _crossed.get(key)
-      if kept is not None and kept[0] is ref:
-        _crossed.pop(key, None)
-    _crossed[key] = (weakref.ref(a, drop), moved)
-    if len(_crossed) > CROSSED:
-      try:
-        del _crossed[next(iter(_crossed))]
-      except (KeyError, StopIteration, RuntimeError):  # (another thread got there)
-        pass
+    _crossed.put(a, moved)
   return moved
 
 

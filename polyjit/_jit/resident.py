@@ -46,7 +46,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-import weakref
 from typing import Any, Callable
 
 import jax
@@ -54,6 +53,7 @@ import numpy as np
 
 from .. import _jax as jc
 from .._masking import padding as _padding
+from .kept import KeptWhileAlive
 
 #: Arrays of this many bytes or more compile their pad or slice program at
 #: their first call (a round trip of them costs about what a compile does).
@@ -72,8 +72,8 @@ _slices: dict[tuple[Any, ...], Callable[[Any], Any]] = {}
 # key -> seconds its host round trips have cost so far (a key without a program)
 _seen: dict[tuple[Any, ...], float] = {}
 _compiles = [0, 0.0]   # pad and slice programs compiled and timed, their seconds
-# id(sliced output) -> (weak reference to it, its padded buffer)
-_origins: dict[int, tuple[weakref.ref[Any], Any]] = {}
+# a sliced output -> its padded buffer
+_origins = KeptWhileAlive(ORIGINS)
 _lock = threading.Lock()
 
 
@@ -90,11 +90,14 @@ def pad(x: Any, padded: tuple[int, ...], dtype: Any, region: Any = None) -> Any:
   (unused: the call signature of `pad_into`)."""
   if type(x) is not jc.ARRAY_TYPE or not isinstance(x.dtype, np.dtype):
     return _through_host(x, padded, dtype)
-  entry = _origins.get(id(x))
-  if entry is not None and entry[0]() is x:
-    data = entry[1]
-    if data.shape == padded and data.dtype == dtype and not data.is_deleted():
-      return data
+  if x.is_deleted():  # type: ignore[no-untyped-call, unused-ignore]
+    # (deleted or donated: refused as jax.jit refuses it, never read through a
+    # padded buffer kept for it)
+    raise RuntimeError(f"Array has been deleted with shape={x.dtype}{list(x.shape)}.")
+  data = _origins.get(x)
+  if data is not None and data.shape == padded and data.dtype == dtype \
+      and not data.is_deleted():
+    return data
   key = (x.shape, padded, x.dtype)
   program = _pads.get(key)
   if program is not None:
@@ -120,7 +123,7 @@ def unpad(x: Any, shape: tuple[int, ...]) -> Any:
       host = jax.device_get(x)[tuple(slice(0, n) for n in shape)]
       return jc.host_to_device(np.ascontiguousarray(host), x.sharding)
     out = _rented(_slices, key, x, _slice_program, shape, x.dtype, through_host)
-  _keep_origin(out, x)
+  _origins.put(out, x)   # (kept while `out` lives, for a chained call)
   return out
 
 
@@ -192,26 +195,9 @@ def _through_host(x: Any, padded: tuple[int, ...], dtype: Any) -> Any:
 
 # --- chains ---------------------------------------------------------------------
 
-def _keep_origin(out: Any, padded: Any) -> None:
-  """Keeps `padded` as long as `out` lives (at most `ORIGINS` outputs)."""
-  key = id(out)
-
-  def drop(ref: weakref.ref[Any]) -> None:
-    entry = _origins.get(key)
-    if entry is not None and entry[0] is ref:
-      _origins.pop(key, None)
-  _origins[key] = (weakref.ref(out, drop), padded)
-  if len(_origins) > ORIGINS:
-    try:
-      del _origins[next(iter(_origins))]
-    except (KeyError, StopIteration, RuntimeError):  # (another thread got there)
-      pass
-
-
 def origin(x: Any) -> Any | None:
   """The padded buffer behind a polyjit output `x`, if it is still kept."""
-  entry = _origins.get(id(x))
-  return entry[1] if entry is not None and entry[0]() is x else None
+  return _origins.get(x)
 
 
 def forget() -> None:

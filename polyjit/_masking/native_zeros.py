@@ -68,7 +68,7 @@ def smallest_normal(v: Any) -> Any:
 def numeric_literal(v: Any) -> bool:
   """A literal holding numbers (not JAX's float0 tangent of an integer, a
   void dtype that compares with nothing)."""
-  return isinstance(v, jc.Literal) and np.dtype(v.aval.dtype).kind != "V"
+  return isinstance(v, jc.Literal) and np.dtype(getattr(v.aval, "dtype")).kind != "V"
 
 
 def _literal(v: Any, test: Any) -> bool:
