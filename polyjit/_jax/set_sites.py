@@ -38,6 +38,7 @@ from typing import Any, TypeGuard
 import jax
 
 from .dims import is_symbolic_dim
+from .swaps import original_of
 
 _SET_BUILDING_OPS = frozenset(
     dis.opmap[name] for name in ("BUILD_SET", "SET_ADD", "SET_UPDATE") if name in dis.opmap)
@@ -219,7 +220,9 @@ def _is_a_read(node: ast.AST, parent: ast.AST, frame: types.FrameType, code: typ
     if (len(parent.args) == 1 and not parent.keywords and isinstance(parent.func, ast.Name)
         and parent.func.id in _READING_BUILTINS and parent.func.id not in code.co_varnames):
       try:
-        return _lookup(parent.func.id, frame) is _READING_BUILTINS[parent.func.id]
+        # (`len` is swapped while polyjit traces, `_spellings/length.py`: the
+        # builtin behind the swap's wrapper reads the set as the builtin does)
+        return original_of(_lookup(parent.func.id, frame)) is _READING_BUILTINS[parent.func.id]
       except _Unknown:
         return False
     return False
