@@ -91,7 +91,10 @@ def test_plain_jax_jit_is_untouched_by_polyjit(tmp_path):
   assert len([n for n in written if n.startswith("xla")]) == first["polyjit"][0]
 
   second = run(tmp_path)
-  assert second["polyjit"] == [0, first["polyjit"][0]]  # polyjit's warm start holds
+  # polyjit's warm start holds: nothing compiled, programs loaded (the exact
+  # first-call program of the first run is not needed: the second starts with
+  # the axes the first learned, `_caching/axes.py`)
+  assert second["polyjit"][0] == 0 and 0 < second["polyjit"][1] <= first["polyjit"][0]
   for report in (first, second):
     # no jax.config value changed (polyjit's own trace-epoch option may be added)
     assert report["changed"] == [] and report["changed_by_import"] == []

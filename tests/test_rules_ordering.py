@@ -209,11 +209,14 @@ def test_approx_top_k_along_a_fixed_axis_runs():
   np.testing.assert_array_equal(np.asarray(index)[:3], expected_index)
 
 
-def test_searchsorted_into_a_dynamic_array_does_not_trace():
+def test_searchsorted_into_a_dynamic_array_passed_directly():
   """JAX 0.10.2 needs the sorted array's length as a constant (it checks that
-  the index dtype can hold it), so this fails in JAX's own tracing, before any
-  masking; a dynamic array of queries works (see `searchsorted_queries`).
-  Update this test and add a row when JAX lifts the restriction."""
+  the index dtype can hold it); polyjit's replacement of `jnp.searchsorted`
+  traces it, also where the function itself is passed to `pj.mask`
+  (`_jax.as_called_by_name`)."""
   masked = pj.mask(jnp.searchsorted, ["n", None])
-  with pytest.raises(pj.PolyjitError, match="requires a constant"):
-    masked([np.zeros(8, np.float32), np.zeros(3, np.float32)], {"n": 3})
+  a = np.array([1, 2, 3, np.nan, np.inf, -np.inf, np.nan, 0], np.float32)
+  q = np.array([0.5, 2.5, 10.0], np.float32)
+  want = jnp.searchsorted(jnp.asarray(a[:3]), q)
+  np.testing.assert_array_equal(np.asarray(masked([a, q], {"n": 3})), want)
+  np.testing.assert_array_equal(np.asarray(jax.jit(masked)([a, q], {"n": 3})), want)
