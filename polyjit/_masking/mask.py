@@ -218,9 +218,8 @@ class Masked:
             _warn_if_growing(self._name, len(known) + 1, variant)
     if variant.error is not None:
       error = self._trace_error(variant.error, variant)
-      # Only this side of a size comparison fails (`lax.top_k(x, 3)` where
-      # n <= 2, as jax.jit fails there): other sizes still mask (`pj.jit`
-      # runs these sizes exactly instead of giving up on the function).
+      # Only this side of a size comparison fails (`lax.top_k(x, 3)` at n <= 2,
+      # as jax.jit does): other sizes still mask (`pj.jit` runs these exactly).
       error.one_side = bool(variant.decisions) or variant.constraints != self.constraints
       raise error
     return variant

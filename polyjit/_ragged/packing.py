@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _jax as jc
 from .._buckets import fixed as _buckets
 from .._masking.errors import ShapeError
 from .host import HostExamples
@@ -185,7 +186,7 @@ class PackedRagged:
   def efficiency(self) -> Any:
     """Real tokens over stored tokens (a float; a scalar inside `jax.jit`)."""
     stored = self.rows * self.row_length
-    if isinstance(self.lengths, jax.core.Tracer):
+    if isinstance(self.lengths, jc.Tracer):
       return jnp.sum(self.lengths) / stored
     return float(np.sum(np.asarray(self.lengths))) / stored if stored else 1.0
 
@@ -199,7 +200,7 @@ class PackedRagged:
   def to_list(self) -> list[Any]:
     """The examples, unpacked, as NumPy arrays (or pytrees of them), in order."""
     leaves, tree = jax.tree.flatten(self.data)
-    if any(isinstance(x, jax.core.Tracer) for x in [*leaves, self.lengths, self.starts]):
+    if any(isinstance(x, jc.Tracer) for x in [*leaves, self.lengths, self.starts]):
       raise TypeError("PackedRagged.to_list reads the examples on the host: call it "
                       "outside jax.jit/jax.grad.")
     flat = [np.asarray(x).reshape(self.rows * self.row_length, *x.shape[2:]) for x in leaves]

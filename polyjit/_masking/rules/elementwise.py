@@ -48,7 +48,7 @@ NARY = ("select_n", "clamp", "regularized_incomplete_beta")
 
 ELEMENTWISE = UNARY + BINARY + NARY
 
-#: Lowered to a loop until every lane converges (`jax._src.lax.special`).
+#: Lowered to a loop until every lane converges (JAX's special-function lowering).
 CONVERGING = ("regularized_incomplete_beta", "igamma", "igammac", "igamma_grad_a")
 
 
