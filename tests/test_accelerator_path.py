@@ -172,6 +172,25 @@ def test_a_deleted_or_donated_output_is_refused_as_jax_jit_refuses_it(
         g(z)
 
 
+@pytest.mark.parametrize("host_value", ["array", "scalar"])
+def test_a_host_argument_under_disallow_is_refused_as_jax_jit_refuses_it(
+    path: str, host_value: str) -> None:
+  # (polyjit uploads its padded copy explicitly: the user's own value is an
+  # implicit transfer all the same, which jax.jit's guard refuses)
+  f = pj.jit(lambda x, mu: jnp.sum(x * mu))
+  for n in (5, 6, 9, 17):   # first calls, a compiled bucket, then hot calls
+    f(jax.device_put(np.ones(n, np.float32)), jax.device_put(np.float32(2)))
+  for n in (5, 6, 9, 17):
+    x = np.ones(n, np.float32) if host_value == "array" else jax.device_put(np.ones(n, np.float32))
+    mu = np.float32(2) if host_value == "scalar" else jax.device_put(np.float32(2))
+    with jax.transfer_guard("disallow"):
+      with pytest.raises(Exception, match="Disallowed host-to-device transfer"):
+        jax.jit(f.fun)(x, mu)
+      with pytest.raises(Exception, match="Disallowed host-to-device transfer"):
+        f(x, mu)
+    assert float(f(x, mu)) == 2.0 * n   # (no guard: as before)
+
+
 def test_ten_sizes_under_disallow_run_exact_without_fallback(path: str) -> None:
   registry.forget()  # (the probes run again, under the user's guard)
   f = pj.jit(lambda x, mu: jnp.sum(-0.5 * (x - mu) ** 2, axis=0) - 0.5 * x.shape[0])

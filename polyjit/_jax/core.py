@@ -140,6 +140,28 @@ def transfers_guarded() -> bool:
   return value is not None and value != "allow"
 
 
+def guard_user_uploads(values: Iterable[Any]) -> None:
+  """Puts the user's host values among `values` (NumPy arrays, scalars: what
+  `jax.jit` uploads implicitly) to JAX's transfer guard as the implicit
+  transfers `jax.jit` makes of them: refused under "disallow", logged under
+  "log". polyjit uploads its padded copies of them explicitly (its host
+  buffers), so without this the user's guard would never see them. Called
+  only while a guard is set (`transfers_guarded`); each upload is dropped."""
+  sharding: Any = None
+  for v in values:
+    if isinstance(v, (jax.Array, jax.core.Tracer)) or not hasattr(v, "__array__") \
+        and not isinstance(v, (int, float, complex, bool)):
+      continue
+    host = np.asarray(v)
+    if host.dtype.kind not in "biufc":
+      continue
+    host = host.astype(jax.dtypes.canonicalize_dtype(host.dtype), copy=False)
+    if sharding is None:
+      sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    _pxla.batched_device_put(_core.ShapedArray(host.shape, host.dtype), sharding, [host],
+                             list(sharding.device_set), False)
+
+
 # --- jaxpr helpers -----------------------------------------------------------
 
 def convert_constvars_jaxpr(jaxpr: Jaxpr) -> Jaxpr:

@@ -218,6 +218,8 @@ class Plan:
     """The padded outputs: pads the leaves (on the host, or shard by shard on
     a mesh) and runs the program. Leaves may be `pj.Padded`, device or host
     arrays, or scalars."""
+    if jc.transfers_guarded():  # (the user's host values, as jax.jit's guard sees them)
+      jc.guard_user_uploads(leaves)
     if self.resident:
       ins = [x if type(x) is jc.ARRAY_TYPE and x.shape == p and x.dtype == d
              else _resident.pad(x, p, d)
@@ -244,6 +246,8 @@ class Plan:
       stats.fallback_calls += 1
     if self.host_calls:  # a resized plan: its sizes go on the device after a few calls
       self.host_call()
+    if jc.transfers_guarded():  # (the user's host values, as jax.jit's guard sees them)
+      jc.guard_user_uploads(args)
     pads = self.pads
     if pads:
       leaves = list(args)
@@ -262,6 +266,8 @@ class Plan:
   def run_plain(self, leaves: Any) -> Any:
     """`run` for leaves that are arrays or scalars (never `pj.Padded`): only
     the leaves this plan pads are touched."""
+    if jc.transfers_guarded():  # (the user's host values, as jax.jit's guard sees them)
+      jc.guard_user_uploads(leaves)
     if self.pads:
       leaves = list(leaves)
       pad = self.pad_leaf
