@@ -40,6 +40,7 @@ from jax._src import config as _config
 from jax._src import core as _core
 from jax._src.interpreters import partial_eval as _pe
 
+from .core import ClosedJaxpr
 from .swaps import register_spellings
 
 _local = threading.local()
@@ -58,7 +59,7 @@ def _symbolic_in(value: Any, depth: int = 0) -> bool:
     return any(_symbolic_in(v, depth + 1) for v in value)
   if isinstance(value, dict):
     return any(_symbolic_in(v, depth + 1) for v in value.values())
-  if isinstance(value, _core.ClosedJaxpr):
+  if isinstance(value, ClosedJaxpr):  # (jax.extend's: core's own moved after 0.11)
     value = value.jaxpr
   if isinstance(value, _core.Jaxpr):
     return any(_symbolic_in(getattr(v.aval, "shape", ()), depth + 1)

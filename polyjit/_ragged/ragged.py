@@ -309,10 +309,10 @@ class Ragged:
     stored = self.batch_size * math.prod(self.padded_lengths)
     real_rows = self.example_mask if self._count is not None else None
     if not all(is_concrete(x) for x in (self.lengths, self._count)):
-      sizes = jnp.prod(jnp.reshape(self.lengths, (self.batch_size, -1)), axis=1)
+      traced = jnp.prod(jnp.reshape(self.lengths, (self.batch_size, -1)), axis=1)
       if real_rows is not None:
-        sizes = jnp.where(real_rows, sizes, 0)
-      return jnp.sum(sizes) / stored
+        traced = jnp.where(real_rows, traced, 0)
+      return jnp.sum(traced) / stored
     sizes = np.prod(np.asarray(self.lengths).reshape(self.batch_size, -1), axis=1)
     return float(sizes[:len(self)].sum()) / stored if stored else 1.0
 
