@@ -34,6 +34,7 @@ from .stats import Cause, Stats
 
 class Compiler:
   """Compiles (and caches) the programs of one `pj.jit` function."""
+  SECONDS_KEPT = 4096
 
   def __init__(self, name: str, label: str, args: ArgLayout, stats: Stats, cache: ExecutableCache,
                *, out_shardings: Any = None, background: bool = False) -> None:
@@ -44,6 +45,9 @@ class Compiler:
     self._args = args
     self._stats = stats
     self._out_shardings = out_shardings
+    # program -> its compile's wall seconds (the price of a hot shape's own
+    # program: `hot_shapes.py`)
+    self.seconds: dict[ProgramKey, float] = {}
 
   def donated(self, struct: Structure) -> tuple[int, ...]:
     """The leaves of `struct` whose buffers the program may reuse."""
@@ -97,6 +101,9 @@ class Compiler:
                              donated=bool(donate), data=kept[0] if kept else None,
                              fresh=not log.cache_loads)
     seconds = time.perf_counter() - t0
+    if len(self.seconds) >= self.SECONDS_KEPT:
+      self.seconds.clear()
+    self.seconds[key] = seconds
     self._stats.record_compile(key, cause, log, program_name=jc.jit_program_name(self.name),
                                wall_seconds=seconds)
     if struct.rental is not None and not key.exact:

@@ -97,6 +97,7 @@ from .args import ArgLayout, call_signature, rank_signature, split_signature, st
 from .auto import sanitize
 from .bucket_choice import BucketChoice
 from .compile import Compiler
+from .hot_shapes import HotShapes
 from .options import JitOptions, check as check_options, default, with_signature
 from .planner import Planner
 from .plans import Plan, ProgramKey, Structure
@@ -159,6 +160,12 @@ class JitFunction:
     compiler = Compiler(name, repr(self), self._args, self.stats, self._cache,
                         out_shardings=out_shardings, background=self.background_compile)
     self._buckets = BucketChoice(self.buckets, compiler)
+    self._hot_shapes = HotShapes(fun, self.stats, compiler.seconds,
+                                 donate_argnums=self._args.donate_argnums or None,
+                                 donate_argnames=self._args.donate_argnames or None,
+                                 keep_unused=default(options, "keep_unused"),
+                                 inline=default(options, "inline"),
+                                 in_shardings=in_shardings, out_shardings=out_shardings)
     self._planner = Planner(traced, self._args, self._shardings, compiler, self._buckets,
                             self.stats, constraints=self.constraints, fallback=self.fallback,
                             specs_may_fall_back=annotated is not None)
@@ -217,8 +224,13 @@ class JitFunction:
       key = None if kwargs or self._static else call_signature(args)
       if calls is not None:
         plan = calls.hot.get(key)
-        if plan is not None and plan.current:
-          return plan.call(args, self.stats)  # (the hot call: everything in one method)
+        if plan is not None:
+          exact = plan.exact_call
+          if exact is not None:  # shapes that bought their own program (`hot_shapes.py`)
+            self.stats.calls += 1
+            return exact(*args)
+          if plan.current:
+            return plan.call(args, self.stats)  # (the hot call: everything in one method)
         if key is not None:  # a never-seen size in a compiled bucket: the bucket's plan, resized
           plan = self._resized_plan(calls, key)
           if plan is not None:
@@ -288,6 +300,7 @@ class JitFunction:
         calls = self._contexts[struct.key.context] = _HotCalls()
       calls.keep(hot_key, plan)
       calls.by_rank[rank_signature(hot_key)] = struct
+      self._hot_shapes.account(plan, struct, shapes)
     self.stats.record_call(plan.bucket, plan.waste, plan.fallback)
     if plan.borrow is not None:
       plan.pay()
@@ -320,6 +333,7 @@ class JitFunction:
       if len(hot) >= HOT_PLANS:
         hot.clear()
       hot[key] = plan
+      self._hot_shapes.account(plan, struct, shapes)
     return plan
 
   def _forget_program(self, key: ProgramKey) -> None:

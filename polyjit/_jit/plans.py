@@ -95,7 +95,7 @@ class Plan:
   __slots__ = ("key", "program", "dtypes", "logical", "out_shapes", "waste",
                "provisional", "fallback", "bucket", "pads", "dynamic_outputs", "live",
                "borrow", "padded_out", "shardings", "unpad_leaf", "loose", "calls",
-               "host_calls", "resident", "pad_leaf")
+               "host_calls", "resident", "pad_leaf", "hot_shape", "exact_call")
 
   def __init__(self, key: ProgramKey, program: Any, dtypes: Any, logical: Any,
                out_shapes: Any, waste: float, provisional: Any = None,
@@ -139,6 +139,10 @@ class Plan:
     self.unpad_leaf = (_resident.unpad if self.resident
                        else _placement.unpad_for(self.shardings))  # keeps shardings on a mesh
     self.pad_leaf = _resident.pad if self.resident else pad_into
+    # A hot shape's account toward its own program, and that program once
+    # bought (`jax.jit` itself: `hot_shapes.py`); set where the hot path keeps it.
+    self.hot_shape: Any = None
+    self.exact_call: Callable[..., Any] | None = None
 
   @property
   def padded_shapes(self) -> Shapes:
@@ -165,6 +169,7 @@ class Plan:
     new.dynamic_outputs = dynamic_outputs
     new.live = True
     new.borrow = new.provisional = new.loose = None
+    new.hot_shape = new.exact_call = None
     new.calls = 0
     new.host_calls = HOST_CALLS
     if jc.transfers_guarded():  # (host scalars would be implicit transfers: on the device now)
@@ -229,11 +234,20 @@ class Plan:
                          self.logical, self.shardings)
 
   def call(self, args: Any, stats: Any) -> Any:
-    """A hot call (`pj.jit`'s hot path, whole): counts it in `stats`, pays a
-    borrowed bucket, pads the leaves that need it, runs the program and
-    slices dynamic outputs. One method, read once per call: the attribute
-    reads and calls of `record_call`, `pay`, `run_plain` and `unpad_outputs`
-    in one frame."""
+    """A hot call in the bucket (`pj.jit`'s hot path; a plan whose shapes
+    bought their own program is called there, `hot_shapes.py`): `run_hot`,
+    its overhead timed while the shapes pay toward their own program."""
+    account = self.hot_shape
+    if account is not None:
+      return account.timed(self, args, stats)
+    return self.run_hot(args, stats, self.program)
+
+  def run_hot(self, args: Any, stats: Any, program: Callable[..., Any]) -> Any:
+    """A hot call in the bucket: counts it in `stats`, pays a borrowed
+    bucket, pads the leaves that need it, runs `program` (this plan's, or it
+    timed) and slices dynamic outputs. One method, read once per call: the
+    attribute reads and calls of `record_call`, `pay`, `run_plain` and
+    `unpad_outputs` in one frame."""
     stats.calls += 1
     bucket = self.bucket
     if bucket is not None:
@@ -256,10 +270,10 @@ class Plan:
         leaves[i] = pad(leaves[i], padded, dtype, region)
       # (the host buffers are polyjit's: their upload is an explicit transfer;
       # a resident plan's leaves are on the device already)
-      outs = (self.program(*leaves, self.logical) if self.resident
-              else jc.explicitly(self.program, *leaves, self.logical))
+      outs = (program(*leaves, self.logical) if self.resident
+              else jc.explicitly(program, *leaves, self.logical))
     else:
-      outs = self.program(*args, self.logical)
+      outs = program(*args, self.logical)
     # (a method: a data-dependent plan's outputs carry sizes and checks to read)
     return self.unpad_outputs(outs)
 

@@ -77,6 +77,12 @@ _origins = KeptWhileAlive(ORIGINS)
 _lock = threading.Lock()
 
 
+def seconds_compiling() -> float:
+  """The seconds this process has spent compiling pad and slice programs (a
+  hot shape's account leaves them out: `hot_shapes.py`)."""
+  return _compiles[1]
+
+
 def accelerator_path() -> bool:
   """Whether programs run on JAX's own client for the default backend: any
   backend but CPU, or a CPU with `POLYJIT_INLINE_CPU=0` (asked per plan)."""

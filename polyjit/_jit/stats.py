@@ -26,7 +26,7 @@ from .plans import ProgramKey
 from .._masking.spec import Binding
 
 CauseKind = Literal["first call", "exact", "bucket", "fallback", "zero size", "failing side",
-                    "precompile"]
+                    "precompile", "hot shape"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +39,9 @@ class Cause:
   cannot be masked; `error` says why), "zero size" (exact shapes because a
   dynamic axis is empty), "failing side" (exact shapes because `fun` fails
   traced at these sizes, on one side of a size comparison, while other sizes
-  mask: `lax.top_k(x, 3)` at n <= 2), "precompile" (asked for ahead of time).
+  mask: `lax.top_k(x, 3)` at n <= 2), "precompile" (asked for ahead of time),
+  "hot shape" (shapes called so often in their bucket that its overhead paid
+  for their own program: `hot_shapes.py`).
   """
   kind: CauseKind
   shapes: tuple[tuple[int, ...], ...] | None = None  # the call's argument shapes (None: precompile)

@@ -134,6 +134,9 @@ def _describe(cause: Cause) -> str:
             "other sizes run masked")
   if kind == "exact":
     return f"{_changes(cause)}; exact shapes"
+  if kind == "hot shape":
+    return (f"shapes {list(cause.shapes or ())} called so often that their bucket's overhead "
+            f"paid for their own program ({cause.reason}); jax.jit runs them from now on")
   sizes = ", ".join(f"{d}={n}" for d, n in sorted((cause.sizes or {}).items()))
   became = ""
   if cause.became_dynamic:

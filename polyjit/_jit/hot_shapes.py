@@ -1,0 +1,156 @@
+"""A hot shape's own program: where the same shapes keep coming back, their
+calls run `jax.jit`'s program at exactly those shapes, once the padding has
+paid for its compile.
+
+A bucketed call pays, each time, what the bucket costs over an exact
+program: its leaves padded (a host copy, or a small pad program on the
+device: a second dispatch), its outputs with a dynamic dim cut, and
+polyjit's bookkeeping: 8-20 us a call on a CPU, where `jax.jit`'s whole call
+costs 7. For shapes called a few times that is nothing next to a compile
+(tens of milliseconds at least); for shapes called thousands of times (a
+training loop's batch shape, a likelihood evaluated at one data size) it is
+the whole difference, and no Python on the call path can take it away: two
+dispatches cost two dispatches. So the choice is rented, as tighter buckets
+(`_buckets/cost_aware.py`) and device pad programs (`resident.py`) are:
+
+* each call of an eligible plan (bucketed, single-device, not data-dependent,
+  with leaves to pad or outputs to cut) times its overhead: the calling
+  thread's time outside the program call, less the pad and slice programs
+  compiled meanwhile (`HotShape.timed`);
+* once that has cost `RENT` x the bucket program's compile time (the
+  estimate of the exact program's: the same function at the same rank; at
+  least `FLOOR`), the plan buys its shapes' own program (`HotShape.buy`):
+  traced and lowered on the calling thread (under the call's trace
+  context, which is thread-local), compiled in a background thread while the
+  calls go on in their bucket;
+* from then on the plan's calls go to `jax.jit(fun)` itself (with the
+  function's `jax.jit` options), which finds that program in its own cache:
+  jaxlib's C++ fast path, one lookup and one execute. The results are
+  `jax.jit`'s by construction, and so are the transfer guard, donation and
+  `jax_debug_nans` semantics.
+
+Rent-or-buy is 2-competitive: the compiles bought never cost more than the
+overhead already paid. A long run of ever-new sizes (the seed workload:
+8,600 lengths in 20,000 calls) buys nothing, and each shape that is called
+thousands of times buys one program, recorded in `pj.stats` with the cause
+"hot shape" and counted by `jax.monitoring` as every compile is.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from typing import Any, Callable
+
+import jax
+
+from .. import _jax as jc
+from .._caching.compiles import count_compiles
+from .._sharding import placement as _sharding
+from . import resident as _resident
+from .plans import Plan, ProgramKey, Structure
+from .stats import Cause, Stats
+
+#: A plan buys its shapes' own program once its overhead has cost RENT x the
+#: estimate of that program's compile.
+RENT = 1.0
+#: The least compile estimate, in seconds (a program loaded from disk took less).
+FLOOR = 0.05
+
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _executor() -> concurrent.futures.ThreadPoolExecutor:
+  global _pool
+  if _pool is None:  # (one thread: compiles bought one after another)
+    _pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="polyjit-hot-shape")
+  return _pool
+
+
+class HotShapes:
+  """One `pj.jit` function's exact programs for its hot shapes."""
+
+  def __init__(self, fun: Callable[..., Any], stats: Stats, compile_seconds: dict[Any, float],
+               *, donate_argnums: Any,
+               donate_argnames: Any, keep_unused: bool, inline: bool,
+               in_shardings: Any, out_shardings: Any) -> None:
+    self.stats = stats
+    # jax.jit as the user would have called it (static arguments never take
+    # the hot path, so they need no options here)
+    self.jitted = jax.jit(fun, donate_argnums=donate_argnums, donate_argnames=donate_argnames,
+                          keep_unused=keep_unused, inline=inline,
+                          **_sharding.jit_options(in_shardings, out_shardings))
+    self.program_name = jc.jit_program_name(getattr(fun, "__name__", "fun"))
+    self.compile_seconds = compile_seconds  # the bucket programs' (`Compiler.seconds`)
+
+  def account(self, plan: Plan, struct: Structure, shapes: Any) -> None:
+    """Opens `plan`'s account toward its shapes' own program, if it may buy one."""
+    if (type(plan) is not Plan or plan.bucket is None or plan.fallback or plan.hot_shape
+        is not None or not (plan.pads or plan.dynamic_outputs)):
+      return  # (data-dependent or exact plans; nothing to save)
+    price = RENT * max(self.compile_seconds.get(plan.key, FLOOR), FLOOR)
+    plan.hot_shape = HotShape(self, struct, tuple(shapes), price)
+
+
+class HotShape:
+  """A plan's account: its overhead paid so far against the price of a compile."""
+  __slots__ = ("owner", "struct", "shapes", "price", "spent")
+
+  def __init__(self, owner: HotShapes, struct: Structure, shapes: Any, price: float) -> None:
+    self.owner = owner
+    self.struct = struct
+    self.shapes = shapes
+    self.price = price
+    self.spent = 0.0
+
+  def timed(self, plan: Plan, args: Any, stats: Any) -> Any:
+    """`plan`'s call, its overhead paid into this account."""
+    now = time.perf_counter
+    program = plan.program
+    inside = [0.0]
+
+    def run(*leaves: Any) -> Any:
+      t = now()
+      try:
+        return program(*leaves)
+      finally:
+        inside[0] = now() - t
+
+    compiling = _resident.seconds_compiling()
+    t0 = now()
+    outs = plan.run_hot(args, stats, run)
+    # (a pad or slice program compiled meanwhile is paid once, not per call)
+    self.spent += now() - t0 - inside[0] - (_resident.seconds_compiling() - compiling)
+    if self.spent >= self.price and plan.hot_shape is self:
+      plan.hot_shape = None  # (paid: the next calls pay no more)
+      self.buy(plan, args)
+    return outs
+
+  def buy(self, plan: Plan, args: Any) -> None:
+    """Lowers `jax.jit(fun)` at these arguments here (their trace context is
+    this thread's), compiles it in the background, and then sends `plan`'s
+    calls to it. A failure leaves the plan in its bucket, as it was."""
+    t0 = time.perf_counter()
+    try:
+      lowered = self.owner.jitted.lower(*args)
+    except Exception:  # (a lowering jax.jit refuses here: the bucket stays)
+      return
+    seconds = time.perf_counter() - t0
+    _executor().submit(self._compile, plan, lowered, seconds)
+
+  def _compile(self, plan: Plan, lowered: Any, lower_seconds: float) -> None:
+    t0 = time.perf_counter()
+    try:
+      with count_compiles(this_thread_only=True) as log:
+        lowered.compile()  # (kept in jax.jit's own caches: the next call finds it)
+    except Exception:
+      return
+    owner = self.owner
+    owner.stats.record_compile(
+        ProgramKey.exact_shapes(self.struct, self.shapes),
+        Cause("hot shape", shapes=self.shapes,
+              reason=f"its calls' padding had cost {self.spent * 1e3:.1f} ms, "
+                     f"{RENT:g} x a compile"),
+        log, program_name=owner.program_name,
+        wall_seconds=lower_seconds + time.perf_counter() - t0)
+    plan.exact_call = owner.jitted
