@@ -45,4 +45,5 @@ def test_smoke_run_agrees_with_jax_jit(tmp_path):
   assert r["hot"]["compiles_while_timed"] == 0
   for name in ("jax.jit", "polyjit"):
     assert tr[name]["total_s"] > 0 and r["hot"][name]["blocked_us"] > 0
-  assert len(r["table"]) == 8 and r["table"][2].startswith("| seed workload, first")
+  assert r["hot"]["polyjit, hot shapes bought"]["blocked_us"] > 0
+  assert len(r["table"]) == 10 and r["table"][2].startswith("| seed workload, first")
