@@ -156,3 +156,17 @@ def test_hot_shapes_are_per_trace_context(buy_at_once: None) -> None:
     out = f(x6)
   assert out.dtype == jax.jit(lambda x: jnp.sum(x * 3))(x6).dtype
   assert int(out) == 45
+
+
+def test_clear_cache_drops_hot_shape_programs(buy_at_once: None) -> None:
+  f = pj.jit(lambda x: jnp.cumsum(x) * 2, buckets=pj.buckets.PowersOfTwo())
+  x5, x6 = (jax.device_put(np.arange(n, dtype=np.float32)) for n in (5, 6))
+  want = np.cumsum(np.arange(6, dtype=np.float32)) * 2
+  f(x5)
+  f(x6)
+  assert _bought(f, x6)
+  f.clear_cache()
+  before = _compiles[0]
+  np.testing.assert_array_equal(np.asarray(f(x6)), want)
+  assert _compiles[0] > before  # compiled again: nothing kept
+  assert all(p.exact_call is None for p in f._hot.values())

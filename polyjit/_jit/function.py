@@ -361,6 +361,7 @@ class JitFunction:
     self._contexts.clear()
     self._last_context = None
     self._cache.clear()
+    self._hot_shapes.jitted.clear_cache()  # (the hot shapes' own programs)
 
   def precompile(self, *args: Any, sizes: dict[str, Sequence[int]] | None = None,
                  progress: bool = True, **kwargs: Any) -> list[dict[str, int]]:
