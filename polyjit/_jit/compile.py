@@ -32,6 +32,15 @@ from .plans import ProgramKey, Shapes, Structure, borrow, masked_body, padded_sh
 from .stats import Cause, Stats
 
 
+#: Seconds spent in `Compiler.compile` by every function in this process (a
+#: hot shape's account leaves calls that compiled out: `hot_shapes.py`).
+_seconds_compiling = [0.0]
+
+
+def seconds_compiling() -> float:
+  return _seconds_compiling[0]
+
+
 class Compiler:
   """Compiles (and caches) the programs of one `pj.jit` function."""
   SECONDS_KEPT = 4096
@@ -101,6 +110,7 @@ class Compiler:
                              donated=bool(donate), data=kept[0] if kept else None,
                              fresh=not log.cache_loads)
     seconds = time.perf_counter() - t0
+    _seconds_compiling[0] += seconds
     if len(self.seconds) >= self.SECONDS_KEPT:
       self.seconds.clear()
     self.seconds[key] = seconds

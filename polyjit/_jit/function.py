@@ -300,7 +300,7 @@ class JitFunction:
         calls = self._contexts[struct.key.context] = _HotCalls()
       calls.keep(hot_key, plan)
       calls.by_rank[rank_signature(hot_key)] = struct
-      self._hot_shapes.account(plan, struct, shapes)
+      self._hot_shapes.eligible(plan)
     self.stats.record_call(plan.bucket, plan.waste, plan.fallback)
     if plan.borrow is not None:
       plan.pay()
@@ -333,7 +333,7 @@ class JitFunction:
       if len(hot) >= HOT_PLANS:
         hot.clear()
       hot[key] = plan
-      self._hot_shapes.account(plan, struct, shapes)
+      self._hot_shapes.eligible(plan)
     return plan
 
   def _forget_program(self, key: ProgramKey) -> None:

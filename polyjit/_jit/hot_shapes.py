@@ -13,10 +13,10 @@ the whole difference, and no Python on the call path can take it away: two
 dispatches cost two dispatches. So the choice is rented, as tighter buckets
 (`_buckets/cost_aware.py`) and device pad programs (`resident.py`) are:
 
-* each call of an eligible plan (bucketed, single-device, not data-dependent,
+* each hot call of an eligible plan (bucketed, single-device, not data-dependent,
   with leaves to pad or outputs to cut) times its overhead: the calling
-  thread's time outside the program call, less the pad and slice programs
-  compiled meanwhile (`HotShape.timed`);
+  thread's time outside the program call (`HotShape.timed`; a call that
+  compiled something, a tighter bucket or a pad program, is not charged);
 * once that has cost `RENT` x the bucket program's compile time (the
   estimate of the exact program's: the same function at the same rank; at
   least `FLOOR`), the plan buys its shapes' own program (`HotShape.buy`):
@@ -47,8 +47,8 @@ import jax
 from .. import _jax as jc
 from .._caching.compiles import count_compiles
 from .._sharding import placement as _sharding
-from . import resident as _resident
-from .plans import Plan, ProgramKey, Structure
+from . import compile as _compile, resident as _resident
+from .plans import EXACT, Plan, ProgramKey, StructureKey
 from .stats import Cause, Stats
 
 #: A plan buys its shapes' own program once its overhead has cost RENT x the
@@ -58,6 +58,11 @@ RENT = 1.0
 FLOOR = 0.05
 
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _compiling() -> float:
+  """Seconds polyjit has spent compiling so far: programs, pad and slice programs."""
+  return _compile.seconds_compiling() + _resident.seconds_compiling()
 
 
 def _executor() -> concurrent.futures.ThreadPoolExecutor:
@@ -77,29 +82,34 @@ class HotShapes:
     self.stats = stats
     # jax.jit as the user would have called it (static arguments never take
     # the hot path, so they need no options here)
-    self.jitted = jax.jit(fun, donate_argnums=donate_argnums, donate_argnames=donate_argnames,
-                          keep_unused=keep_unused, inline=inline,
-                          **_sharding.jit_options(in_shardings, out_shardings))
+    self.jitted: Any = jax.jit(  # (Any: its `clear_cache` is not in JAX's stubs)
+        fun, donate_argnums=donate_argnums, donate_argnames=donate_argnames,
+        keep_unused=keep_unused, inline=inline,
+        **_sharding.jit_options(in_shardings, out_shardings))
     self.program_name = jc.jit_program_name(getattr(fun, "__name__", "fun"))
     self.compile_seconds = compile_seconds  # the bucket programs' (`Compiler.seconds`)
 
-  def account(self, plan: Plan, struct: Structure, shapes: Any) -> None:
-    """Opens `plan`'s account toward its shapes' own program, if it may buy one."""
-    if (type(plan) is not Plan or plan.bucket is None or plan.fallback or plan.hot_shape
-        is not None or not (plan.pads or plan.dynamic_outputs)):
-      return  # (data-dependent or exact plans; nothing to save)
+  def eligible(self, plan: Plan) -> None:
+    """Marks `plan` as one that may buy its shapes' own program (its account
+    opens at its first hot call, `timed`: a size called once costs nothing)."""
+    if (type(plan) is Plan and plan.bucket is not None and not plan.fallback
+        and plan.hot_shape is None and (plan.pads or plan.dynamic_outputs)):
+      plan.hot_shape = self  # (not data-dependent or exact plans; and something to save)
+
+  def timed(self, plan: Plan, args: Any, stats: Any) -> Any:
+    """`plan`'s first hot call: opens its account, which pays from now on."""
     price = RENT * max(self.compile_seconds.get(plan.key, FLOOR), FLOOR)
-    plan.hot_shape = HotShape(self, struct, tuple(shapes), price)
+    account = plan.hot_shape = HotShape(self, plan.key.structure, price)
+    return account.timed(plan, args, stats)
 
 
 class HotShape:
   """A plan's account: its overhead paid so far against the price of a compile."""
-  __slots__ = ("owner", "struct", "shapes", "price", "spent")
+  __slots__ = ("owner", "structure", "price", "spent")
 
-  def __init__(self, owner: HotShapes, struct: Structure, shapes: Any, price: float) -> None:
+  def __init__(self, owner: HotShapes, structure: StructureKey, price: float) -> None:
     self.owner = owner
-    self.struct = struct
-    self.shapes = shapes
+    self.structure = structure
     self.price = price
     self.spent = 0.0
 
@@ -116,11 +126,12 @@ class HotShape:
       finally:
         inside[0] = now() - t
 
-    compiling = _resident.seconds_compiling()
+    compiling = _compiling()
     t0 = now()
     outs = plan.run_hot(args, stats, run)
-    # (a pad or slice program compiled meanwhile is paid once, not per call)
-    self.spent += now() - t0 - inside[0] - (_resident.seconds_compiling() - compiling)
+    if _compiling() != compiling:
+      return outs  # (a call that compiled: a bucket bought, a pad program; once, not per call)
+    self.spent += now() - t0 - inside[0]
     if self.spent >= self.price and plan.hot_shape is self:
       plan.hot_shape = None  # (paid: the next calls pay no more)
       self.buy(plan, args)
@@ -136,9 +147,10 @@ class HotShape:
     except Exception:  # (a lowering jax.jit refuses here: the bucket stays)
       return
     seconds = time.perf_counter() - t0
-    _executor().submit(self._compile, plan, lowered, seconds)
+    shapes = tuple(tuple(getattr(a, "shape", ())) for a in args)
+    _executor().submit(self._compile, plan, lowered, shapes, seconds)
 
-  def _compile(self, plan: Plan, lowered: Any, lower_seconds: float) -> None:
+  def _compile(self, plan: Plan, lowered: Any, shapes: Any, lower_seconds: float) -> None:
     t0 = time.perf_counter()
     try:
       with count_compiles(this_thread_only=True) as log:
@@ -147,8 +159,8 @@ class HotShape:
       return
     owner = self.owner
     owner.stats.record_compile(
-        ProgramKey.exact_shapes(self.struct, self.shapes),
-        Cause("hot shape", shapes=self.shapes,
+        ProgramKey(self.structure, EXACT, None, shapes, ()),
+        Cause("hot shape", shapes=shapes,
               reason=f"its calls' padding had cost {self.spent * 1e3:.1f} ms, "
                      f"{RENT:g} x a compile"),
         log, program_name=owner.program_name,
