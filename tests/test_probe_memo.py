@@ -75,7 +75,21 @@ def test_no_key_without_wheels_and_a_new_key_for_another_jax(monkeypatch, tmp_pa
   monkeypatch.setattr(probe_memo, "_state", {})
   monkeypatch.setattr(probe_memo, "_wheel_record", lambda name: None)   # editable
   assert probe_memo.key() is None
-  monkeypatch.setattr(probe_memo.disk, "root_unchecked", lambda: str(tmp_path))
   monkeypatch.setattr(probe_memo.disk, "root_if_decided", lambda: str(tmp_path))
   probe_memo.save({"a probe"})
   assert probe_memo.load() == set() and not os.listdir(tmp_path)
+
+
+def test_nothing_is_read_before_a_compile_turns_the_cache_on(monkeypatch, memo):
+  # (importing polyjit or its first trace must not start JAX's backend, part
+  # of the key: the memo is asked again at each check until then)
+  kept, ran, (passes, _) = memo
+  kept["names"] = {passes.name}
+  answers = iter([None, {passes.name}])
+  monkeypatch.setattr(registry, "_memo", {"load": lambda: next(answers),
+                                          "save": lambda names: None})
+  registry.check([passes])
+  assert ran == [passes.name]
+  registry._passed.discard(passes.name)
+  registry.check([passes])
+  assert ran == [passes.name]   # the second answer: remembered

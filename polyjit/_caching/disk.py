@@ -311,14 +311,6 @@ def root_if_decided() -> str | None:
   return found
 
 
-def root_unchecked() -> str | None:
-  """Where `root()` will be unless the cache is off: nothing decided,
-  created or warned here."""
-  if _state["disabled"] or (not _state["decided"] and _env_disabled()):
-    return None
-  return _state["dir"] or _state["explicit"] or default_dir()
-
-
 # --- programs ---------------------------------------------------------------------
 
 def _entry_name(name: str, key: str) -> str:

@@ -13,7 +13,11 @@ the default backend,
 the RECORD files of the installed `jax` and `jaxlib` wheels (pip writes each
 installed file's sha256 there, so a reinstall or an upgrade changes it), and
 the size and modification time of each of polyjit's `_jax/` modules (the
-probes themselves). Where JAX or jaxlib is not installed from a wheel (an
+probes themselves). It is read only once a compile has turned the cache on
+(`disk.root_if_decided`): polyjit's import and first trace neither start
+JAX's backend for it nor touch the cache's directory, and the probes that run
+before (a trace's) are not skipped; the programs probe, the costly one, runs
+after. Where JAX or jaxlib is not installed from a wheel (an
 editable install, a source tree on the path: its files change without a
 RECORD), there is no key and every probe runs, as without a cache. A failed
 probe is never remembered; a memo that cannot be read or written only means
@@ -80,11 +84,15 @@ def _path(base: str | None) -> str | None:
   return None if k is None or base is None else os.path.join(base, "probes", k + ".json")
 
 
-def load() -> set[str]:
-  """The names of the probes that passed in an earlier process (none if unknown).
-  (Read where the cache will be, before any compile decides it: nothing is
-  created or warned about here, at import or in the first trace.)"""
-  path = _path(disk.root_unchecked())
+def load() -> set[str] | None:
+  """The names of the probes that passed in an earlier process (none if
+  unknown); None until a compile has turned the cache on (ask again then):
+  before it nothing is read, created or warned about, and JAX's backend,
+  part of the key, is not started by polyjit's import or first trace."""
+  base = disk.root_if_decided()
+  if base is None:
+    return None
+  path = _path(base)
   if path is None:
     return set()
   try:
