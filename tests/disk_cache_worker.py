@@ -48,6 +48,7 @@ def main() -> None:
     return fun(x)
 
   f = pj.jit(loss)
+  ran = _count_probes()
   data = np.arange(1, max(sizes) + 1, dtype=np.float32) / max(sizes)
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
@@ -61,7 +62,23 @@ def main() -> None:
       # why each program was built or loaded ("first call": automatic mode's exact one)
       "causes": [e.cause.kind for e in f.stats.compile_events],
       "warnings": [str(w.message) for w in caught if issubclass(w.category, pj.PolyjitWarning)],
+      # the JAX probes that ran during the calls (`_caching/probe_memo.py`)
+      "probes_run": ran,
   }))
+
+
+def _count_probes() -> list[str]:
+  """The names of the registry's probes that run from here on, as they run."""
+  import dataclasses
+
+  from polyjit._jax import registry
+  ran: list[str] = []
+  for name, row in list(registry.ROWS.items()):
+    def probe(run=row.probe, name=name):
+      ran.append(name)
+      run()
+    registry.ROWS[name] = dataclasses.replace(row, probe=probe)
+  return ran
 
 
 if __name__ == "__main__":

@@ -88,3 +88,36 @@ def test_a_bad_example_does_not_drop_out_of_a_batch_gradient():
     for g in (jax.jit(jax.grad(loss)), jax.jit(jax.grad(ragged_loss))):
       assert np.isnan(g(s, np.array(ns, np.int32))), ns
   assert np.isnan(jax.jit(jax.grad(loss))(s, np.array([3, 1], np.int32)))
+
+
+# --- the sign of a zero derivative: x + 0 is not x for x = -0.0 --------------------
+
+def scaled(s, x):
+  return x * s
+
+
+@pytest.mark.parametrize("fill", [np.nan, np.inf])
+def test_sizes_in_range_keep_the_sign_of_a_zero_tangent(fill):
+  s, n = np.float32(1.0), 3
+  x = np.array([1.0, -2.0, 0.0], np.float32)
+  for masked in (pj.mask(scaled, [None, "n"]),
+                 pj.mask(scaled, [None, "n"], constraints=["n >= 2"])):
+    for ts in (np.float32(-0.0), np.float32(0.0)):
+      _, want = jax.jit(lambda s, t: jax.jvp(lambda s: scaled(s, x), (s,), (t,)))(s, ts)
+      _, got = jax.jit(lambda s, t, n: jax.jvp(
+          lambda s: masked([s, _padded(x, fill)], {"n": n}), (s,), (t,)))(s, ts, n)
+      got = np.asarray(got)[:n]
+      np.testing.assert_array_equal(got, want)
+      np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
+def test_an_input_no_output_depends_on_keeps_a_gradient_of_plus_zero():
+  # (what jax.grad gives it: the gate that poisons the inputs' cotangents
+  # must add 0, not -0.0, where the sizes are in range)
+  def unused(s, x):
+    return jnp.sum(x * 2.0)
+  for masked in (pj.mask(unused, [None, "n"]),
+                 pj.mask(unused, [None, "n"], constraints=["n >= 2"])):
+    want = jax.jit(jax.grad(unused))(np.float32(-0.0), X[:3])
+    got = _grad(masked)(np.float32(-0.0), _padded(X[:3], np.nan), 3)[0]
+    assert got == want and np.signbit(got) == np.signbit(want)

@@ -301,6 +301,16 @@ def root() -> str | None:
   return _state["dir"] or _state["explicit"] or default_dir()
 
 
+def root_if_decided() -> str | None:
+  """`root()` where the first compile (or `enable`) has turned the cache on,
+  else None: nothing decided, created or warned here (the probes' memo asks
+  before any compile: `probe_memo.py`)."""
+  if not _state["decided"] or _state["disabled"]:
+    return None
+  found: str | None = _state["dir"] or _state["explicit"]
+  return found
+
+
 # --- programs ---------------------------------------------------------------------
 
 def _entry_name(name: str, key: str) -> str:

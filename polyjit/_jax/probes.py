@@ -445,8 +445,11 @@ def _serialized_programs() -> None:
   assert "in_tree" in _params(se.deserialize_and_load), _params(se.deserialize_and_load)
   assert isinstance(jax.config.values, dict) and "jax_enable_x64" in jax.config.values
   assert _params(se.serialize) == ["compiled"], _params(se.serialize)
-  # (no compile here: a probe must not show up in the user's compile counts)
-  lowered = jax.jit(lambda x, unused: (x * 2, 1.0)).lower(np.float32(1), np.int8(1))
+  # (no compile here: a probe must not show up in the user's compile counts;
+  # lax, not jnp: `x * 2` traces jnp's multiply first, half of this probe's
+  # time in a second process, where it runs at the first program loaded)
+  lowered = jax.jit(lambda x, unused: (jax.lax.mul(x, np.float32(2)), 1.0)).lower(
+      np.float32(1), np.int8(1))
   assert "func.func" in lowered.as_text()
   assert lowered.in_tree is not None and lowered.out_tree is not None
   args = lowered._lowering.compile_args

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 
@@ -65,6 +65,13 @@ KINDS = ("patch", "swap", "read", "text")
 _passed: set[str] = set()
 _running: set[str] = set()   # probes under way (a probe that uses its own feature)
 _lock = threading.RLock()  # (a probe may use a feature whose first use checks it)
+# The probes that passed in an earlier process on the same JAX, jaxlib, Python
+# and polyjit files (`_caching/probe_memo.py`, where polyjit's disk cache is
+# on): `load` gives their names (None: not known yet, ask again), `save` keeps
+# them. A second process then skips them (the programs probe lowers a program
+# of its own: 6-17 ms of a second process's first call, measured at load 3-8).
+_memo: dict[str, Callable[..., Any] | None] = {"load": None, "save": None}
+_remembered: set[str] | None = None   # (loaded at the first check)
 
 
 def internal(name: str, feature: str, kind: str, why: str,
@@ -100,9 +107,15 @@ def check(rows: list[Internal]) -> None:
     return
   with _lock:
     failures = []
+    remembered = _remembered_passes()
+    ran = False
     for row in todo:
       if row.name in _passed or row.name in _running:
         continue
+      if row.name in remembered:   # passed in an earlier process on these very files
+        _passed.add(row.name)
+        continue
+      ran = True
       _running.add(row.name)
       try:
         with _tested_settings():
@@ -113,6 +126,12 @@ def check(rows: list[Internal]) -> None:
       finally:
         _running.discard(row.name)
       _passed.add(row.name)
+    save = _memo["save"]
+    if ran and save is not None:
+      try:
+        save(remembered | _passed)
+      except Exception:  # noqa: BLE001  (a memo not written: the probes run next time)
+        pass
     if failures:
       row, cause = failures[0]
       raise _error(row, cause) from cause
@@ -146,7 +165,31 @@ def require_kind(kind: str) -> None:
   check([r for r in ROWS.values() if r.kind == kind])
 
 
+def use_memo(load: Callable[[], set[str] | None], save: Callable[[set[str]], None]) -> None:
+  """Where the probes that passed are kept across processes (`_memo`)."""
+  _memo.update(load=load, save=save)
+
+
+def _remembered_passes() -> set[str]:
+  global _remembered
+  load = _memo["load"]
+  if _remembered is None:
+    if load is None:   # (not yet registered: the probes run at import run)
+      return set()
+    try:
+      found = load()
+    except Exception:  # noqa: BLE001  (an unreadable memo: the probes run)
+      found = set()
+    if found is None:  # (not yet known: asked again at the next check)
+      return set()
+    _remembered = set(found)
+  return _remembered
+
+
 def forget() -> None:
-  """Forgets which probes passed, so they run again (for tests)."""
+  """Forgets which probes passed, so they run again (for tests), in this
+  process whatever an earlier one found."""
+  global _remembered
   with _lock:
     _passed.clear()
+    _remembered = set()

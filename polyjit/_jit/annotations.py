@@ -33,6 +33,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import re
+import sys
 import typing
 from typing import Any, Callable, Iterator, Sequence
 
@@ -45,10 +46,20 @@ from .._masking.errors import ShapeError
 from .._masking.mask import check_out_shape
 from .._masking.trace import trace_flat
 
-try:
-  import jaxtyping
-except ImportError:  # optional
-  jaxtyping = None  # type: ignore[assignment]
+
+
+def _jaxtyping(load: bool = False) -> Any:
+  """The jaxtyping module, or None. Not imported with polyjit (about 10 ms of
+  CPU time after JAX's import): a function annotated with its types
+  was defined after its import, so for reading annotations the module is
+  looked up where it already is; `load` (`pj.shapecheck(f)`) imports it."""
+  module = sys.modules.get("jaxtyping")
+  if module is None and load:
+    try:
+      import jaxtyping as module
+    except ImportError:  # optional
+      return None
+  return module
 
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*$")
 _EXPR = re.compile(r"[A-Za-z0-9_+\-* ()]+$")
@@ -57,6 +68,7 @@ _VARIADIC = "..."
 
 def is_array_annotation(annotation: Any) -> bool:
   """Whether `annotation` is a jaxtyping array type such as Float[Array, "n"]."""
+  jaxtyping = _jaxtyping()
   return (jaxtyping is not None and isinstance(annotation, type)
           and issubclass(annotation, jaxtyping.AbstractArray))
 
@@ -116,7 +128,7 @@ def _positional(sig: inspect.Signature) -> list[inspect.Parameter]:
 def annotated_specs(fun: Callable[..., Any]) -> tuple[str | None, ...] | None:
   """One spec per positional parameter of `fun` from its jaxtyping annotations,
   or None when no annotation names a dimension."""
-  if jaxtyping is None:
+  if _jaxtyping() is None:
     return None
   sig = _signature(fun)
   if sig is None:
@@ -190,7 +202,7 @@ def check_annotated(fun: Callable[..., Any], constraints: Sequence[str] = ()) ->
   """`pj.shapecheck(f)`: traces `f` from its jaxtyping annotations and checks
   the return annotation. Returns `f`."""
   name = getattr(fun, "__name__", "function")
-  if jaxtyping is None:
+  if _jaxtyping(load=True) is None:
     raise ShapeError(f"pj.shapecheck({name}) reads jaxtyping annotations, and jaxtyping "
                      "is not installed: pip install jaxtyping, or give the specs "
                      "yourself, pj.shapecheck(in_shapes, out_shape)(f).")

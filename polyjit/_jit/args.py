@@ -313,6 +313,18 @@ def _canonical(dtype: Any) -> np.dtype[Any]:
   return out
 
 
+def uncanonical_array(leaves: Sequence[Any]) -> int | None:
+  """The position of the first `jax.Array` whose dtype the x64 mode of this
+  call would not make (a float64 array made under `jax.enable_x64(True)`,
+  passed with x64 off), or None. jax.jit keeps such an array's dtype; a
+  padded copy of it (made on the host in the canonical dtype) could not."""
+  for i, x in enumerate(leaves):
+    if type(x) is jc.ARRAY_TYPE and isinstance(x.dtype, np.dtype) \
+        and x.dtype != _canonical(x.dtype):
+      return i
+  return None
+
+
 def aval_key(x: Any) -> tuple[np.dtype[Any], bool] | None:
   """(dtype, weak_type) of an argument as jax.jit sees it; None for a tracer.
 

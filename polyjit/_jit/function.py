@@ -241,7 +241,7 @@ class JitFunction:
       if jc.jit_disabled():  # jax.disable_jit(): run `fun` eagerly, as jax.jit does
         return self._inline(*strip_padded(args), **strip_padded(kwargs))
       done = self._execute(args, kwargs, key)
-      if done is None:  # under a transformation: inline
+      if done is None:  # under a transformation (or `Structure.uncanonical`): inline
         return self._inline(*strip_padded(args), **strip_padded(kwargs))
       plan, outs = done
       return plan.unpad_outputs(outs)
@@ -276,6 +276,8 @@ class JitFunction:
     `pj.Padded` (padded data on the device plus logical shape): no host round
     trip, and another `pj.jit` function takes them as they are."""
     done = self._execute(args, kwargs)
+    if done is None and not any(isinstance(x, jc.Tracer) for x in jax.tree.leaves((args, kwargs))):
+      return self._inline(*strip_padded(args), **strip_padded(kwargs))  # (`Structure.uncanonical`)
     if done is None:
       raise TypeError("call_padded cannot be used inside a JAX transformation; "
                       "call the function itself there.")
@@ -291,6 +293,9 @@ class JitFunction:
     if prepared is None:
       return None
     struct, leaves, shapes = prepared
+    if struct.uncanonical is not None:  # jax.jit's own program (`args.uncanonical_array`)
+      self._planner.announce_uncanonical(struct, leaves)
+      return None
     plan = self._planner.plan_for(struct, shapes)
     if hot_key is not None and plan.current and struct.shardings is None \
         and self._shardings.one_device():

@@ -30,6 +30,7 @@ import itertools
 import logging
 from typing import Any, Callable, Sequence, TypeAlias, TypeVar
 
+import jax
 import numpy as np
 
 from .. import _jax as jc
@@ -43,7 +44,7 @@ from .._masking.spec import Binding
 from .._masking.variants import Variant
 from .._sharding import placement as _sharding
 from . import data_dependent
-from .args import ArgLayout, aval_key, note_fixed_kwargs
+from .args import ArgLayout, aval_key, note_fixed_kwargs, uncanonical_array
 from .auto import DimTracker, fit_to_constraints
 from .bucket_choice import BucketChoice
 from .compile import Compiler
@@ -106,6 +107,7 @@ class Planner:
       if any(isinstance(a[0], np.dtype) and a[0].kind in "USO" for a in avals if a):
         raise self._bad_argument(leaves, treedef, static_key)   # as jax.jit names it
       struct = self._new_structure(StructureKey(*key), shapes)
+      struct.uncanonical = uncanonical_array(leaves)
       if keep:
         self.structures[struct.key] = struct
     return struct, leaves, shapes
@@ -205,6 +207,29 @@ class Planner:
     logger.warning("%s", message)
     if self._fallback == "warn" and f"side: {reason}" not in self._warned:
       self._warned.add(f"side: {reason}")
+      warn_user(message, FallbackWarning)
+
+  def announce_uncanonical(self, struct: Structure, leaves: Sequence[Any]) -> None:
+    """A call with a `jax.Array` of a dtype that the x64 mode would not make
+    runs jax.jit's own program (`args.uncanonical_array`): said once, per
+    `fallback=`."""
+    assert struct.uncanonical is not None
+    name = getattr(self.fun, "__name__", "fun")
+    x = leaves[struct.uncanonical]
+    on = bool(jax.config.jax_enable_x64)  # type: ignore[attr-defined, unused-ignore]
+    reason = (f"the argument {struct.leaf_names[struct.uncanonical]} is a {x.dtype} "
+              f"jax.Array while jax_enable_x64 is {'on' if on else 'off'} (made under "
+              f"jax.enable_x64({not on}))")
+    message = (
+        f"pj.jit({name}) runs these calls as jax.jit does, one program per shape: {reason}, "
+        "and jax.jit keeps its dtype, which polyjit's padded copy cannot.\nWhat to do: "
+        f"convert it (x.astype(jnp.{np.dtype(jax.dtypes.canonicalize_dtype(x.dtype)).name})), or set "
+        "jax_enable_x64 for the whole program.")
+    if self._fallback == "error":
+      raise MaskingError(message)
+    logger.warning("%s", message)
+    if self._fallback == "warn" and reason not in self._warned:
+      self._warned.add(reason)
       warn_user(message, FallbackWarning)
 
   def _fall_back(self, struct: Structure, error: Exception) -> None:

@@ -342,6 +342,7 @@ class Structure:
     self.axes_key: str | None = None    # its remembered axes' key (`_caching/axes.py`)
     self.recalled = False               # specs from remembered axes, no call planned yet
     self.specs = specs                  # per-leaf specs in use (None: exact)
+    self.uncanonical: int | None = None  # a jax.Array's dtype x64 mode would not make
     self.masked: Masked | None = None   # `fun` masked with the specs in use
     self.last_shapes: Any = None        # shapes of the latest new plan
     self.exact_only = False

@@ -79,7 +79,7 @@ from .. import _jax as jc
 from . import rules as _rules  # noqa: F401  (the rules wrapped below must exist first)
 from .core import MaskEnv, Rule, RuleContext, register
 from .errors import MaskingError, ShapeError
-from .size_range import poison_value
+from .size_range import poison
 
 PREFIX = "pj_dd"   # the names of data-dependent sizes: pj_dd0, pj_dd1, ...
 
@@ -546,16 +546,15 @@ def split_outputs(traced: Any, outs: Sequence[Any]
   return list(outs[:n]), dict(zip(traced.size_names, extras[:-1], strict=True)), extras[-1]
 
 
-def poison_if_failed(outs: Sequence[Any], failed: Any) -> list[Any]:
+def poison_if_failed(outs: Sequence[Any], failed: Any, inputs: Sequence[Any] = ()) -> list[Any]:
   """Under traced sizes nothing can raise: where a check failed, every output
-  is poisoned (NaN, the integer minimum; `_size_range.poison_value`)."""
+  is poisoned (NaN, the integer minimum; `_size_range.poison_value`), and so
+  are its derivatives, with respect to the call's `inputs` too, as those of a
+  call whose traced sizes are out of range (`_size_range.poison`): a select
+  alone would give an empty `jnp.max` a gradient of 0."""
   if not isinstance(failed, jc.Tracer):
     return list(outs)
-  out = []
-  for o in outs:
-    bad = poison_value(o.dtype) if hasattr(o, "dtype") else None
-    out.append(o if bad is None else jnp.where(failed == 0, o, bad))
-  return out
+  return poison(outs, lax.eq(failed, np.int32(0)), inputs)
 
 
 def raise_if_failed(failed: Any) -> None:

@@ -405,7 +405,7 @@ class Masked:
       return result, None, shapes
     outs, sizes, failed = _data_dependent.split_outputs(traced, outs)
     _data_dependent.raise_if_failed(failed)
-    outs = _data_dependent.poison_if_failed(outs, failed)
+    outs = _data_dependent.poison_if_failed(outs, failed, leaves)
     env = {**logical_env, **sizes}
     if in_contract is not None:   # traced sizes: the counts are poisoned with the rest
       env[_size_range.IN_CONTRACT] = _size_range.ok_and_checked(in_contract, failed)

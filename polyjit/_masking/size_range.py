@@ -21,7 +21,9 @@ output's tangent is NaN, and so is the cotangent it sends to each of the
 call's inexact inputs, whatever the masked evaluation makes of it (with a
 size of -1 every valid mask is empty, and nothing would reach them);
 where the sizes keep the contract the derivatives are exact (times 1, plus
-0: `_poisoned_outputs`). Under the checking mode
+-0.0, which keeps the sign of a zero tangent: `_poisoned_outputs`; a cotangent of
+-0.0 still comes back as 0, as the `lax.switch` over variants and empty paths
+gives each input it does not use a 0 too). Under the checking mode
 (`POLYJIT_VERIFY=1` or `pj.verify(True)`, `_masking/verify.py`) the call raises
 `pj.SizeRangeError` instead, from a host callback.
 
@@ -182,15 +184,20 @@ def _poisoned_outputs_jvp(primals: Any, tangents: Any) -> tuple[list[Any], list[
   ok, outs, inputs = primals
   _, t_outs, t_inputs = tangents
   # Linear in the tangents and exact where `ok`: times 1, plus a term that a
-  # select makes 0 there, whatever the tangents hold (inf, NaN) and in both
+  # select makes -0.0 there, whatever the tangents hold (inf, NaN) and in both
   # directions (0 * inf would be NaN: the NaN factor multiplies after the
-  # select going forward, before it going back).
+  # select going forward, before it going back). -0.0, not 0: x + -0.0 is x for
+  # every x, where x + 0 turned a tangent of -0.0 into 0 (jax.jit keeps its
+  # sign); no select on the outputs' tangents, so the same one fused pass.
+  # Going back, the select sends the inputs 0 where `ok` (the zero JAX gives an
+  # input that no output depends on; a select sending -0.0 would give such an
+  # input -0.0).
   one = lax.select(ok, np.float32(1), np.float32(np.nan))
   zero = lax.select(ok, np.float32(0), np.float32(np.nan))
   total: Any = np.float32(0)
   for t in t_inputs:
     total = total + jnp.sum(_real_parts(t), dtype=np.float32)
-  gate = zero * lax.select(ok, jnp.zeros_like(total), total)
+  gate = zero * lax.select(ok, lax.full_like(total, -0.0), total)
   out_tangents = []
   for t in t_outs:
     # (the real dtype of a complex one)
