@@ -19,6 +19,7 @@ from .core import InconclusiveDimensionOperation
 from .dims import DimExpr, is_symbolic_dim, symbolic_vars
 from .frames import current_source_line, current_user_line, is_user_path, stack_outward
 from .set_sites import may_share_one_hash
+from .size_class import install_size_class
 
 # --- size comparisons in user code -----------------------------------------------
 #
@@ -355,6 +356,7 @@ def _install_decision_hooks() -> None:
                        ("__hash__", __hash__), ("__abs__", __abs__), *conversions):
     setattr(DimExpr, name, method)
   _shape_poly._geq_decision = _geq_decision
+  install_size_class(lambda: getattr(_decisions, "oracle", None) is not None)
 
 
 # --- signals raised into user code ------------------------------------------------
