@@ -96,3 +96,37 @@ def test_a_size_is_its_own_class_to_jax_other_threads_and_after_the_trace():
   assert seen == {"traced": True, "other thread": False}
   assert not isinstance(n, int) and n.__class__ is type(n)
   assert not isinstance(n, numbers.Integral)
+
+
+def sizes_product(x, y):
+  return jnp.arange(3) + len(x) * len(y), x.sum() / (len(x) * len(y))
+
+
+def test_a_product_of_sizes_past_int32_is_not_wrapped():
+  f = pj.jit(sizes_product, buckets=pj.buckets.PowersOfTwo())
+  overflowed = []
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", pj.FallbackWarning)
+    for n in (300, 3000, 40_000, 50_000):
+      x, y = np.ones(n, np.float32), np.ones(n, np.float32)
+      try:
+        want = jax.jit(sizes_product)(x, y)
+      except OverflowError:   # the Python int does not fit int32
+        with pytest.raises(OverflowError):
+          f(x, y)
+        overflowed.append(n)
+        continue
+      got = f(x, y)
+      np.testing.assert_array_equal(got[0], want[0])
+      np.testing.assert_allclose(got[1], want[1], rtol=1e-6)
+  assert overflowed == [50_000]
+
+
+def test_pj_mask_refuses_a_product_of_sizes_that_can_pass_int32():
+  masked = pj.mask(sizes_product, ["n", "m"])
+  x = np.ones(50_000, np.float32)
+  with pytest.raises(pj.MaskingError, match=r"test_size_seen_as_python_int.py.*\n.*as a float"):
+    masked([x, x], {"n": 3, "m": 4})
+  small = np.ones(8, np.float32)
+  out = masked([small, small], {"n": 3, "m": 4})
+  np.testing.assert_array_equal(out[0], [12, 13, 14])
