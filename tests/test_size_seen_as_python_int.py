@@ -130,3 +130,38 @@ def test_pj_mask_refuses_a_product_of_sizes_that_can_pass_int32():
   small = np.ones(8, np.float32)
   out = masked([small, small], {"n": 3, "m": 4})
   np.testing.assert_array_equal(out[0], [12, 13, 14])
+
+
+def ceil_of_a_fraction(x):
+  # under jax.jit a Python float: 50 * 0.3 = 15.000000000000002, 15 in float32
+  k = jnp.ceil(len(x) * 0.3)
+  return (k, jnp.where(jnp.arange(x.shape[0]) < k, x, 0.0), x + len(x) / 3,
+          len(x) / np.float32(3))
+
+
+def float32_constants(x):
+  n = len(x)
+  return (x * (n * 2.0) - (0.5 - n), 1.0 / n + x, x * (n / 4), n * jnp.float32(0.3),
+          jnp.ceil(n * jnp.float32(0.3)), n * jnp.float32(1 / 3))
+
+
+def test_a_size_times_a_float_that_is_not_a_float32_is_computed_as_jax_jit_does():
+  f = pj.jit(ceil_of_a_fraction, buckets=pj.buckets.PowersOfTwo())
+  with pytest.warns(pj.FallbackWarning, match=r"jnp.float32\(0.3\)"):
+    for n in (43, 50, 90, 100):   # (the first call runs jax.jit's own program)
+      x = np.ones(n, np.float32)
+      for got, want in zip(f(x), jax.jit(ceil_of_a_fraction)(x), strict=True):
+        np.testing.assert_array_equal(got, want)
+  with pytest.raises(pj.SizeValueError, match=r"\* 0.3.*test_size_seen_as_python_int.py"):
+    pj.mask(ceil_of_a_fraction, ["n"])([np.ones(64, np.float32)], {"n": 50})
+
+
+def test_a_size_with_float32_constants_runs_in_buckets_as_jax_jit_computes_it():
+  f = pj.jit(float32_constants, buckets=pj.buckets.PowersOfTwo())
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", pj.FallbackWarning)
+    for n in (50, 43, 90, 100, 71, 113):
+      x = np.ones(n, np.float32)
+      for got, want in zip(f(x), jax.jit(float32_constants)(x), strict=True):
+        np.testing.assert_array_equal(got, want)
+  assert pj.stats(f).compiles <= 3
