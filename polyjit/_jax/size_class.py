@@ -21,7 +21,7 @@ to a Python number (`range(n)`, `int(n)`) is refused at the user's line.
 
 Not answered: `type(n)` reads the C type, which no hook reaches, so
 `type(n) is int` is still False while polyjit traces (it is with
-`jax.export` too; docs/guide says so).
+`jax.export` too; docs/pitfalls.md says so, and the checking mode catches it).
 
 `setattr(DimExpr, "__class__", ...)` cannot install it (type's own
 `__class__` setter takes the value as the class's new metaclass), so the
