@@ -68,9 +68,9 @@ def _asked_by_user() -> bool:
   return False
 
 
-def install_size_class(tracing: Any) -> None:
-  """Gives `DimExpr` the `__class__` above; `tracing()` says whether this
-  thread is inside polyjit's trace. Idempotent."""
+def install_size_class(state: Any) -> None:
+  """Gives `DimExpr` the `__class__` above; `state.oracle` (a thread-local)
+  is set while this thread is inside polyjit's trace. Idempotent."""
   namespace = gc.get_referents(DimExpr.__dict__)
   if len(namespace) != 1 or not isinstance(namespace[0], dict):
     raise LookupError("DimExpr's namespace is not a dict (probe: size_class)")
@@ -78,7 +78,7 @@ def install_size_class(tracing: Any) -> None:
     return
 
   def __class__(self: Any) -> type:
-    if tracing() and _asked_by_user():
+    if state.oracle is not None and _asked_by_user():
       return int
     return type(self)
 
