@@ -11,11 +11,17 @@ Code nobody here wrote, as a new user calls it under `pj.jit`:
 Each result equals `jax.jit`'s on the unpadded input (rtol 1e-4), and tinygp
 and dynamax compile at most half as many programs as sizes (jax.monitoring;
 power-of-two buckets).
-diffrax gets past `SaveAt`'s `len(ts) > 0` but passes `max_steps=len(ts)` to
-Equinox's while loop, which requires a Python int (`type(max_steps) is int`:
-it sizes its checkpoints from it), so it cannot trace at a dynamic size: the
-test checks that this is announced with the reason, and that the per-size
-fallback is exact. Each test is skipped where its library is not installed
+diffrax gets past `SaveAt`'s `len(ts) > 0` but its step saves the requested
+times with `inner_while_loop(..., max_steps=len(ts), checkpoints=len(ts))`
+(diffrax 0.7.2, _integrate.py:480), and Equinox's while loop refuses any
+max_steps that is not exactly an int: `if type(max_steps) is not int: raise
+ValueError` (equinox 0.13.8, internal/_loop/common.py:477). `type()` reads
+the C type, which no hook reaches (isinstance is answered, `size_class.py`),
+and only a real int passes, which would be one size. (With that line passed by
+hand, the next refusals are Equinox's own primitives, `unvmap_any` and
+`maybe_set`, which have no masking rules.) So it cannot trace at a dynamic
+size: the test checks that this is announced with the reason, and that the
+per-size fallback is exact. Each test is skipped where its library is not installed
 (none is a dependency of polyjit or of its test extra).
 """
 

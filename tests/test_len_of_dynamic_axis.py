@@ -139,3 +139,49 @@ def test_other_threads_get_the_builtins_answers_during_a_trace():
   np.testing.assert_allclose(out, 1.5)
   assert seen == {"list": 3, "symbolic": "TypeError", "concrete": 4}
   assert builtins.len is BUILTIN_LEN
+
+
+def test_two_threads_tracing_at_once_answer_their_own_sizes():
+  # Both inside a polyjit trace at the same time (the first to enter installs
+  # the swap, the last to leave restores it): each gets its own size.
+  barrier = threading.Barrier(2, timeout=30)
+  outs, errors = {}, []
+
+  def traced(x):
+    barrier.wait()          # both traces are inside now
+    n = len(x)
+    barrier.wait()          # neither has left
+    return x.sum() / n + (1.0 if isinstance(n, int) else 0.0)
+
+  def run(name, k):
+    try:
+      outs[name] = float(pj.mask(traced, ["n"])([np.arange(16, dtype=np.float32)], {"n": k}))
+    except Exception as e:   # (reported below, with the thread's name)
+      errors.append((name, e))
+
+  threads = [threading.Thread(target=run, args=(name, k)) for name, k in (("a", 4), ("b", 9))]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(60)
+  assert not errors, errors
+  assert outs == {"a": 1.5 + 1.0, "b": 4.0 + 1.0}
+  assert builtins.len is BUILTIN_LEN
+
+
+def test_an_error_in_an_inner_trace_caught_by_the_outer_leaves_the_outer_swap():
+  inner = pj.mask(lambda y: y[:len(y)][range(len(y))], ["m"])   # refused: range(len(y))
+
+  def outer(x):
+    try:
+      inner([jnp.ones(6, np.float32)], {"m": 4})
+    except pj.ShapeError:
+      pass
+    assert builtins.len is not BUILTIN_LEN   # still the outer trace's
+    return x.sum() / len(x)
+
+  out = pj.mask(outer, ["n"])([np.arange(8, dtype=np.float32)], {"n": 5})
+  np.testing.assert_allclose(out, 2.0)
+  assert builtins.len is BUILTIN_LEN
+  n, = export.symbolic_shape("n")
+  assert n.__class__ is type(n) and not isinstance(n, int)

@@ -15,10 +15,11 @@ import numpy as np
 from jax import export as _export
 from jax._src.export import shape_poly as _shape_poly
 
-from .core import InconclusiveDimensionOperation
-from .dims import DimExpr, is_symbolic_dim, symbolic_vars
+from .core import InconclusiveDimensionOperation, Tracer
+from .dims import DimExpr, dim_value_dtype, is_symbolic_dim, symbolic_vars
 from .frames import current_source_line, current_user_line, is_user_path, stack_outward
 from .set_sites import may_share_one_hash
+from .size_class import install_size_class
 
 # --- size comparisons in user code -----------------------------------------------
 #
@@ -33,7 +34,15 @@ from .set_sites import may_share_one_hash
 # exploring, each way in turn) and records the answer, so that the trace is
 # known to be valid exactly where its recorded answers hold (`_mask.Variant`).
 
-_decisions = threading.local()
+class _Decisions(threading.local):
+  # Defaults on the class: a thread that never entered `size_decisions` reads
+  # them without the AttributeError that `getattr(local, name, None)` raises
+  # and catches (1.3 us, on every hash, comparison and isinstance of a size).
+  oracle: Any = None
+  raised: list[BaseException] | None = None
+
+
+_decisions = _Decisions()
 _SHAPE_POLY_FILE = os.path.abspath(_shape_poly.__file__)
 _THIS_FILE = os.path.abspath(__file__)
 
@@ -352,9 +361,85 @@ def _install_decision_hooks() -> None:
   # (setattr: methods replaced on purpose; __hash__ is set with __eq__, which
   # would otherwise leave it as it was)
   for name, method in (("__eq__", __eq__), ("__ne__", __ne__), ("__bool__", __bool__),
-                       ("__hash__", __hash__), ("__abs__", __abs__), *conversions):
+                       ("__hash__", __hash__), ("__abs__", __abs__), *conversions,
+                       *_float_arithmetic()):
     setattr(DimExpr, name, method)
   _shape_poly._geq_decision = _geq_decision
+  install_size_class(_decisions)
+
+
+# --- a size in float arithmetic --------------------------------------------------
+#
+# Under jax.jit `len(x) * 0.3` is a Python float, computed in float64 and
+# rounded once to float32 where it meets an array; polyjit computes it in the
+# program, float32(n) * float32(0.3). Where the constant is a float32 (and n
+# below 2**24) both are the correctly rounded float32 of the exact result
+# (float64 has more than 2 * 24 + 2 bits, so its rounding first never changes
+# the float32 one), so they agree; where it is not (0.1, 0.3), they differ in
+# the last place and an integer-valued function amplifies it:
+# `jnp.ceil(len(x) * 0.3)` is 15 under jax.jit at n = 50 and 16 in float32.
+# So from user code, while polyjit traces, such arithmetic is refused at the
+# user's line (pj.jit then compiles that size exactly), saying how to write it
+# so that jax.jit computes it the same way. Under x64 both compute in float64.
+
+_FLOAT_OPS = ("mul", "add", "sub", "truediv", "floordiv", "mod")
+
+
+def _differs_from_python(op: str, other: Any, reflected: bool) -> bool:
+  """Whether `size <op> other` (`other <op> size` if reflected) in float32
+  can differ from Python's value rounded to float32."""
+  if dim_value_dtype() == np.int64:
+    return False
+  if op == "truediv" and not reflected and not isinstance(other, Tracer):
+    # XLA divides by a constant as a product with its rounded reciprocal
+    # (`len(x) / 3` is 14.333334 at 43; Python's, and NumPy's or an eager JAX
+    # division by np.float32(3), 14.333333): a power of two only
+    try:
+      values = np.asarray(other, dtype=np.float64)
+    except (TypeError, ValueError):
+      return False
+    return not bool(np.all(np.isfinite(values) & (np.abs(np.frexp(values)[0]) == 0.5)))
+  if isinstance(other, bool) or not isinstance(other, (int, float)):
+    return False   # an array, a NumPy float32, a size: computed alike
+  if isinstance(other, int) and op != "truediv":
+    return False   # integer arithmetic: a size
+  if op in ("floordiv", "mod"):
+    return True    # a float floor division: JAX's and Python's roundings differ
+  return float(np.float32(other)) != other
+
+
+def _float_arithmetic() -> list[tuple[str, Callable[..., Any]]]:
+  methods = []
+  for op in _FLOAT_OPS:
+    for name in (f"__{op}__", f"__r{op}__"):
+      methods.append((name, _refusing_inexact(name, op, getattr(DimExpr, name))))
+  return methods
+
+
+def _refusing_inexact(name: str, op: str, original: Callable[..., Any]) -> Callable[..., Any]:
+  symbol = {"mul": "*", "add": "+", "sub": "-", "truediv": "/", "floordiv": "//", "mod": "%"}[op]
+
+  def method(self: Any, other: Any) -> Any:
+    oracle: Any = getattr(_decisions, "oracle", None)
+    if oracle is not None and _differs_from_python(op, other, name != f"__{op}__"):
+      where = _user_frame()
+      if where is not None:
+        why = ("float floor divisions round differently" if op in ("floordiv", "mod")
+               else "XLA divides by a constant through its reciprocal" if op == "truediv"
+               else f"{other!r} is not a float32")
+        todo = ("multiply by a float32 reciprocal, `len(x) * jnp.float32(1 / c)`, which "
+                "jax.jit computes the same way" if op == "truediv" else
+                f"write the constant as a float32, jnp.float32({other!r}), which jax.jit "
+                "computes in float32 as well")
+        text = (f"'{self}' {symbol} {other!r}" if name == f"__{op}__"
+                else f"{other!r} {symbol} '{self}'")
+        raise signal_raised(oracle.refuse_value(self, where, (
+            f"{text}: jax.jit computes it on the host, rounded once to float32, "
+            f"and polyjit in the program from the size, which can differ in the last place "
+            f"({why}); {todo}")))
+    return original(self, other)
+  method.__name__ = name
+  return method
 
 
 # --- signals raised into user code ------------------------------------------------

@@ -150,6 +150,7 @@ def install_patches(*rule_installers: Callable[[], None]) -> None:
     _install_decision_hooks()
     INSTALLED.append(("shape_poly._DimExpr.__eq__", "size equalities asked by user code"))
     INSTALLED.append(("shape_poly._geq_decision", "size inequalities asked by user code"))
+    INSTALLED.append(("shape_poly._DimExpr.__class__", "a size is an int to user code's isinstance"))
     for install in rule_installers:
       install()
     _patches_installed = True

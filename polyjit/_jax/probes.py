@@ -10,6 +10,7 @@ JAX's source at 0.9.2, 0.10.2, 0.11.0 and the newest snapshot.
 from __future__ import annotations
 
 import functools
+import gc
 import importlib
 import inspect
 import math
@@ -98,6 +99,22 @@ def _dimexpr_questions() -> None:
     raise AssertionError("int() of a symbolic size did not raise")
   assert not hasattr(type(a), "__index__") or getattr(type(a).__index__, "__name__", "") == "convert"
   assert _shape_poly._DimExpr._to_constant(a) is None
+
+
+@internal("shape_poly._DimExpr.__class__ (the class namespace)", DECISIONS, "patch",
+          "a size answers `int` to user code's isinstance while polyjit traces, as "
+          "jax.jit's Python int does (`size_class.py`): a plain class whose namespace "
+          "is a dict, with no `__class__` of its own and no `__getattribute__`")
+def _dimexpr_class() -> None:
+  cls = _shape_poly._DimExpr
+  a, _ = _ab()
+  assert type(a) is cls and cls.__mro__ == (cls, object), cls.__mro__
+  namespace = gc.get_referents(cls.__dict__)
+  assert len(namespace) == 1 and isinstance(namespace[0], dict)
+  own = namespace[0].get("__class__")   # none, or polyjit's (installed after this probe)
+  assert own is None or getattr(own.fget, "__module__", "") == "polyjit._jax.size_class", own
+  assert cls.__getattribute__ is object.__getattribute__
+  assert a.__class__ is cls and not isinstance(a, int)
 
 
 @internal("shape_poly._bounds_decision, BoundsPrecision.BEST", DECISIONS, "read",

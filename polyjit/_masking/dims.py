@@ -285,3 +285,37 @@ def _factor_interval(f: Any, bounds: dict[str, int]) -> Interval | None:
     corners = [x // y for x in (a_lo, a_hi) for y in (b_lo, b_hi)]
     return min(corners), max(corners)
   return 0, (b_hi - 1 if a_lo < 0 else min(b_hi - 1, a_hi))  # mod, divisor >= 1
+
+
+def magnitude_bound(d: Dim, var_bounds: dict[str, int]) -> int:
+  """A bound on the magnitude of `d` and of every intermediate value of
+  computing it (partial products and sums of its terms, the operands of its
+  operations), over every assignment with 0 <= v <= var_bounds[v].
+
+  A size used as a value (`dim_as_value`) is computed in the dtype of sizes
+  (int32 without x64); where this bound fits that dtype, no step can wrap
+  around. Each factor's bound is taken as at least 1, so that a partial
+  product never exceeds its term's bound.
+  """
+  if not jc.is_symbolic_dim(d):
+    return abs(int(d))
+  total = largest = 0
+  for factors, k in jc.dim_terms(d):
+    term = abs(k)
+    for factor, exp in factors:
+      f, inner = _factor_magnitude(factor, var_bounds)
+      term *= max(f, 1) ** exp
+      largest = max(largest, inner)
+    total += term
+  return max(total, largest)
+
+
+def _factor_magnitude(f: Any, bounds: dict[str, int]) -> tuple[int, int]:
+  """(a bound on the factor's magnitude, the largest bound of its operands)."""
+  var, operation, operands = jc.factor_parts(f)
+  if var is not None:
+    return bounds[var], bounds[var]
+  a, b = (magnitude_bound(o, bounds) for o in operands)
+  # |a // b| <= |a| for an integer divisor; |a mod b| < |b|
+  value = {"floordiv": a, "mod": b}.get(operation or "", max(a, b))
+  return value, max(a, b)

@@ -36,6 +36,16 @@ def _position_preserving(ctx: RuleContext, *args: Any, **params: Any) -> list[An
 @register("dim_as_value")
 def _dim_as_value(ctx: RuleContext, *, dim: Any) -> list[Any]:
   out_aval, = ctx.out_avals
+  # The size is computed from the logical sizes in the dtype of sizes, where a
+  # product of sizes can wrap around (`len(x) * len(y)` past 2**31): jax.jit
+  # computes it as a Python int and raises OverflowError where it does not fit.
+  limit = int(np.iinfo(out_aval.dtype).max)
+  if jc.is_symbolic_dim(dim) and _dims.magnitude_bound(dim, ctx.env.padded_env) > limit:
+    raise ctx.error(
+        f"the size {dim} used as a value can exceed {out_aval.dtype}'s range at sizes up "
+        f"to the padded ones {ctx.env.padded_env} (its product of sizes would wrap "
+        "around; jax.jit raises OverflowError at the sizes where it does not fit).",
+        "compute it as a float (`len(x) * 1.0 * len(y)`), or enable jax_enable_x64.")
   # (weak as JAX's: `a.shape[0] + 1` stays weak, so `f(a) + jnp.int8(1)` is int8)
   return [jc.convert_weak(ctx.logical(dim), out_aval.dtype, out_aval.weak_type)]
 
