@@ -148,7 +148,10 @@ class HotShape:
       return
     seconds = time.perf_counter() - t0
     shapes = tuple(tuple(getattr(a, "shape", ())) for a in args)
-    _executor().submit(self._compile, plan, lowered, shapes, seconds)
+    try:
+      _executor().submit(self._compile, plan, lowered, shapes, seconds)
+    except RuntimeError:  # (the interpreter is shutting down, a call from an atexit
+      return              # handler: no thread can start now; the bucket stays)
 
   def _compile(self, plan: Plan, lowered: Any, shapes: Any, lower_seconds: float) -> None:
     t0 = time.perf_counter()
@@ -158,11 +161,15 @@ class HotShape:
     except Exception:
       return
     owner = self.owner
+    # This thread compiles nothing else: its events are this program's, under
+    # the name JAX gave it (a functools.partial or a callable object has no
+    # `__name__` of its own: JAX names them its own way).
+    names = {e.fun_name for e in log}
     owner.stats.record_compile(
         ProgramKey(self.structure, EXACT, None, shapes, ()),
         Cause("hot shape", shapes=shapes,
               reason=f"its calls' padding had cost {self.spent * 1e3:.1f} ms, "
                      f"{RENT:g} x a compile"),
-        log, program_name=owner.program_name,
+        log, program_name=names.pop() if len(names) == 1 else owner.program_name,
         wall_seconds=lower_seconds + time.perf_counter() - t0)
     plan.exact_call = owner.jitted
