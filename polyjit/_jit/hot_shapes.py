@@ -103,6 +103,20 @@ class HotShapes:
     return account.timed(plan, args, stats)
 
 
+class _Paid:
+  """The account of a plan that has paid (its program bought, compiling, or
+  refused by jax.jit): its calls run untimed. Not None, so that the plan is
+  not made eligible again by another call signature that finds it (a NumPy
+  array of a `jax.Array`'s shape and dtype): that would buy it twice."""
+  __slots__ = ()
+
+  def timed(self, plan: Plan, args: Any, stats: Any) -> Any:
+    return plan.run_hot(args, stats, plan.program)
+
+
+PAID = _Paid()
+
+
 class HotShape:
   """A plan's account: its overhead paid so far against the price of a compile."""
   __slots__ = ("owner", "structure", "price", "spent")
@@ -133,7 +147,7 @@ class HotShape:
       return outs  # (a call that compiled: a bucket bought, a pad program; once, not per call)
     self.spent += now() - t0 - inside[0]
     if self.spent >= self.price and plan.hot_shape is self:
-      plan.hot_shape = None  # (paid: the next calls pay no more)
+      plan.hot_shape = PAID  # (the next calls pay no more, and it is never eligible again)
       self.buy(plan, args)
     return outs
 
