@@ -103,6 +103,20 @@ class HotShapes:
     return account.timed(plan, args, stats)
 
 
+class _Paid:
+  """The account of a plan that has paid (its program bought, compiling, or
+  refused by jax.jit): its calls run untimed. Not None, so that the plan is
+  not made eligible again by another call signature that finds it (a NumPy
+  array of a `jax.Array`'s shape and dtype): that would buy it twice."""
+  __slots__ = ()
+
+  def timed(self, plan: Plan, args: Any, stats: Any) -> Any:
+    return plan.run_hot(args, stats, plan.program)
+
+
+PAID = _Paid()
+
+
 class HotShape:
   """A plan's account: its overhead paid so far against the price of a compile."""
   __slots__ = ("owner", "structure", "price", "spent")
@@ -133,7 +147,7 @@ class HotShape:
       return outs  # (a call that compiled: a bucket bought, a pad program; once, not per call)
     self.spent += now() - t0 - inside[0]
     if self.spent >= self.price and plan.hot_shape is self:
-      plan.hot_shape = None  # (paid: the next calls pay no more)
+      plan.hot_shape = PAID  # (the next calls pay no more, and it is never eligible again)
       self.buy(plan, args)
     return outs
 
@@ -148,7 +162,10 @@ class HotShape:
       return
     seconds = time.perf_counter() - t0
     shapes = tuple(tuple(getattr(a, "shape", ())) for a in args)
-    _executor().submit(self._compile, plan, lowered, shapes, seconds)
+    try:
+      _executor().submit(self._compile, plan, lowered, shapes, seconds)
+    except RuntimeError:  # (the interpreter is shutting down, a call from an atexit
+      return              # handler: no thread can start now; the bucket stays)
 
   def _compile(self, plan: Plan, lowered: Any, shapes: Any, lower_seconds: float) -> None:
     t0 = time.perf_counter()
@@ -158,11 +175,15 @@ class HotShape:
     except Exception:
       return
     owner = self.owner
+    # This thread compiles nothing else: its events are this program's, under
+    # the name JAX gave it (a functools.partial or a callable object has no
+    # `__name__` of its own: JAX names them its own way).
+    names = {e.fun_name for e in log}
     owner.stats.record_compile(
         ProgramKey(self.structure, EXACT, None, shapes, ()),
         Cause("hot shape", shapes=shapes,
               reason=f"its calls' padding had cost {self.spent * 1e3:.1f} ms, "
                      f"{RENT:g} x a compile"),
-        log, program_name=owner.program_name,
+        log, program_name=names.pop() if len(names) == 1 else owner.program_name,
         wall_seconds=lower_seconds + time.perf_counter() - t0)
     plan.exact_call = owner.jitted
