@@ -89,6 +89,13 @@ def _install() -> None:
       _installed = True
 
 
+def watched() -> bool:
+  """Whether a recorder of every thread's compiles is active (`count_compiles()`,
+  `pj.assert_max_compiles`, `pj.watch`): a compile polyjit may choose to
+  make (a hot shape's own program) waits until none is."""
+  return any(only is None for _, only in _recorders)
+
+
 @contextlib.contextmanager
 def count_compiles(this_thread_only: bool = False) -> Iterator[CompileLog]:
   """Records the backend compiles that happen inside the block.

@@ -14,6 +14,7 @@ run on a larger one already compiled while its own compiles in a thread
 from __future__ import annotations
 
 import functools
+import math
 import time
 from concurrent.futures import Future
 from typing import Any, Callable
@@ -54,7 +55,8 @@ class Compiler:
     self._args = args
     self._stats = stats
     self._out_shardings = out_shardings
-    # program -> its compile's wall seconds (the price of a hot shape's own
+    # program -> its compile's wall seconds, or for a program loaded from a
+    # cache the cost model's estimate of one (the price of a hot shape's own
     # program: `hot_shapes.py`)
     self.seconds: dict[ProgramKey, float] = {}
 
@@ -113,7 +115,10 @@ class Compiler:
     _seconds_compiling[0] += seconds
     if len(self.seconds) >= self.SECONDS_KEPT:
       self.seconds.clear()
-    self.seconds[key] = seconds
+    if not log.cache_loads:
+      self.seconds[key] = seconds
+    elif struct.rental is not None and math.isfinite(struct.rental.compile_estimate):
+      self.seconds[key] = struct.rental.compile_estimate  # (a load: the cost model's compile)
     self._stats.record_compile(key, cause, log, program_name=jc.jit_program_name(self.name),
                                wall_seconds=seconds)
     if struct.rental is not None and not key.exact:

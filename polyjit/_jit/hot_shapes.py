@@ -19,10 +19,13 @@ dispatches cost two dispatches. So the choice is rented, as tighter buckets
   compiled something, a tighter bucket or a pad program, is not charged);
 * once that has cost `RENT` x the bucket program's compile time (the
   estimate of the exact program's: the same function at the same rank; at
-  least `FLOOR`), the plan buys its shapes' own program (`HotShape.buy`):
+  least `FLOOR`; where the bucket program was loaded from a cache, the cost
+  model's estimate, or `UNKNOWN`), the plan buys its shapes' own program (`HotShape.buy`):
   traced and lowered on the calling thread (under the call's trace
   context, which is thread-local), compiled in a background thread while the
-  calls go on in their bucket;
+  calls go on in their bucket (not while a recorder of every thread's
+  compiles is active: `pj.assert_max_compiles`, `pj.watch`, `count_compiles()`
+  are promises that nothing compiles; the shapes buy after them);
 * from then on the plan's calls go to `jax.jit(fun)` itself (with the
   function's `jax.jit` options), which finds that program in its own cache:
   jaxlib's C++ fast path, one lookup and one execute. The results are
@@ -45,7 +48,8 @@ from typing import Any, Callable
 import jax
 
 from .. import _jax as jc
-from .._caching.compiles import count_compiles
+from .._caching.compiles import count_compiles, watched
+from .._masking.data_dependent import plain_jit_trace
 from .._sharding import placement as _sharding
 from . import compile as _compile, resident as _resident
 from .plans import EXACT, Plan, ProgramKey, StructureKey
@@ -54,8 +58,12 @@ from .stats import Cause, Stats
 #: A plan buys its shapes' own program once its overhead has cost RENT x the
 #: estimate of that program's compile.
 RENT = 1.0
-#: The least compile estimate, in seconds (a program loaded from disk took less).
+#: The least compile estimate, in seconds.
 FLOOR = 0.05
+#: The estimate where the bucket program was loaded from a cache and no cost
+#: model gave one (`Compiler.seconds`): high, so that a shape buys late rather
+#: than pay for a compile more than it saved.
+UNKNOWN = 1.0
 
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 
@@ -98,7 +106,7 @@ class HotShapes:
 
   def timed(self, plan: Plan, args: Any, stats: Any) -> Any:
     """`plan`'s first hot call: opens its account, which pays from now on."""
-    price = RENT * max(self.compile_seconds.get(plan.key, FLOOR), FLOOR)
+    price = RENT * max(self.compile_seconds.get(plan.key, UNKNOWN), FLOOR)
     account = plan.hot_shape = HotShape(self, plan.key.structure, price)
     return account.timed(plan, args, stats)
 
@@ -146,7 +154,7 @@ class HotShape:
     if _compiling() != compiling:
       return outs  # (a call that compiled: a bucket bought, a pad program; once, not per call)
     self.spent += now() - t0 - inside[0]
-    if self.spent >= self.price and plan.hot_shape is self:
+    if self.spent >= self.price and plan.hot_shape is self and not watched():
       plan.hot_shape = PAID  # (the next calls pay no more, and it is never eligible again)
       self.buy(plan, args)
     return outs
@@ -157,7 +165,8 @@ class HotShape:
     calls to it. A failure leaves the plan in its bucket, as it was."""
     t0 = time.perf_counter()
     try:
-      lowered = self.owner.jitted.lower(*args)
+      with plain_jit_trace():  # (jax.jit's own trace: pj.nonzero and the like as jax's)
+        lowered = self.owner.jitted.lower(*args)
     except Exception:  # (a lowering jax.jit refuses here: the bucket stays)
       return
     seconds = time.perf_counter() - t0
