@@ -84,14 +84,16 @@ def default_sharding() -> jax.sharding.SingleDeviceSharding:
   return jax.sharding.SingleDeviceSharding(jax.devices()[0])
 
 
-def host_to_device(host: np.ndarray[Any, Any], sharding: jax.sharding.Sharding) -> jax.Array:
+def host_to_device(host: np.ndarray[Any, Any], sharding: jax.sharding.Sharding,
+                   weak_type: bool = False) -> jax.Array:
   """`host` copied to the device of a single-device `sharding`, without
   `jax.device_put`'s per-call overhead (about 30 us against 5 us); other
   shardings go through `jax.device_put` (to the default device). An
   explicit transfer, as `jax.device_put`'s: allowed under
-  `jax.transfer_guard("disallow")`."""
+  `jax.transfer_guard("disallow")`. `weak_type`: the array is weakly typed
+  (a slice of a weakly typed output keeps its type, as under `jax.jit`)."""
   if isinstance(sharding, jax.sharding.SingleDeviceSharding):
-    aval = _core.ShapedArray(host.shape, host.dtype)
+    aval = _core.ShapedArray(host.shape, host.dtype, weak_type=weak_type)
     out: jax.Array = explicitly(_pxla.batched_device_put, aval, sharding, [host],
                                 list(sharding.device_set), False)
     return out

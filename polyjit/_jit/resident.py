@@ -127,7 +127,7 @@ def unpad(x: Any, shape: tuple[int, ...]) -> Any:
   else:
     def through_host() -> Any:
       host = jax.device_get(x)[tuple(slice(0, n) for n in shape)]
-      return jc.host_to_device(np.ascontiguousarray(host), x.sharding)
+      return jc.host_to_device(np.ascontiguousarray(host), x.sharding, x.weak_type)
     out = _rented(_slices, key, x, _slice_program, shape, x.dtype, through_host)
   _origins.put(out, x)   # (kept while `out` lives, for a chained call)
   return out

@@ -187,4 +187,4 @@ def unpad(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     keys: jax.Array = jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
     return keys
   host = np.asarray(x)[tuple(slice(0, s) for s in shape)]
-  return jc.host_to_device(np.ascontiguousarray(host), x.sharding)
+  return jc.host_to_device(np.ascontiguousarray(host), x.sharding, x.weak_type)
