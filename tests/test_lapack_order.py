@@ -31,7 +31,7 @@ pytestmark = pytest.mark.skipif(
 
 def _pd(x):
   n = x.shape[0]
-  a = (jnp.outer(x, x) * 0.1 + jnp.eye(n, dtype=x.dtype) * (1.0 + 0.1 * n)
+  a = (jnp.outer(x, x) * 0.1 + jnp.eye(n, dtype=x.dtype) * (1.0 + 0.125 * n)
        + 0.05 * jnp.tanh(x)[:, None])
   return a @ a.T
 
@@ -146,7 +146,7 @@ _PROGRAM = """
 import jax, jax.numpy as jnp, numpy as np, polyjit as pj
 def pd(x):
   n = x.shape[0]
-  a = (jnp.outer(x, x) * 0.1 + jnp.eye(n, dtype=x.dtype) * (1.0 + 0.1 * n)
+  a = (jnp.outer(x, x) * 0.1 + jnp.eye(n, dtype=x.dtype) * (1.0 + 0.125 * n)
        + 0.05 * jnp.tanh(x)[:, None])
   return a @ a.T
 f = lambda x: jnp.sum(jnp.linalg.cholesky(pd(x)) * jnp.cos(x)[:, None])

@@ -18,8 +18,9 @@ from polyjit._masking import verify as _verify
 
 
 def sneaky(v):
-  # `isinstance` of a size: no hook sees it, so every trace takes the `2.` side
-  return v.sum() * (1.0 if isinstance(v.shape[0], int) else 2.0)
+  # `type(n) is int` of a size: no hook sees it (`isinstance` is answered as
+  # jax.jit's Python int answers it), so every trace takes the `2.` side
+  return v.sum() * (1.0 if type(v.shape[0]) is int else 2.0)
 
 
 def honest(v):

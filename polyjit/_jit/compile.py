@@ -58,7 +58,9 @@ class Compiler:
     # program -> its compile's wall seconds, or for a program loaded from a
     # cache the cost model's estimate of one (the price of a hot shape's own
     # program: `hot_shapes.py`)
-    self.seconds: dict[ProgramKey, float] = {}
+    # (keyed by the program's id: hashing its ProgramKey would hash the trace
+    # context on the call path; a reused id after an eviction misprices once)
+    self.seconds: dict[int, float] = {}
 
   def donated(self, struct: Structure) -> tuple[int, ...]:
     """The leaves of `struct` whose buffers the program may reuse."""
@@ -116,9 +118,9 @@ class Compiler:
     if len(self.seconds) >= self.SECONDS_KEPT:
       self.seconds.clear()
     if not log.cache_loads:
-      self.seconds[key] = seconds
+      self.seconds[id(program)] = seconds
     elif struct.rental is not None and math.isfinite(struct.rental.compile_estimate):
-      self.seconds[key] = struct.rental.compile_estimate  # (a load: the cost model's compile)
+      self.seconds[id(program)] = struct.rental.compile_estimate  # (a load: the model's compile)
     self._stats.record_compile(key, cause, log, program_name=jc.jit_program_name(self.name),
                                wall_seconds=seconds)
     if struct.rental is not None and not key.exact:

@@ -83,7 +83,7 @@ def _executor() -> concurrent.futures.ThreadPoolExecutor:
 class HotShapes:
   """One `pj.jit` function's exact programs for its hot shapes."""
 
-  def __init__(self, fun: Callable[..., Any], stats: Stats, compile_seconds: dict[Any, float],
+  def __init__(self, fun: Callable[..., Any], stats: Stats, compile_seconds: dict[int, float],
                *, donate_argnums: Any,
                donate_argnames: Any, keep_unused: bool, inline: bool,
                in_shardings: Any, out_shardings: Any) -> None:
@@ -106,7 +106,7 @@ class HotShapes:
 
   def timed(self, plan: Plan, args: Any, stats: Any) -> Any:
     """`plan`'s first hot call: opens its account, which pays from now on."""
-    price = RENT * max(self.compile_seconds.get(plan.key, UNKNOWN), FLOOR)
+    price = RENT * max(self.compile_seconds.get(id(plan.program), UNKNOWN), FLOOR)
     account = plan.hot_shape = HotShape(self, plan.key.structure, price)
     return account.timed(plan, args, stats)
 
