@@ -111,10 +111,13 @@ def sgd(params, grads):
 
 
 def warm(step, params, inputs):
-  """Runs every batch once (compiling every program)."""
+  """Runs every batch once (compiling every program); whether every loss and
+  the parameters after it are finite (a NaN would make the timings moot)."""
+  finite = True
   for x in inputs:
-    params, _ = step(params, *x)
-  jax.block_until_ready(params)
+    params, loss = step(params, *x)
+    finite = finite and bool(jnp.isfinite(loss))
+  return finite and all(bool(jnp.all(jnp.isfinite(p))) for p in jax.tree.leaves(params))
 
 
 def timed(step, params, inputs):
@@ -189,8 +192,8 @@ def run_model(name: str, batches: list[list[int]], repeats: int = 3) -> dict:
                                                  strict=True)))
   with warnings.catch_warnings():
     warnings.simplefilter("ignore", pj.PerformanceWarning)
-    for fun, inputs in contenders.values():
-      warm(fun, params, inputs)
+    for key, (fun, inputs) in contenders.items():
+      result[f"finite_{key}"] = warm(fun, params, inputs)
     best: dict[str, tuple[float, float]] = {}
     for _ in range(repeats):   # passes interleaved: load changes reach every contender
       for key, (fun, inputs) in contenders.items():
