@@ -67,11 +67,22 @@ class Model:
   padded: Callable[..., Any]       # (params, parts, valid, labels) -> mean loss
   # (rng) -> (parts, label); text and attention also (rng, n): a sentence of n tokens
   make_example: Callable[..., tuple[tuple[np.ndarray, ...], Any]]
+  # (params, tokens, segments, positions, labels) -> mean loss over packed rows,
+  # written by hand with segment ids (the Grain/MaxText way); text and attention
+  packed: Callable[..., Any] | None = None
 
 
 def bce(logit, label):
   """Binary cross-entropy of one logit (sst2's loss)."""
   return jnp.maximum(logit, 0) - logit * label + jnp.log1p(jnp.exp(-jnp.abs(logit)))
+
+
+def segment_mean(x, segments, count):
+  """Per example: the mean of its tokens' rows of `x` (tokens, ...); the
+  tail's id (`count`) is out of range, so it is dropped."""
+  sums = jax.ops.segment_sum(x, segments, count)
+  sizes = jax.ops.segment_sum(jnp.ones_like(segments, x.dtype), segments, count)
+  return sums / sizes.reshape(-1, *([1] * (x.ndim - 1)))
 
 
 def masked_mean(x, valid, axis):
@@ -135,12 +146,42 @@ def text_model(vocab: int, embed: int, hidden: int, low: int, high: int,
                          lstm(params, "backward", x, True, mask.T)], -1)
     return jnp.mean(bce(head(params, jnp.swapaxes(h, 0, 1), mask), labels))
 
+  def packed(params, tokens, segments, positions, labels):
+    """Packed rows `(rows, L)` by hand: each direction's carry restarts at
+    its example's first token (its last, in reverse), the pooling softmax is
+    taken per segment."""
+    count = labels.shape[0]
+    starts = positions == 0
+    ends = jnp.concatenate([segments[:, 1:] != segments[:, :-1],
+                            jnp.ones_like(starts[:, :1])], 1)
+    x = jnp.swapaxes(layers(params, "embed", tokens), 0, 1)        # (L, rows, embed)
+
+    def lstm_reset(name, reset, reverse):
+      def step(carry, inputs):
+        xt, rt = inputs
+        carry = jax.tree.map(lambda c: jnp.where(rt[:, None], 0, c), carry)
+        return layers(params, name, carry, xt)
+      carry = (jnp.zeros(x.shape[1:-1] + (hidden,)),) * 2
+      return lax.scan(step, carry, (x, reset.T), reverse=reverse)[1]
+
+    h = jnp.concatenate([lstm_reset("forward", starts, False),
+                         lstm_reset("backward", ends, True)], -1)
+    h = jnp.swapaxes(h, 0, 1).reshape(-1, 2 * hidden)                # (tokens, 2 hidden)
+    seg = segments.reshape(-1)
+    scores = layers(params, "energy", jnp.tanh(layers(params, "keys", h)))[..., 0]
+    top = jax.ops.segment_max(lax.stop_gradient(scores), seg, count)
+    e = jnp.exp(scores - jnp.take(top, seg, mode="fill", fill_value=0))
+    pooled = jax.ops.segment_sum(e[:, None] * h, seg, count) / \
+        jax.ops.segment_sum(e, seg, count)[:, None]
+    logits = layers(params, "out", jnp.tanh(layers(params, "mlp", pooled)))[..., 0]
+    return jnp.mean(bce(logits, labels))
+
   def make_example(rng, n=None):
     n = int(rng.integers(low, high + 1)) if n is None else n
     tokens = rng.integers(0, vocab, n).astype(np.int32)
     return (tokens,), np.float32(np.mean(tokens < vocab // 2) > 0.5)  # learnable
 
-  return Model("text", 1, init, one, padded, make_example)
+  return Model("text", 1, init, one, padded, make_example, packed)
 
 
 # --- attention: a small transformer encoder ------------------------------------
@@ -163,14 +204,15 @@ def attention_model(vocab: int, width: int, heads: int, layers_: int, low: int,
                  f"down_{i}": (jnp.zeros((3, 2 * width)),)}
     return layers.init(key, **shapes)
 
-  def positions(n):
-    """Sinusoidal position encodings (computed, so no table is sliced to n)."""
-    pos = jnp.arange(n, dtype=jnp.float32)[:, None]
+  def positions(n, at=None):
+    """Sinusoidal position encodings (computed, so no table is sliced to n);
+    `at`: at these positions instead of 0..n-1."""
+    pos = (jnp.arange(n) if at is None else at).astype(jnp.float32)[..., None]
     freq = jnp.exp(-np.log(10000.0) * jnp.arange(0, width, 2, dtype=jnp.float32) / width)
     return jnp.concatenate([jnp.sin(pos * freq), jnp.cos(pos * freq)], -1)
 
-  def encode(params, tokens, mask=None):
-    h = layers(params, "embed", tokens) + positions(tokens.shape[-1])
+  def encode(params, tokens, mask=None, at=None):
+    h = layers(params, "embed", tokens) + positions(tokens.shape[-1], at)
     for i in range(layers_):
       y = layers(params, f"ln1_{i}", h)
       attn = layers.modules[f"attn_{i}"]
@@ -193,7 +235,15 @@ def attention_model(vocab: int, width: int, heads: int, layers_: int, low: int,
     tokens = rng.integers(0, vocab, n).astype(np.int32)
     return (tokens,), np.float32(np.mean(tokens < vocab // 2) > 0.5)
 
-  return Model("attention", 1, init, one, padded, make_example)
+  def packed(params, tokens, segments, positions_, labels):
+    """Packed rows `(rows, L)` by hand: a block-diagonal mask from the segment
+    ids, positions per segment, mean pooling per segment."""
+    mask = nn.make_attention_mask(segments, segments, pairwise_fn=jnp.equal)
+    h = encode(params, tokens, mask, positions_)
+    pooled = segment_mean(h.reshape(-1, width), segments.reshape(-1), labels.shape[0])
+    return jnp.mean(bce(layers(params, "out", pooled)[:, 0], labels))
+
+  return Model("attention", 1, init, one, padded, make_example, packed)
 
 
 # --- graph: message passing with segment_sum -------------------------------------

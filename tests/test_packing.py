@@ -133,16 +133,17 @@ def _check(fun, w, xs, row_length=16, expect_warning=False, tol=2e-5):
   vmapped = pj.vmap(fun, in_axes=(None, 0))
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    out = jax.jit(vmapped)(w, packed)
-    value, grad = jax.jit(jax.value_and_grad(lambda w: _loss(vmapped(w, packed))))(w)
+    # one program for the outputs and the gradient (the tests' time is compiling)
+    (value, out), grad = jax.jit(jax.value_and_grad(
+        lambda w: (lambda out: (_loss(out), out))(vmapped(w, packed)), has_aux=True))(w)
   warned = [c for c in caught if issubclass(c.category, pj.PerformanceWarning)]
   assert bool(warned) == expect_warning, [str(c.message) for c in warned]
 
-  @jax.jit
-  def one(w, x):   # each example alone, its value and gradient
+  def one(w, x):   # each example alone, at its own shape: its value and gradient
     return fun(w, x), jax.grad(lambda w: _example_loss(fun(w, x)))(w)
 
-  refs = [one(w, x) for x in xs]
+  # under one jax.jit: one program holding each example's computation apart
+  refs = jax.jit(lambda w, xs: [one(w, x) for x in xs])(w, list(xs))
   for i, (want, _) in enumerate(refs):
     for g, r in zip(_per_example(out, i), jax.tree.leaves(want), strict=True):
       np.testing.assert_allclose(g, r, rtol=tol, atol=tol)
@@ -189,18 +190,36 @@ PACKED = {
     "positions": lambda w, x: (x * jnp.arange(x.shape[0])[:, None], x.shape[0] * jnp.sum(w),
                                (x @ w) + _positions(x.shape[0])),
     "attention_pooling": lambda w, x: jax.nn.softmax(jnp.tanh(x @ w)[:, 0]) @ x,
-    "scan_restarted_per_example": _scan,
-    "bidirectional_scan": lambda w, x: jnp.concatenate(
-        [_scan(w, x)[1], _scan(w, x[::-1])[1][::-1], _reverse_scan(w, x)], axis=1),
+    # the carry restarted per example, each one's final carry, both directions
+    "scans": lambda w, x: (_scan(w, x), jnp.concatenate(
+        [_scan(w, x[::-1])[1][::-1], _reverse_scan(w, x)], axis=1)),
 }
+
+def _conv(w, x):
+  """`lax.conv` along the tokens, SAME padding, a kernel of width 2 (uneven)."""
+  kernel = jnp.stack([w.T, jnp.tanh(w.T)], -1)                   # (4, 3, 2)
+  return lax.conv_general_dilated(x.T[None], kernel, (1,), "SAME")[0].T
+
 
 # Position-mixing ops that run through their masking rule, one example per row.
 THROUGH_MASKING_RULES = {
-    "cumsum": lambda w, x: jnp.cumsum(x @ w, axis=0),
-    "shift": lambda w, x: (x[1:] - x[:-1]) @ w,
+    "cumulative": lambda w, x: (jnp.cumsum(x @ w, axis=0), jnp.cumprod(1 + 0.1 * x, axis=0),
+                                lax.cummax(x @ w, axis=0)),
+    "shifts_and_rolls": lambda w, x: ((x[1:] - x[:-1]) @ w, jnp.roll(x, 1, axis=0) @ w,
+                                      jnp.pad(x, ((1, 0), (0, 0)))[:-1] @ w),
     "reverse": lambda w, x: x[::-1] * jnp.arange(x.shape[0])[:, None],
     "contract_ragged_axis": lambda w, x: x.T @ (x @ w),
-    "sort": lambda w, x: jnp.sort(x @ w, axis=0),
+    "sorting": lambda w, x: (jnp.sort(x @ w, axis=0), jnp.argsort(x[:, 1]),
+                             lax.top_k((x @ w)[:, 0], 1)[0], jnp.median(x @ w, axis=0)),
+    # never reading across an example's boundary (NaN/inf past it in the row)
+    "convolutions": lambda w, x: (jnp.convolve(x[:, 0], w[:, 0], mode="same"),
+                                  jnp.convolve(x[:, 1], w[:2, 1], mode="valid"), _conv(w, x)),
+    "gathers_at_per_example_indices": lambda w, x: (
+        x[jnp.argmax(x[:, 0])] @ w, x[-1] @ w + x[x.shape[0] // 2] @ w,
+        jnp.take_along_axis(x, jnp.argsort(x[:, :1], axis=0), axis=0) @ w),
+    # values longer than the example (no slot in the row holds them)
+    "longer_than_the_example": lambda w, x: (jnp.pad(x @ w, ((2, 1), (0, 0))),
+                                             jnp.concatenate([x, x[:2] * 2]) @ w),
     # scores (n, n) stay one padded row per example; the rest runs packed
     "attention": lambda w, x: jax.nn.softmax((x @ w) @ (x @ w).T / 2, axis=-1) @ x,
     "causal_attention": lambda w, x: jax.nn.softmax(
@@ -230,15 +249,63 @@ def test_position_mixing_family_is_exact(name):
   _check(THROUGH_MASKING_RULES[name], w, _examples(rng))
 
 
-def test_token_outputs_come_back_packed_with_their_lengths():
+def test_outputs_are_what_the_unpacked_batch_gives():
+  """Length-dependent outputs come back as a pj.Ragged (shorter, equal and
+  longer than the example), as over the padded batch: type, lengths, padded
+  shape, to_list; the others stacked; under jax.jit too."""
   rng = np.random.default_rng(4)
   xs = _examples(rng)
-  packed = pj.Ragged.from_list(xs, packing=pj.Packing())
-  out = pj.vmap(lambda x: x[1:] - x[:-1])(packed)
-  assert isinstance(out, pj.PackedRagged)
-  assert np.asarray(out.lengths).tolist() == [n - 1 for n in LENGTHS]
-  for got, x in zip(out.to_list(), xs, strict=True):
-    np.testing.assert_allclose(got, x[1:] - x[:-1], rtol=1e-6)
+  packed_batch = pj.Ragged.from_list(xs, packing=pj.Packing())
+  for f in (lambda x: (x[1:] - x[:-1], jnp.tanh(x), jnp.sum(x)),
+            lambda x: (jnp.pad(x, ((1, 1), (0, 0))), jnp.max(x))):
+    unpacked = pj.vmap(f)(pj.Ragged.from_list(xs))
+    with warnings.catch_warnings():
+      warnings.simplefilter("error", pj.PerformanceWarning)   # packed, not the fallback
+      outs = pj.vmap(f)(packed_batch), jax.jit(pj.vmap(f))(packed_batch)
+    _same_as_unpacked(outs, unpacked)
+
+
+def _same_as_unpacked(outs, unpacked):
+  for out in outs:
+    assert jax.tree.structure(out) == jax.tree.structure(unpacked)
+    for got, want in zip(out, unpacked, strict=True):
+      assert type(got) is type(want)
+      if isinstance(want, pj.Ragged):
+        np.testing.assert_array_equal(got.lengths, want.lengths)
+        assert got.data.shape == want.data.shape and got.ragged_axes == want.ragged_axes
+        for a, b in zip(got.to_list(), want.to_list(), strict=True):
+          np.testing.assert_allclose(a, b, rtol=1e-6)
+      else:
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_row_counts_share_programs():
+  """Batches of 12 examples whose plans need 9 to 12 rows of 16 run 2 programs under one
+  jax.jit (row counts bucketed: 10, 12), not one per count."""
+  rng = np.random.default_rng(12)
+  batches = [[16] * (rows - 1) + [1] * (13 - rows) for rows in (9, 10, 11, 12)]
+  step = jax.jit(pj.vmap(lambda x: jnp.sum(jnp.tanh(x))))
+  for packing, want in ((pj.Packing(row_length=16), 2),
+                        (pj.Packing(row_length=16, row_buckets=1), 4)):
+    with pj.diagnostics.count_compiles() as events:
+      for lengths in batches:
+        batch = pj.Ragged.from_list([rng.normal(size=n).astype(np.float32)
+                                     for n in lengths], packing=packing)
+        got = step(batch)
+        np.testing.assert_allclose(got, [np.tanh(x).sum() for x in batch.to_list()],
+                                   rtol=1e-5)
+    assert len(events) == want
+    step = jax.jit(pj.vmap(lambda x: jnp.sum(jnp.tanh(x))))   # a fresh cache
+
+
+def test_rows_added_by_the_row_bucket_stay_exact():
+  """3 rows bucketed to 4: a row all tail, whose scan steps must keep the
+  gradient finite too (they filled the carry with NaN)."""
+  rng = np.random.default_rng(13)
+  w = jnp.asarray(rng.normal(size=(3, 4)).astype(np.float32))
+  lengths = [16, 5, 16, 9]
+  assert pj.Ragged.from_list(_examples(rng, lengths), packing=pj.Packing(16)).rows == 4
+  _check(PACKED["scans"], w, _examples(rng, lengths))
 
 
 def test_training_step_with_tokens_targets_and_labels():
@@ -308,6 +375,15 @@ def test_the_warning_names_the_op_and_the_line():
     pj.vmap(lambda w, x: _fori(w, x), in_axes=(None, 0))(w, packed)
   line = inspect.getsourcelines(_fori)[1] + 1
   assert "'scan'" in str(caught[0].message)   # (fori_loop over n is a scan)
+  assert f"test_packing.py:{line}" in str(caught[0].message)
+
+  def spectrum(x):   # an op inside a library's jax.jit, where JAX keeps no user frame
+    return jnp.fft.fft(x[:, 0]).real
+
+  with pytest.warns(pj.PerformanceWarning) as caught:
+    pj.vmap(spectrum)(packed)
+  line = inspect.getsourcelines(spectrum)[1] + 1
+  assert "'fft'" in str(caught[0].message)
   assert f"test_packing.py:{line}" in str(caught[0].message)
 
 

@@ -52,7 +52,6 @@ gradient, and JAX differentiates the packed evaluation itself.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Sequence
 
 import jax
@@ -61,7 +60,6 @@ import numpy as np
 from jax import lax
 
 from .. import _jax as jc
-from .._masking import dims as _dims, native as _native
 from .._masking.core import (MaskEnv, RuleContext, _no_rule_error, eqn_is_symbolic,
                              masking_rules)
 from .._masking.rules.elementwise import ELEMENTWISE
@@ -86,7 +84,18 @@ class Unpackable(Exception):
   def __init__(self, eqn: Any, why: str) -> None:
     self.primitive = eqn.primitive.name if eqn is not None else None
     self.source = jc.source_line(eqn) if eqn is not None else ""
+    self.why = why
     super().__init__(f"'{self.primitive}' {self.source}: {why}")
+
+  def called_from(self, call: Any) -> "Unpackable":
+    """Where JAX kept no user frame for the equation (inside a library's
+    `jax.jit`: `jnp.convolve`), the user's line of the call instead."""
+    if self.source.startswith("at ") and self.source != "at an unknown location":
+      return self
+    outer = Unpackable(call, self.why)
+    outer.primitive = self.primitive
+    outer.args = (f"'{self.primitive}' {outer.source}: {self.why}",)
+    return outer
 
 
 @dataclasses.dataclass
@@ -289,7 +298,11 @@ def _broadcast_in_dim(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   if x.kind == SHARED:
     out, = _bind(eqn, [x.val], layout)
     return [V(TOKEN, layout.select(out, axis, dim), axis, dim)]
-  g = layout.onto_tokens(x.val, dim)            # (tokens, *operand shape)
+  val = x.val
+  if axis in dims:   # a size-1 operand axis stretched along the tokens (jnp.where's)
+    at = dims.index(axis)
+    val, dims = lax.squeeze(val, (at + 1,)), dims[:at] + dims[at + 1:]
+  g = layout.onto_tokens(val, dim)              # (tokens, *operand shape)
   where = [axis, *dims]
   order = sorted(range(len(where)), key=lambda i: where[i])
   g = lax.transpose(g, tuple(order))
@@ -431,75 +444,15 @@ def _call(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   closed = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
   if not hasattr(closed, "consts"):
     closed = jc.ClosedJaxpr(closed, ())
-  return eval_packed(closed.jaxpr, closed.consts, invals, layout)
+  try:
+    return eval_packed(closed.jaxpr, closed.consts, invals, layout)
+  except Unpackable as e:
+    raise e.called_from(eqn) from None
 
 
 def _custom_vjp(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   raise Unpackable(eqn, "a jax.custom_vjp function whose operands vary with the length: "
                    "its backward rule is written for one example")
-
-
-def _custom_jvp_call(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
-  """The function packed, with its custom derivative rule packed too (as
-  `_masking/rules/control_flow.py` does for masking), so `jax.nn.relu`'s
-  derivative at 0 stays the rule's."""
-  call_jaxpr = eqn.params["call_jaxpr"]
-  rule, out_zeros = _native.custom_jvp_rule(eqn)
-  n_consts = eqn.params["num_consts"]
-  n_out = len(eqn.outvars)
-  n_lay = len(layout.arrays)
-  diff_in = [i for i, v in enumerate(eqn.invars[n_consts:]) if _native.inexact(v.aval)]
-  shapes = [(v.kind, v.axis, v.dim, v.axis2) for v in invals]
-  kinds: list[tuple[str, int, Any, int]] = []
-
-  def rebuild(arrays: Sequence[Any]) -> tuple[Layout, list[V]]:
-    inner = Layout(layout.name, arrays[:n_lay], layout.rows, layout.row_length)
-    return inner, [V(k, x, a, d, a2)
-                   for (k, a, d, a2), x in zip(shapes, arrays[n_lay:], strict=True)]
-
-  @jax.custom_jvp
-  def packed(*arrays: Any) -> list[Any]:
-    inner, vs = rebuild(arrays)
-    outs = eval_packed(call_jaxpr.jaxpr, call_jaxpr.consts, vs, inner)
-    kinds[:] = [(o.kind, o.axis, o.dim, o.axis2) for o in outs]
-    return [o.val for o in outs]
-
-  def packed_jvp(primals: Any, tangents: Any) -> tuple[list[Any], list[Any]]:
-    inner, vs = rebuild(primals)
-    ts = []
-    for i in diff_in:
-      v, t = vs[n_consts + i], tangents[n_lay + n_consts + i]
-      if v.kind in (PAIR, UNPACKED):
-        raise Unpackable(eqn, "a custom derivative rule on pairs of tokens")
-      ts.append(V(v.kind, inner.select(t, v.axis, v.dim) if v.kind == TOKEN else t,
-                  v.axis, v.dim))
-    both = eval_packed(rule.jaxpr, rule.consts, [*vs[n_consts:], *ts], inner)
-    outs, nz = both[:n_out], iter(both[n_out:])
-    touts = []
-    for o, z in zip(outs, out_zeros, strict=True):
-      touts.append(jnp.zeros_like(o.val) if z else _as_kind(next(nz), o, inner).val)
-    return [o.val for o in outs], touts
-
-  packed.defjvp(packed_jvp)
-  vals = packed(*layout.arrays, *[v.val for v in invals])
-  return [V(k, x, a, d, a2) for (k, a, d, a2), x in zip(kinds, vals, strict=True)]
-
-
-def _as_kind(v: V, like: V, layout: Layout) -> V:
-  """`v` in `like`'s kind (a tangent the rule computed in a narrower one)."""
-  if v.kind == like.kind:
-    return v
-  if {v.kind, like.kind} & {UNPACKED, PAIR}:
-    raise Unpackable(None, "a custom derivative rule on values with two axes along the example")
-  target = like.val.shape
-  if like.kind == EXAMPLE:
-    val = jnp.broadcast_to(v.val, target)
-  elif v.kind == SHARED:
-    val = layout.select(jnp.broadcast_to(v.val, target), like.axis, like.dim)
-  else:   # EXAMPLE onto TOKEN
-    g = layout.onto_tokens(jnp.broadcast_to(v.val, (layout.examples,)), like.dim)
-    val = lax.broadcast_in_dim(g, target, (like.axis,))
-  return V(like.kind, val, like.axis, like.dim)
 
 
 # --- through the masking rules ----------------------------------------------------
@@ -511,7 +464,7 @@ def _as_kind(v: V, like: V, layout: Layout) -> V:
 _RELAYOUT = frozenset({
     "cumsum", "cummax", "cummin", "cumprod", "cumlogsumexp", "rev", "slice", "pad",
     "concatenate", "dynamic_slice", "dynamic_update_slice", "gather", "dot_general",
-    "reduce_prod", "reduce_and", "reduce_or", "reduce_xor", "sort", "split",
+    "reduce_prod", "reduce_and", "reduce_or", "reduce_xor", "sort", "top_k", "split",
     "conv_general_dilated", "reduce_window_sum", "select_and_gather_add",
     "reduce_sum", "reduce_max", "reduce_min", "argmax", "argmin", "broadcast_in_dim",
     "iota", "transpose", "squeeze", "reshape", "dim_as_value", "one_minus_square",
@@ -543,10 +496,6 @@ def _relayout(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
       vals.append(v.val); axes.append(None if v.kind == SHARED else 0)
   out_axes = [_token_axis(o.aval, eqn) if _n_axes(o.aval) == 1 else None
               for o in eqn.outvars]
-  for o, a in zip(eqn.outvars, out_axes, strict=True):
-    if a is not None and not layout.fits(o.aval.shape[a]):
-      raise Unpackable(eqn, f"its result {o.aval.str_short()} is longer than the example "
-                       "and does not fit in its slot of the row")
   elementwise = eqn.primitive.name in _ELEMENTWISE
 
   def one(n: Any, *xs: Any) -> list[Any]:
@@ -563,6 +512,11 @@ def _relayout(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   for o, a, y in zip(eqn.outvars, out_axes, outs, strict=True):
     if _n_axes(o.aval) > 1:
       result.append(V(UNPACKED, y))
+    elif a is not None and not layout.fits(o.aval.shape[a]):
+      # longer than the example (`jnp.pad`, a full convolution): no slot in the
+      # row holds it, so it stays one padded row per example (its axis moved
+      # behind the examples' by `unpack`'s convention)
+      result.append(V(UNPACKED, y, a, o.aval.shape[a]))
     elif a is None:
       result.append(V(EXAMPLE, y))
     else:
@@ -577,7 +531,7 @@ _RULES.update({
     "broadcast_in_dim": _broadcast_in_dim, "iota": _iota, "dim_as_value": _dim_as_value,
     "transpose": _transpose, "squeeze": _squeeze, "reshape": _reshape, "slice": _slice,
     "dot_general": _dot_general, "gather": _gather, "jit": _call, "closed_call": _call, "eval_jaxpr": _call,
-    "call": _call, "custom_jvp_call": _custom_jvp_call, "custom_vjp_call": _custom_vjp,
+    "call": _call, "custom_vjp_call": _custom_vjp,   # custom_jvp_call: packed_custom.py
     **{name: _reduce for name in _SEGMENT},
 })
 

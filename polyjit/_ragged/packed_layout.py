@@ -64,8 +64,10 @@ class Layout:
     """Whether a value of size `d` fits in each example's slot: d(m) <= m."""
     if self.is_base(d):
       return True
+    # from 1: empty examples take the padded path (packed_vmap.py), and a size
+    # such as `jnp.roll`'s `k mod n` has no value at n = 0
     return all(_dims.evaluate_dim(d, {self.name: m}) <= m
-               for m in range(self.row_length + 1))
+               for m in range(1, self.row_length + 1))
 
   def valid(self, d: Any) -> Any:
     """`(tokens,)` bool: the tokens a value of size `d` holds."""

@@ -29,7 +29,7 @@ from jax import lax
 
 from .._masking.rules.reductions import _extremum
 from .packed_eval import (NoPairRule, PAIR, SHARED, TOKEN, Unpackable, V, _bind, _inexact,
-                          _KEEPS_ZERO, _n_axes, _PAIR_RULES, _token_axis, _token_shape)
+                          _n_axes, _PAIR_RULES, _selects, _token_axis, _token_shape)
 from .packed_layout import Layout
 from .._masking.rules.elementwise import ELEMENTWISE
 
@@ -162,17 +162,14 @@ def _elementwise(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   if any((v.axis, v.axis2) != (axis, axis2) for v in pairs):
     raise Unpackable(eqn, "attention scores whose axes were swapped")
   shape = _pair_shape(out_aval, layout, axis, axis2)
-  keeps = eqn.primitive.name in _KEEPS_ZERO
   args = []
   for v, var in zip(invals, eqn.invars, strict=True):
     if v.kind == PAIR:
       args.append(v.val)
     elif v.kind == SHARED and np.ndim(v.val) == 0:
-      keeps = False
       args.append(v.val)
     elif v.kind == TOKEN:
       _same_dims(v, layout)
-      keeps = False
       if v.axis == axis and var.aval.shape[axis2] == 1:
         args.append(v.val)                          # broadcast along the row
       elif v.axis == axis2 and var.aval.shape[axis] == 1:
@@ -181,12 +178,17 @@ def _elementwise(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
         raise NoPairRule()
     else:
       raise NoPairRule()
-  if not keeps:
+  # pairs alone (and finite constants) are zero off the block diagonal, as
+  # tokens are on the tail: the same refinement as there (`_selects`); a
+  # token broadcast along a row is not, so both selects
+  operands, result = ((True, True) if any(v.kind == TOKEN for v in invals)
+                      else _selects(eqn, invals))
+  if operands:
     args = [_select(layout, jnp.broadcast_to(x, shape), axis, axis2)
             if v.kind != SHARED and _inexact(x) else x
             for v, x in zip(invals, args, strict=True)]
   outs = _bind(eqn, args, layout)
-  if not keeps:
+  if result:
     outs = [_select(layout, o, axis, axis2) for o in outs]
   return [V(PAIR, o, axis, pairs[0].dim if pairs else invals[0].dim, axis2) for o in outs]
 

@@ -46,6 +46,10 @@ def _scan(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   valid = layout.valid(xs[0].dim)
   first = (jnp.arange(tokens, dtype=np.int32) // length) * length   # its row's first token
   owner = jnp.where(valid, layout.segments, layout.segments[first])
+  # a row all tail (the row count's bucket adds them) steps as example 0 does:
+  # an out-of-range take would fill its carry with NaN, and NaN times the zero
+  # cotangent there is NaN in the shared parameters' gradient
+  owner = jnp.where(owner < layout.examples, owner, 0)
   own_length = jnp.take(layout.lengths, owner)
   edge = (layout.positions == 0) if not p["reverse"] else (layout.positions == own_length - 1)
   restart = edge | ~valid

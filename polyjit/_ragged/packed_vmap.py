@@ -3,8 +3,9 @@
 `pj.vmap(fun)(params, packed)` traces `fun` once for one example with a
 symbolic length (`pj.mask`'s trace, the dim named as `pj.vmap` names it) and
 evaluates it on the packed rows (`packed_eval.py`): per-example outputs come
-back stacked in the examples' order, per-token outputs as a `PackedRagged` in
-the input's layout, shared-parameter gradients through JAX's own derivative
+back stacked in the examples' order, length-dependent outputs as a `pj.Ragged`
+(one padded row per example, as over the padded batch: the same type,
+`.lengths` and `to_list()`), shared-parameter gradients through JAX's own derivative
 of the packed evaluation (exact by the tail invariant there).
 
 When the packed layout cannot run `fun` exactly (`Unpackable`: a loop whose
@@ -12,7 +13,7 @@ step reads the whole sequence, a `custom_vjp`, size comparisons that give
 `fun` several traces, empty examples), the call runs as `pj.vmap` over the
 padded batch instead (one row per example, `row_length` long), with a
 `pj.PerformanceWarning` that names the op and the user's line: slower,
-never wrong. Its per-token outputs are then a `pj.Ragged`.
+never wrong.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import numpy as np
 from .._masking.errors import PerformanceWarning, warn_user_code
 from .._masking.mask import Masked
 from .arguments import example_struct, leaf_axes
-from . import packed_pairs, packed_scan  # noqa: F401  (they fill rule tables)
+from . import packed_custom, packed_pairs, packed_scan  # noqa: F401  (they fill rule tables)
 from .packed_eval import EXAMPLE, PAIR, SHARED, TOKEN, UNPACKED, Unpackable, V, eval_packed
 from .packed_layout import Layout
 from .packing import PackedRagged, is_packed
@@ -130,16 +131,14 @@ class PackedRunner:
       return o.val
     if o.kind == SHARED:
       return jnp.broadcast_to(o.val, (layout.examples, *jnp.shape(o.val)))
-    if o.kind in (UNPACKED, PAIR):   # several axes along the example
+    if o.kind == PAIR or (o.kind == UNPACKED and o.dim is None):
       raise Unpackable(None, "an output with several axes along the example")
     if o.axis != 0:
       raise Unpackable(None, "an output whose length-dependent axis is not its first")
-    valid = layout.valid(o.dim)
-    data = jnp.reshape(o.val, (layout.rows, layout.row_length, *o.val.shape[1:]))
-    segments = jnp.where(valid, layout.segments, layout.examples)
-    positions = jnp.where(valid, layout.positions, 0)
-    return PackedRagged(data, layout.size(o.dim), layout.starts, segments, positions,
-                        nonempty=False)
+    # as over the padded batch: a pj.Ragged, one row per example, padded to the
+    # size at row_length (the unpacked batch's own when row_length is its bucket)
+    data = o.val if o.kind == UNPACKED else layout.unpack(o.val, 0, o.dim)
+    return Ragged._make(data, layout.size(o.dim), None, 1)
 
   # --- unpacked --------------------------------------------------------------
 

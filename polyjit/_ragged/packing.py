@@ -16,6 +16,9 @@ rows of `row_length` tokens, so the rows hold mostly real tokens.
   order, each with as many as fit, then opens new rows), so its cost grows
   with the number of distinct lengths, not of examples. Equal lengths give
   the same layout. `max_segments` caps the examples per row.
+* The row count is bucketed (`Packing.row_buckets`; by default at most four
+  counts per doubling), the extra rows all tail: batches whose plans need a
+  few rows more or less run the same program inside the user's `jax.jit`.
 * `PackedRagged` is a pytree of the packed data `(rows, row_length, *fixed)`
   (or a pytree of such arrays sharing the layout), each example's length and
   start (flat token offset `row * row_length + offset`), and per token its
@@ -50,15 +53,29 @@ class Packing:
     row_length: tokens per row; None: the bucket of the longest example (the
       `buckets=` policy of `from_list`, powers of two from 16 by default).
     max_segments: at most this many examples per row; None: no limit.
+    row_buckets: the row count's bucket policy (a `buckets=` value: a
+      policy, an int k for multiples of k, a list of sizes): the planner's
+      row count is padded up to its bucket with empty rows, so batches whose
+      row counts differ share a program. None: powers of two with 3 sizes
+      between them (`PowersOfTwo(minimum=1, steps=4)`: 8, 10, 12, 14, 16,
+      20, ...: at most 4 programs per doubling of the row count, at most 25%
+      empty rows). 1: the planner's own count (a program per count).
   """
   row_length: int | None = None
   max_segments: int | None = None
+  row_buckets: Any = None
 
   def __post_init__(self) -> None:
     for name in ("row_length", "max_segments"):
       value = getattr(self, name)
       if value is not None and (not isinstance(value, (int, np.integer)) or value < 1):
         raise ValueError(f"pj.Packing({name}={value!r}): give a positive int or None.")
+    self.row_policy()   # a wrong row_buckets raises here, not at the first batch
+
+  def row_policy(self) -> _buckets.BucketPolicy:
+    if self.row_buckets is None:
+      return _buckets.PowersOfTwo(minimum=1, steps=4)
+    return _buckets.as_policy(self.row_buckets)
 
 
 def plan_rows(lengths: Any, row_length: int, max_segments: int | None = None
@@ -236,7 +253,7 @@ def pack(host: HostExamples, packing: Packing, buckets: _buckets.BucketSpec) -> 
   if length is None:
     length = _buckets.as_policy(buckets)(max(int(lengths.max(initial=0)), 1))
   rows, offsets, count = plan_rows(lengths, length, packing.max_segments)
-  count = max(count, 1)
+  count = packing.row_policy()(max(count, 1))   # the rows past the plan's are tail
   starts = rows * length + offsets
   n = len(lengths)
   tokens = count * length

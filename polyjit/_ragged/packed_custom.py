@@ -1,0 +1,87 @@
+"""`jax.custom_jvp` functions on packed rows (a rule of `packed_eval.py`).
+
+The function is evaluated packed, and its custom derivative rule is packed
+too (as `_masking/rules/control_flow.py` does for masking), so `jax.nn.relu`'s
+derivative at 0 stays the rule's. Tangents of per-token operands are zeroed
+on the tail before the rule sees them; a tangent the rule computes in a
+narrower kind (a per-example or shared value) is brought to its primal's.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .._masking import native as _native
+from .packed_eval import (EXAMPLE, PAIR, SHARED, TOKEN, UNPACKED, Unpackable, V, _RULES,
+                          eval_packed)
+from .packed_layout import Layout
+
+
+def _custom_jvp_call(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
+  """The function packed, with its custom derivative rule packed too (as
+  `_masking/rules/control_flow.py` does for masking), so `jax.nn.relu`'s
+  derivative at 0 stays the rule's."""
+  call_jaxpr = eqn.params["call_jaxpr"]
+  rule, out_zeros = _native.custom_jvp_rule(eqn)
+  n_consts = eqn.params["num_consts"]
+  n_out = len(eqn.outvars)
+  n_lay = len(layout.arrays)
+  diff_in = [i for i, v in enumerate(eqn.invars[n_consts:]) if _native.inexact(v.aval)]
+  shapes = [(v.kind, v.axis, v.dim, v.axis2) for v in invals]
+  kinds: list[tuple[str, int, Any, int]] = []
+
+  def rebuild(arrays: Sequence[Any]) -> tuple[Layout, list[V]]:
+    inner = Layout(layout.name, arrays[:n_lay], layout.rows, layout.row_length)
+    return inner, [V(k, x, a, d, a2)
+                   for (k, a, d, a2), x in zip(shapes, arrays[n_lay:], strict=True)]
+
+  @jax.custom_jvp
+  def packed(*arrays: Any) -> list[Any]:
+    inner, vs = rebuild(arrays)
+    outs = eval_packed(call_jaxpr.jaxpr, call_jaxpr.consts, vs, inner)
+    kinds[:] = [(o.kind, o.axis, o.dim, o.axis2) for o in outs]
+    return [o.val for o in outs]
+
+  def packed_jvp(primals: Any, tangents: Any) -> tuple[list[Any], list[Any]]:
+    inner, vs = rebuild(primals)
+    ts = []
+    for i in diff_in:
+      v, t = vs[n_consts + i], tangents[n_lay + n_consts + i]
+      if v.kind in (PAIR, UNPACKED):
+        raise Unpackable(eqn, "a custom derivative rule on pairs of tokens")
+      ts.append(V(v.kind, inner.select(t, v.axis, v.dim) if v.kind == TOKEN else t,
+                  v.axis, v.dim))
+    both = eval_packed(rule.jaxpr, rule.consts, [*vs[n_consts:], *ts], inner)
+    outs, nz = both[:n_out], iter(both[n_out:])
+    touts = []
+    for o, z in zip(outs, out_zeros, strict=True):
+      touts.append(jnp.zeros_like(o.val) if z else _as_kind(next(nz), o, inner).val)
+    return [o.val for o in outs], touts
+
+  packed.defjvp(packed_jvp)
+  vals = packed(*layout.arrays, *[v.val for v in invals])
+  return [V(k, x, a, d, a2) for (k, a, d, a2), x in zip(kinds, vals, strict=True)]
+
+
+def _as_kind(v: V, like: V, layout: Layout) -> V:
+  """`v` in `like`'s kind (a tangent the rule computed in a narrower one)."""
+  if v.kind == like.kind:
+    return v
+  if {v.kind, like.kind} & {UNPACKED, PAIR}:
+    raise Unpackable(None, "a custom derivative rule on values with two axes along the example")
+  target = like.val.shape
+  if like.kind == EXAMPLE:
+    val = jnp.broadcast_to(v.val, target)
+  elif v.kind == SHARED:
+    val = layout.select(jnp.broadcast_to(v.val, target), like.axis, like.dim)
+  else:   # EXAMPLE onto TOKEN
+    g = layout.onto_tokens(jnp.broadcast_to(v.val, (layout.examples,)), like.dim)
+    val = lax.broadcast_in_dim(g, target, (like.axis,))
+  return V(like.kind, val, like.axis, like.dim)
+
+
+_RULES["custom_jvp_call"] = _custom_jvp_call
