@@ -75,7 +75,7 @@ def test_no_key_without_wheels_and_a_new_key_for_another_jax(monkeypatch, tmp_pa
   monkeypatch.setattr(probe_memo, "_state", {})
   monkeypatch.setattr(probe_memo, "_wheel_record", lambda name: None)   # editable
   assert probe_memo.key() is None
-  monkeypatch.setattr(probe_memo.disk, "root_if_decided", lambda: str(tmp_path))
+  monkeypatch.setattr(probe_memo, "root_if_decided", lambda: str(tmp_path))
   probe_memo.save({"a probe"})
   assert probe_memo.load() == set() and not os.listdir(tmp_path)
 

@@ -36,7 +36,7 @@ import tempfile
 import jax
 
 from .. import _jax as jc
-from . import disk
+from .disk import root_if_decided  # (the module, not the package: its __init__ imports this one)
 
 _state: dict[str, str | None] = {}   # "key": computed once per process
 
@@ -89,7 +89,7 @@ def load() -> set[str] | None:
   unknown); None until a compile has turned the cache on (ask again then):
   before it nothing is read, created or warned about, and JAX's backend,
   part of the key, is not started by polyjit's import or first trace."""
-  base = disk.root_if_decided()
+  base = root_if_decided()
   if base is None:
     return None
   path = _path(base)
@@ -106,7 +106,7 @@ def load() -> set[str] | None:
 def save(names: set[str]) -> None:
   """Keeps `names` (atomically: a reader sees a whole memo or none), once a
   compile turned the cache on (until then the names wait for the next save)."""
-  path = _path(disk.root_if_decided())
+  path = _path(root_if_decided())
   if path is None:
     return
   os.makedirs(os.path.dirname(path), exist_ok=True)
