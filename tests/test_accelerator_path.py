@@ -25,28 +25,7 @@ import pytest
 import polyjit as pj
 from polyjit._jax import registry
 from polyjit._jit import resident
-
-COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-_compiles = [0]
-
-
-def _count_compile(event: str, *args: object, **kwargs: object) -> None:
-  if event == COMPILE_EVENT:
-    _compiles[0] += 1
-
-
-jax.monitoring.register_event_duration_secs_listener(_count_compile)
-
-
-@pytest.fixture(params=["accelerator", "defaults"])
-def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-  if request.param == "accelerator":
-    monkeypatch.setenv("POLYJIT_INLINE_CPU", "0")
-  else:
-    monkeypatch.delenv("POLYJIT_INLINE_CPU", raising=False)
-  resident.forget()
-  yield request.param
-  resident.forget()
+from call_paths import backend_compiles, path  # noqa: F401 (fixtures)
 
 
 @pytest.fixture
@@ -197,12 +176,12 @@ def test_ten_sizes_under_disallow_run_exact_without_fallback(path: str) -> None:
   sizes = (3, 999, 100, 512, 40, 700, 7, 300, 250, 60)  # (the range, 3..999)
   xs = [_on_device(n) for n in sizes]
   mu = jax.device_put(np.float32(0.3))
-  before = _compiles[0]
+  before = backend_compiles()
   with warnings.catch_warnings():
     warnings.simplefilter("error", pj.FallbackWarning)
     with jax.transfer_guard("disallow"):
       outs = [f(x, mu) for x in xs]
-  assert _compiles[0] - before <= 4
+  assert backend_compiles() - before <= 4
   assert f.stats.fallback_calls == 0
   ref = jax.jit(f.fun)
   for x, out in zip(xs, outs, strict=True):
@@ -243,10 +222,10 @@ def test_a_long_run_of_new_sizes_compiles_no_pad_programs(accelerator: None,
   ref = jax.jit(f.fun)
   xs = [_on_device(n) for n in (40, 41, 42, 43, 44, 45)]
   f(xs[0])
-  before = _compiles[0]
+  before = backend_compiles()
   with jax.transfer_guard("disallow"):
     outs = [f(x) for _ in range(3) for x in xs]
-  assert _compiles[0] == before
+  assert backend_compiles() == before
   assert resident._pads == {} and resident._slices == {}
   for out, x in zip(outs, xs * 3, strict=True):
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref(x)), rtol=1e-6)

@@ -14,17 +14,7 @@ import pytest
 
 import polyjit as pj
 from polyjit._jit import resident
-
-
-@pytest.fixture(params=["accelerator", "defaults"])
-def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-  if request.param == "accelerator":
-    monkeypatch.setenv("POLYJIT_INLINE_CPU", "0")
-  else:
-    monkeypatch.delenv("POLYJIT_INLINE_CPU", raising=False)
-  resident.forget()
-  yield request.param
-  resident.forget()
+from call_paths import path  # noqa: F401 (fixtures)
 
 
 def test_dynamic_output_keeps_weak_type(path: str) -> None:

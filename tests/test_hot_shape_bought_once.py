@@ -14,19 +14,10 @@ import numpy as np
 import pytest
 
 import polyjit as pj
-from polyjit._jit import hot_shapes, resident
+from polyjit._jit import hot_shapes
+from call_paths import buy_at_once, path, settle  # noqa: F401 (fixtures)
 
-
-@pytest.fixture(params=["accelerator", "defaults"])
-def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-  if request.param == "accelerator":
-    monkeypatch.setenv("POLYJIT_INLINE_CPU", "0")
-  else:
-    monkeypatch.delenv("POLYJIT_INLINE_CPU", raising=False)
-  monkeypatch.setattr(hot_shapes, "RENT", 0.0)  # buys at the first hot call
-  resident.forget()
-  yield request.param
-  resident.forget()
+pytestmark = pytest.mark.usefixtures("buy_at_once")  # (buys at the first hot call)
 
 
 def test_plan_found_by_another_signature_while_compiling_buys_once(path: str) -> None:
@@ -47,7 +38,7 @@ def test_plan_found_by_another_signature_while_compiling_buys_once(path: str) ->
       np.testing.assert_array_equal(np.asarray(f(host6)), want)
   finally:
     gate.set()
-  hot_shapes._executor().submit(lambda: None).result()
+  settle()
   bought = [e for e in f.stats.compile_events if e.cause.kind == "hot shape"]
   assert len(bought) == 1, [(e.cause.kind, e.events) for e in f.stats.compile_events]
   for x in (x6, host6):

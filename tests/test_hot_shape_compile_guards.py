@@ -15,27 +15,10 @@ import numpy as np
 import pytest
 
 import polyjit as pj
-from polyjit._jit import hot_shapes
-
-COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-_compiles = [0]
+from call_paths import backend_compiles, buy_at_once, settle  # noqa: F401 (fixtures)
 
 
-def _count_compile(event: str, *args: object, **kwargs: object) -> None:
-  if event == COMPILE_EVENT:
-    _compiles[0] += 1
-
-
-jax.monitoring.register_event_duration_secs_listener(_count_compile)
-
-
-@pytest.fixture(autouse=True)
-def buy_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-  monkeypatch.setattr(hot_shapes, "RENT", 0.0)  # buys at the first hot call
-
-
-def _settle() -> None:
-  hot_shapes._executor().submit(lambda: None).result()  # (the compiles before it are done)
+pytestmark = pytest.mark.usefixtures("buy_at_once")  # (buys at the first hot call)
 
 
 def _warm(f: pj.JitFunction, xs: list[jax.Array]) -> None:
@@ -51,13 +34,13 @@ def test_assert_max_compiles_zero_holds_after_warm_up() -> None:
     for _ in range(5):
       for x in xs:
         f(x)
-    _settle()
+    settle()
   assert all(p.exact_call is None for p in f._hot.values())  # (nothing bought meanwhile)
   for x in xs:  # after the block: the shapes buy
     f(x)
-  _settle()
+  settle()
   f(xs[0])
-  _settle()
+  settle()
   assert any(p.exact_call is not None for p in f._hot.values())
 
 
@@ -69,7 +52,7 @@ def test_watch_does_not_advise_pj_jit_for_a_pj_jit_function() -> None:
     for _ in range(5):
       for x in xs:
         f(x)
-    _settle()
+    settle()
   assert "use pj.jit" not in str(report), str(report)
 
 
@@ -80,15 +63,15 @@ def test_committed_argument_after_buying_compiles_nothing_unrecorded() -> None:
   f(x5)
   for _ in range(50):
     f(x6)
-    _settle()
+    settle()
     if any(p.exact_call is not None for p in f._hot.values()):
       break
   assert any(p.exact_call is not None for p in f._hot.values())
   committed = jax.device_put(np.arange(6, dtype=np.float32), jax.devices()[0])
   assert committed.committed and not x6.committed and committed.aval == x6.aval
   want = np.asarray(jax.jit(fun)(committed))
-  compiles, recorded = _compiles[0], pj.stats(f).compiles
+  compiles, recorded = backend_compiles(), pj.stats(f).compiles
   for _ in range(3):
     np.testing.assert_array_equal(np.asarray(f(committed)), want)
-  _settle()
-  assert pj.stats(f).compiles - recorded == _compiles[0] - compiles
+  settle()
+  assert pj.stats(f).compiles - recorded == backend_compiles() - compiles

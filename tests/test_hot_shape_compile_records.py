@@ -14,43 +14,13 @@ import numpy as np
 import pytest
 
 import polyjit as pj
-from polyjit._jit import hot_shapes, resident
-
-COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-_compiles = [0]
-
-
-def _count_compile(event: str, *args: object, **kwargs: object) -> None:
-  if event == COMPILE_EVENT:
-    _compiles[0] += 1
-
-
-jax.monitoring.register_event_duration_secs_listener(_count_compile)
-
-
-@pytest.fixture(params=["accelerator", "defaults"])
-def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-  if request.param == "accelerator":
-    monkeypatch.setenv("POLYJIT_INLINE_CPU", "0")
-  else:
-    monkeypatch.delenv("POLYJIT_INLINE_CPU", raising=False)
-  monkeypatch.setattr(hot_shapes, "RENT", 0.0)  # buys at the first hot call
-  resident.forget()
-  yield request.param
-  resident.forget()
-
-
-def _bought(f: pj.JitFunction, *args: object) -> bool:
-  for _ in range(50):
-    f(*args)
-    hot_shapes._executor().submit(lambda: None).result()  # (the compiles before it are done)
-    if any(p.exact_call is not None for p in f._hot.values()):
-      return True
-  return False
+from call_paths import buy_at_once, backend_compiles, bought, path, settle  # noqa: F401 (fixtures)
 
 
 def _scaled_cumsum(x, k):
   return jnp.cumsum(x) * k + 0.25  # (a body no other test compiles: nothing cached)
+
+pytestmark = pytest.mark.usefixtures("buy_at_once")  # (buys at the first hot call)
 
 
 class _Scaler:
@@ -66,10 +36,10 @@ def test_hot_shape_compile_is_in_stats_as_jax_monitoring_counts_it(path: str, ki
   x5, x6 = (jax.device_put(np.arange(n, dtype=np.float32) + (path == "defaults")) for n in (5, 6))
   f(x5)
   f(x6)  # the bucket
-  compiles, recorded = _compiles[0], pj.stats(f).compiles
-  assert _bought(f, x6)
-  assert _compiles[0] - compiles == 1  # (its own program: not in jax.jit's caches before)
-  assert pj.stats(f).compiles - recorded == _compiles[0] - compiles
+  compiles, recorded = backend_compiles(), pj.stats(f).compiles
+  assert bought(f, x6)
+  assert backend_compiles() - compiles == 1  # (its own program: not in jax.jit's caches before)
+  assert pj.stats(f).compiles - recorded == backend_compiles() - compiles
   [event] = [e for e in f.stats.compile_events if e.cause.kind == "hot shape"]
   assert event.events == 1 and event.seconds > 0
   np.testing.assert_allclose(f(x6), jax.jit(fun)(x6), rtol=1e-6)

@@ -12,18 +12,7 @@ import numpy as np
 import pytest
 
 import polyjit as pj
-from polyjit._jit import hot_shapes, resident
-
-COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-_compiles = [0]
-
-
-def _count_compile(event: str, *args: object, **kwargs: object) -> None:
-  if event == COMPILE_EVENT:
-    _compiles[0] += 1
-
-
-jax.monitoring.register_event_duration_secs_listener(_count_compile)
+from call_paths import backend_compiles, bought, buy_at_once, path, settle  # noqa: F401 (fixtures)
 
 
 def _loglik(x, mu):
@@ -32,34 +21,6 @@ def _loglik(x, mu):
 
 def _scaled(x):  # a dynamic-size output
   return jnp.tanh(x) * 2.0
-
-
-@pytest.fixture(params=["accelerator", "defaults"])
-def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-  if request.param == "accelerator":
-    monkeypatch.setenv("POLYJIT_INLINE_CPU", "0")
-  else:
-    monkeypatch.delenv("POLYJIT_INLINE_CPU", raising=False)
-  resident.forget()
-  yield request.param
-  resident.forget()
-
-
-@pytest.fixture
-def buy_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-  """A plan buys its shapes' program at its first hot call (RENT = 0)."""
-  monkeypatch.setattr(hot_shapes, "RENT", 0.0)
-
-
-def _bought(f: pj.jit, *args: object) -> bool:
-  """Calls `f` until its plan for `args` has its own program (or gives up)."""
-  for _ in range(50):
-    f(*args)
-    hot_shapes._executor().submit(lambda: None).result()  # (the compiles before it are done)
-    plans = [p for p in f._hot.values() if p.exact_call is not None]
-    if plans:
-      return True
-  return False
 
 
 def test_hot_shape_runs_jax_jit_program_exactly(path: str, buy_at_once: None) -> None:
@@ -71,16 +32,16 @@ def test_hot_shape_runs_jax_jit_program_exactly(path: str, buy_at_once: None) ->
   for x in xs:
     f(x)
   for x in xs:
-    assert _bought(f, x)
+    assert bought(f, x)
   assert sum(p.exact_call is not None for p in f._hot.values()) == len(sizes)
-  before = _compiles[0]
+  before = backend_compiles()
   for _ in range(3):
     for x in xs:
       out = f(x)
       want = ref(x)
       assert out.shape == want.shape and out.dtype == want.dtype
       np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
-  assert _compiles[0] == before  # bought programs are found in jax.jit's cache
+  assert backend_compiles() == before  # bought programs are found in jax.jit's cache
   causes = [e.cause.kind for e in f.stats.compile_events]
   assert causes.count("hot shape") == len(sizes)
   assert "hot shape" not in causes[:2]  # (the first call, then the bucket)
@@ -96,12 +57,12 @@ def test_hot_shape_compiles_are_counted_by_jax_monitoring(path: str, buy_at_once
   f(x5, mu)
   f(x6, mu)  # the bucket
   want = np.sum((np.asarray(x6) - np.float32(0.5)) ** 2) / 6
-  before = _compiles[0]
-  assert _bought(f, x6, mu)
-  assert _compiles[0] == before + 1  # its own program, once
+  before = backend_compiles()
+  assert bought(f, x6, mu)
+  assert backend_compiles() == before + 1  # its own program, once
   for _ in range(5):
     np.testing.assert_allclose(f(x6, mu), want, rtol=1e-6)
-  assert _compiles[0] == before + 1
+  assert backend_compiles() == before + 1
 
 
 def test_few_calls_buy_nothing(path: str) -> None:
@@ -112,7 +73,7 @@ def test_few_calls_buy_nothing(path: str) -> None:
   for _ in range(20):
     for x in xs:
       f(x, mu)
-  hot_shapes._executor().submit(lambda: None).result()
+  settle()
   assert all(p.exact_call is None for p in f._hot.values())
   assert "hot shape" not in [e.cause.kind for e in f.stats.compile_events]
 
@@ -123,7 +84,7 @@ def test_hot_shape_keeps_donation(buy_at_once: None) -> None:
   f(make(5))
   f(make(6))
   x = make(6)
-  assert _bought(f, make(6))
+  assert bought(f, make(6))
   x = make(6)
   out = f(x)
   np.testing.assert_array_equal(np.asarray(out), np.arange(6, dtype=np.float32) * 2)
@@ -138,7 +99,7 @@ def test_hot_shape_runs_under_transfer_guard(path: str, buy_at_once: None) -> No
   x5, x7 = (jax.device_put(rng.standard_normal(n).astype(np.float32)) for n in (5, 7))
   f(x5, mu)
   f(x7, mu)
-  assert _bought(f, x7, mu)
+  assert bought(f, x7, mu)
   with jax.transfer_guard("disallow"):
     got = f(x7, mu)
   np.testing.assert_allclose(got, jax.jit(_loglik)(x7, mu), rtol=1e-6)
@@ -151,7 +112,7 @@ def test_hot_shapes_are_per_trace_context(buy_at_once: None) -> None:
   x5, x6 = (jax.device_put(np.arange(n, dtype=np.int32)) for n in (5, 6))
   f(x5)
   f(x6)
-  assert _bought(f, x6)
+  assert bought(f, x6)
   with jax.numpy_dtype_promotion("strict"):
     out = f(x6)
   assert out.dtype == jax.jit(lambda x: jnp.sum(x * 3))(x6).dtype
@@ -164,9 +125,9 @@ def test_clear_cache_drops_hot_shape_programs(buy_at_once: None) -> None:
   want = np.cumsum(np.arange(6, dtype=np.float32)) * 2
   f(x5)
   f(x6)
-  assert _bought(f, x6)
+  assert bought(f, x6)
   f.clear_cache()
-  before = _compiles[0]
+  before = backend_compiles()
   np.testing.assert_array_equal(np.asarray(f(x6)), want)
-  assert _compiles[0] > before  # compiled again: nothing kept
+  assert backend_compiles() > before  # compiled again: nothing kept
   assert all(p.exact_call is None for p in f._hot.values())
