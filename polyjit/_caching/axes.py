@@ -33,7 +33,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import types
 from typing import Any, Callable, Sequence
 
@@ -105,10 +104,7 @@ def remember(hint_key: str | None, groups: list[list[str]]) -> None:
     directory = os.path.dirname(path)
     new = not os.path.exists(path)
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
-    with os.fdopen(fd, "w") as f:
-      json.dump({"groups": groups}, f)
-    os.replace(tmp, path)
+    disk.write_atomically(path, json.dumps({"groups": groups}).encode())
     if new:
       disk._trim(directory)  # (bounded as the bucket memories are)
   except OSError:

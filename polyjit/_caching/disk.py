@@ -79,6 +79,22 @@ _state: dict[str, Any] = {"decided": False, "dir": None, "disabled": False,
                           "size_warned": False}
 
 
+def write_atomically(path: str, data: bytes) -> None:
+  """Writes `data` to `path` through a temporary file in the same directory:
+  a reader sees all of it or nothing (the temporary file is removed on failure)."""
+  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
+  try:
+    with os.fdopen(fd, "wb") as f:
+      f.write(data)
+    os.replace(tmp, path)
+  except BaseException:
+    try:
+      os.unlink(tmp)
+    except OSError:
+      pass
+    raise
+
+
 def default_dir() -> str:
   env = os.environ.get("POLYJIT_CACHE_DIR")
   if env:
@@ -201,17 +217,7 @@ class DiskCache:
     if os.path.exists(name):
       return
     try:
-      fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".tmp-")
-      try:
-        with os.fdopen(fd, "wb") as f:
-          f.write(value)
-        os.replace(tmp, name)  # atomic: readers see all of it or nothing
-      except BaseException:
-        try:
-          os.unlink(tmp)
-        except OSError:
-          pass
-        raise
+      write_atomically(name, value)
       self.evict(keep=name)
     except OSError as e:  # full disk, gone read-only: no cache from now on, one warning
       self.failed = True
@@ -399,10 +405,7 @@ def remember_bucket(key: str, env: dict[str, int]) -> None:
     return
   envs = (envs + [dict(env)])[-MAX_REMEMBERED:]
   try:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
-    with os.fdopen(fd, "w") as f:
-      json.dump({"buckets": envs, "written": time.time()}, f)
-    os.replace(tmp, path)
+    write_atomically(path, json.dumps({"buckets": envs, "written": time.time()}).encode())
     if len(envs) == 1:  # a new program's memory: keep their number bounded
       _trim(os.path.dirname(path))
   except OSError:

@@ -31,12 +31,11 @@ import importlib.metadata
 import json
 import os
 import sys
-import tempfile
 
 import jax
 
 from .. import _jax as jc
-from .disk import root_if_decided  # (the module, not the package: its __init__ imports this one)
+from .disk import root_if_decided, write_atomically  # (the module, not the package: its __init__ imports this one)
 
 _state: dict[str, str | None] = {}   # "key": computed once per process
 
@@ -110,17 +109,7 @@ def save(names: set[str]) -> None:
   if path is None:
     return
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
-  try:
-    with os.fdopen(fd, "w") as f:
-      json.dump(sorted(names), f)
-    os.replace(tmp, path)
-  except BaseException:
-    try:
-      os.unlink(tmp)
-    except OSError:
-      pass
-    raise
+  write_atomically(path, json.dumps(sorted(names)).encode())
 
 
 jc.registry.use_memo(load, save)
