@@ -159,6 +159,20 @@ def _positions(n, width=4):
   return jnp.concatenate([jnp.sin(pos * freq), jnp.cos(pos * freq)], -1)
 
 
+def _layer_norm(h, scale, bias):
+  mean = jnp.mean(h, axis=-1, keepdims=True)
+  var = jnp.maximum(jnp.mean(jnp.square(h), axis=-1, keepdims=True) - mean ** 2, 0.0)
+  return (h - mean) * lax.rsqrt(var + 1e-6) * scale + bias
+
+
+def _multihead(w, x):
+  """Two heads of width 2, as Flax's attention lays them out: scores (heads, n, n)."""
+  q = (x @ w).reshape(x.shape[0], 2, 2)
+  k = jnp.tanh(x @ w).reshape(x.shape[0], 2, 2)
+  scores = jnp.einsum("qhd,khd->hqk", q, k)
+  return jnp.einsum("hqk,khd->qhd", jax.nn.softmax(scores, axis=-1), q).reshape(-1, 4)
+
+
 def _scan(w, x):
   def step(c, xt):
     c = jnp.tanh(c + xt @ w)
@@ -190,6 +204,14 @@ PACKED = {
     "positions": lambda w, x: (x * jnp.arange(x.shape[0])[:, None], x.shape[0] * jnp.sum(w),
                                (x @ w) + _positions(x.shape[0])),
     "attention_pooling": lambda w, x: jax.nn.softmax(jnp.tanh(x @ w)[:, 0]) @ x,
+    # shared biases and scales next to ops with no finite derivative at 0 (the
+    # selects each op takes, and which it may leave to the one before)
+    "biases_and_norms": lambda w, x: (
+        _layer_norm(x @ w, w[0], w[1]),
+        jnp.sqrt(jnp.abs(x @ w) + jnp.abs(w[2])) - jnp.maximum(x @ w, -jnp.inf),
+        x / (x @ w)[:, :3] + jax.lax.rsqrt(jnp.square(x) + w[0, :3] ** 2),
+        jnp.sqrt(jnp.square(x @ w)),   # an operand no select guards yet
+        jnp.log(jnp.exp(x @ w) + jnp.abs(w[1])) * jnp.float32(16.0) ** 0.5),
     # the carry restarted per example, each one's final carry, both directions
     "scans": lambda w, x: (_scan(w, x), jnp.concatenate(
         [_scan(w, x[::-1])[1][::-1], _reverse_scan(w, x)], axis=1)),
@@ -222,6 +244,11 @@ THROUGH_MASKING_RULES = {
                                              jnp.concatenate([x, x[:2] * 2]) @ w),
     # scores (n, n) stay one padded row per example; the rest runs packed
     "attention": lambda w, x: jax.nn.softmax((x @ w) @ (x @ w).T / 2, axis=-1) @ x,
+    "multihead_attention": lambda w, x: _multihead(w, x),
+    "attention_with_biases": lambda w, x: jax.nn.softmax(
+        (x @ w) @ (x @ w + w[0]).T / jnp.sqrt(jnp.float32(4.0)) + w[1, 0]
+        - jnp.max(x, axis=1)[None, :] + jnp.sqrt(jnp.square((x @ w) @ (x @ w).T)), axis=-1)
+    @ (x / jnp.sum(jnp.abs(x), axis=1)[:, None]),
     "causal_attention": lambda w, x: jax.nn.softmax(
         jnp.where(jnp.tril(jnp.ones((x.shape[0],) * 2)) > 0, (x @ w) @ (x @ w).T, -1e9),
         axis=-1) @ x + _positions(x.shape[0])[:, :3],
@@ -421,16 +448,29 @@ def _shapes(jaxpr, out=None):
   return out
 
 
+def _eqns(jaxpr):
+  for eqn in jaxpr.eqns:
+    yield eqn
+    for p in eqn.params.values():
+      inner = getattr(p, "jaxpr", p)
+      if hasattr(inner, "eqns"):
+        yield from _eqns(inner)
+
+
 def test_attention_scores_are_held_per_row():
-  """Scores are (tokens, row_length) per row, never one padded row per example
-  (examples, row_length, row_length), nor dense over every token."""
+  """Scores are (rows, row_length, row_length), never one padded row per
+  example (examples, row_length, row_length), nor dense over every token, and
+  never transposed (the rows lead the contractions that make and use them)."""
   rng = np.random.default_rng(10)
   xs = _examples(rng, [5, 1, 9, 13, 3, 2, 7])
   w = jnp.asarray(rng.normal(size=(3, 4)).astype(np.float32))
   packed = pj.Ragged.from_list(xs, packing=pj.Packing(row_length=16))
-  attend = pj.vmap(UNPACKED_FREE["attention"], in_axes=(None, 0))
+  attend = pj.vmap(UNPACKED_FREE["multihead_attention"], in_axes=(None, 0))
   jaxpr = jax.make_jaxpr(jax.grad(lambda w: attend(w, packed).sum()))(w)
   shapes = _shapes(jaxpr.jaxpr)
   tokens = packed.rows * 16
-  assert (tokens, 16) in shapes
-  assert (len(xs), 16, 16) not in shapes and (tokens, tokens) not in shapes
+  assert (packed.rows, 2, 16, 16) in shapes and packed.rows != len(xs)
+  assert (len(xs), 2, 16, 16) not in shapes and (2, tokens, tokens) not in shapes
+  moved = [e for e in _eqns(jaxpr.jaxpr) if e.primitive.name == "transpose"
+           and np.prod(e.outvars[0].aval.shape) >= packed.rows * 2 * 16 * 16]
+  assert not moved, moved

@@ -18,6 +18,7 @@ from jax import lax
 from .._masking import native as _native
 from .packed_eval import (EXAMPLE, PAIR, SHARED, TOKEN, UNPACKED, Unpackable, V, _RULES,
                           eval_packed)
+from .packed_pairs import tight
 from .packed_layout import Layout
 
 
@@ -25,6 +26,7 @@ def _custom_jvp_call(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   """The function packed, with its custom derivative rule packed too (as
   `_masking/rules/control_flow.py` does for masking), so `jax.nn.relu`'s
   derivative at 0 stays the rule's."""
+  invals = [tight(layout, v) for v in invals]   # (the inner rules see kinds, not flags)
   call_jaxpr = eqn.params["call_jaxpr"]
   rule, out_zeros = _native.custom_jvp_rule(eqn)
   n_consts = eqn.params["num_consts"]

@@ -105,6 +105,15 @@ class V:
   axis: int = -1        # TOKEN: the axis that holds the tokens
   dim: Any = None       # TOKEN: the symbolic size of that axis
   axis2: int = -1       # PAIR: the axis that holds the tokens of each token's row
+  # TOKEN/PAIR: made by a select on the valid tokens (pairs), so the tail of its
+  # cotangent is zeroed there, whatever its consumers' derivatives on the tail:
+  # an op that needs its operand's cotangent guarded skips its own select
+  guarded: bool = False
+  # PAIR: not zero off the block diagonal (a per-token or shared value
+  # broadcast onto pairs, left unselected so that the select fuses into the op
+  # that uses it): elementwise ops count it as loose as a shared value, every
+  # other rule selects it first (`packed_pairs.tight`)
+  loose: bool = False
 
 
 def _token_axis(aval: Any, eqn: Any) -> int | None:
@@ -170,7 +179,11 @@ def eval_packed(jaxpr: Any, consts: Sequence[Any], args: Sequence[V], layout: La
 def _eval_eqn(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   if not eqn_is_symbolic(eqn):
     if all(v.kind == SHARED for v in invals):
-      return [V(SHARED, o) for o in _bind(eqn, [v.val for v in invals], layout)]
+      args = [v.val for v in invals]
+      if _foldable(eqn, args):   # a constant stays one: `_selects` reads its value
+        with jax.ensure_compile_time_eval():
+          return [V(SHARED, o) for o in _bind(eqn, args, layout)]
+      return [V(SHARED, o) for o in _bind(eqn, args, layout)]
     axes = [0 if v.kind == EXAMPLE else None for v in invals]
     outs = jax.vmap(lambda *xs: _bind(eqn, xs, layout), in_axes=axes)(
         *[v.val for v in invals])
@@ -207,12 +220,36 @@ def _eval_eqn(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   raise Unpackable(eqn, why)
 
 
+#: The largest constant computed at trace time (elements): folding a bigger one
+#: would store it in the program.
+_FOLD_LIMIT = 4096
+
+
+def _foldable(eqn: Any, args: Sequence[Any]) -> bool:
+  """An equation of constants alone (`jnp.sqrt(16.0)`, a frequency table),
+  with no effect and a small result: computed while tracing, as `jax.jit`'s
+  own constant folding would, so that an op combining it with tokens sees a
+  finite constant and takes no select."""
+  return (not eqn.effects and not any(isinstance(x, jc.Tracer) for x in args)
+          and all(np.prod(o.aval.shape, dtype=np.int64) <= _FOLD_LIMIT for o in eqn.outvars))
+
+
 # --- rules ----------------------------------------------------------------------
 
 #: Elementwise ops that map zeros to zero, with finite derivatives there.
 _KEEPS_ZERO = frozenset({"add", "add_any", "sub", "mul", "neg", "max", "min", "select_n",
                          "convert_element_type", "copy", "real", "imag", "conj",
                          "stop_gradient", "reduce_precision"})
+#: Elementwise ops whose derivative in every operand is 0 or +-1 wherever the
+#: operands are: a NaN cotangent can never come out of them, so their operands
+#: need no select whatever the other operands hold.
+_BOUNDED_DERIVATIVE = frozenset({"add", "add_any", "sub", "max", "min", "select_n", "neg",
+                                 "convert_element_type", "copy", "real", "imag", "conj",
+                                 "stop_gradient", "reduce_precision"})
+#: The value of those binary ops at a zero tail and a constant: zero there
+#: means the result needs no select either.
+_AT_ZERO = {"add": np.add, "add_any": np.add, "sub": np.subtract, "max": np.maximum,
+            "min": np.minimum}
 
 
 def _elementwise(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
@@ -225,7 +262,7 @@ def _elementwise(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   if any(v.axis != axis or str(v.dim) != str(dim) for v in tokens):
     raise Unpackable(eqn, "operands whose example axes differ")
   shape = _token_shape(out_aval, layout)
-  select_in, select_out = _selects(eqn, invals)
+  select_in, select_out = _selects(eqn, invals, [v.kind == SHARED for v in invals])
   args = []
   for v in invals:
     if v.kind == TOKEN:
@@ -240,12 +277,18 @@ def _elementwise(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
       x = v.val
     args.append(x)
   if select_in:   # the double select: no NaN derivative on the tail reaches anything
-    args = [layout.select(x, axis, dim) if v.kind != SHARED and _inexact(x) else x
+    args = [layout.select(x, axis, dim) if needs_guard(v, x) else x
             for v, x in zip(invals, args, strict=True)]
   outs = _bind(eqn, args, layout)
   if select_out:
     outs = [layout.select(o, axis, dim) for o in outs]
-  return [V(TOKEN, o, axis, dim) for o in outs]
+  return [V(TOKEN, o, axis, dim, guarded=select_out) for o in outs]
+
+
+def needs_guard(v: V, x: Any) -> bool:
+  """Whether operand `v` (as `x`) takes the operand select of the double
+  select: an inexact per-token value whose cotangent no select guards yet."""
+  return v.kind != SHARED and not v.guarded and _inexact(x)
 
 
 #: f(0) == 0 with a finite derivative at 0: zero tails stay zero, no selects.
@@ -264,22 +307,31 @@ def _finite_constant(x: Any) -> bool:
   return bool(a.dtype.kind in "biuf" and np.all(np.isfinite(a)))
 
 
-def _selects(eqn: Any, invals: list[V]) -> tuple[bool, bool]:
-  """(select the operands, select the result) for an elementwise op whose
-  TOKEN and EXAMPLE operands are zero on the tail: none where the op keeps
-  zeros zero with a finite derivative there, the result alone where only its
-  value on the tail may be non-zero, both (the double select) otherwise."""
+def _selects(eqn: Any, invals: list[V], loose: list[bool]) -> tuple[bool, bool]:
+  """(select the operands, select the result) for an elementwise op. Every
+  operand is zero on the tail but the `loose` ones (a shared value; in a row
+  of pairs also a token's value broadcast along the row), which may hold
+  anything there. None where the op keeps the tail zero with a finite
+  derivative; the result alone where its value on the tail may be non-zero
+  but no derivative there can be; both (the double select) otherwise."""
   name = eqn.primitive.name
-  shared = [v for v in invals if v.kind == SHARED]
-  if not all(_finite_constant(v.val) for v in shared):
+  others = [v for v, lo in zip(invals, loose, strict=True) if lo]
+  constant = all(_finite_constant(v.val) for v in others)
+  if name in _BOUNDED_DERIVATIVE:
+    if not others:
+      return False, False
+    at_zero = _AT_ZERO.get(name)
+    zero = (constant and at_zero is not None and len(invals) == 2 and bool(np.all(
+        at_zero(*[np.asarray(v.val) if lo else np.zeros(())
+                  for v, lo in zip(invals, loose, strict=True)]) == 0)))
+    return False, not zero
+  if not constant:
     return True, True
-  if name in _KEEPS_ZERO and not shared:
-    return False, False
   if (name == "mul" or name in _ZERO_AT_ZERO
       or (name == "integer_pow" and eqn.params["y"] >= 1)
-      or (name == "div" and invals[0].kind != SHARED and invals[1].kind == SHARED
+      or (name == "div" and not loose[0] and loose[1]
           and bool(np.all(np.asarray(invals[1].val) != 0)))):
-    return False, False
+    return (False, False) if len(others) < len(invals) else (False, True)
   if name in _FINITE_AT_ZERO:
     return False, True
   return True, True
@@ -297,7 +349,7 @@ def _broadcast_in_dim(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     return [V(TOKEN, out, axis, dim)]
   if x.kind == SHARED:
     out, = _bind(eqn, [x.val], layout)
-    return [V(TOKEN, layout.select(out, axis, dim), axis, dim)]
+    return [V(TOKEN, layout.select(out, axis, dim), axis, dim, guarded=True)]
   val = x.val
   if axis in dims:   # a size-1 operand axis stretched along the tokens (jnp.where's)
     at = dims.index(axis)
@@ -320,7 +372,7 @@ def _iota(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     out = lax.broadcast_in_dim(pos, shape, (axis,))
     return [V(TOKEN, out if layout.is_base(dim) else layout.select(out, axis, dim), axis, dim)]
   out, = _bind(eqn, [], layout)
-  return [V(TOKEN, layout.select(out, axis, dim), axis, dim)]
+  return [V(TOKEN, layout.select(out, axis, dim), axis, dim, guarded=True)]
 
 
 def _dim_as_value(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
@@ -436,7 +488,7 @@ def _gather(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   if operand.kind == SHARED and indices.kind == TOKEN and out_axis is not None:
     # a lookup per token (an embedding): straight; the tail looked up index 0
     out, = _bind(eqn, [operand.val, indices.val], layout)
-    return [V(TOKEN, layout.select(out, out_axis, indices.dim), out_axis, indices.dim)]
+    return [V(TOKEN, layout.select(out, out_axis, indices.dim), out_axis, indices.dim, guarded=True)]
   return _relayout(eqn, invals, layout)
 
 

@@ -93,7 +93,8 @@ def _scan(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
                  [by_step(c) for c in step_consts]), reverse=p["reverse"])
   last = layout.starts if p["reverse"] else layout.starts + layout.lengths - 1
   finals = [V(EXAMPLE, jnp.take(by_token(c), last, axis=0)) for c in carries]
-  outs = [V(TOKEN, layout.select(by_token(y), 0, xs[0].dim), 0, xs[0].dim) for y in ys]
+  outs = [V(TOKEN, layout.select(by_token(y), 0, xs[0].dim), 0, xs[0].dim, guarded=True)
+          for y in ys]
   return [*finals, *outs]
 
 

@@ -116,7 +116,7 @@ class PackedRunner:
         for leaf in jax.tree.leaves(x.data):
           val = jnp.reshape(leaf, (tokens, *leaf.shape[2:]))
           dim = traced.in_avals[len(inputs)].shape[0]   # (the symbolic n0_0)
-          inputs.append(V(TOKEN, layout.select(val, 0, dim), 0, dim))
+          inputs.append(V(TOKEN, layout.select(val, 0, dim), 0, dim, guarded=True))
       elif a is None:
         inputs.append(V(SHARED, x))
       else:
