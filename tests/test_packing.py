@@ -23,6 +23,9 @@ import polyjit as pj
 from polyjit._ragged.packing import plan_rows
 
 LENGTHS = [5, 1, 9, 13]   # in rows of 16: 13 | 9 5 1; 9 and 13 longer than half a row
+# with empty examples: 16 | 13 | 9 5 1, the empty ones placed at the end of the
+# full row (their start the next row's first token)
+WITH_EMPTY = [5, 0, 1, 9, 13, 16, 0]
 
 
 def _ffd_reference(lengths, row_length, max_segments=None):
@@ -147,8 +150,12 @@ def _check(fun, w, xs, row_length=16, expect_warning=False, tol=2e-5):
   for i, (want, _) in enumerate(refs):
     for g, r in zip(_per_example(out, i), jax.tree.leaves(want), strict=True):
       np.testing.assert_allclose(g, r, rtol=tol, atol=tol)
-  assert np.all(np.isfinite(grad))
-  np.testing.assert_allclose(grad, sum(r[1] for r in refs), rtol=1e-4, atol=1e-4)
+  want_grad = sum(r[1] for r in refs)
+  # finite where each example's own is (an empty example's mean is NaN, and
+  # so is its gradient through a shared parameter, under jax.jit too)
+  np.testing.assert_array_equal(np.isfinite(grad), np.isfinite(want_grad))
+  assert np.any(np.isfinite(grad))
+  np.testing.assert_allclose(grad, want_grad, rtol=1e-4, atol=1e-4)
   np.testing.assert_allclose(value, sum(_example_loss(r[0]) for r in refs), rtol=1e-4)
   return out
 
@@ -212,6 +219,10 @@ PACKED = {
         x / (x @ w)[:, :3] + jax.lax.rsqrt(jnp.square(x) + w[0, :3] ** 2),
         jnp.sqrt(jnp.square(x @ w)),   # an operand no select guards yet
         jnp.log(jnp.exp(x @ w) + jnp.abs(w[1])) * jnp.float32(16.0) ** 0.5),
+    # sizes as values: on an empty example `x[1:]`'s is -1 in the trace for
+    # sizes >= 1, 0 at size 0 (a shared parameter over it: no NaN gradient)
+    "sizes_as_values": lambda w, x: (jnp.sum(x[1:] @ w) + w / (x[1:].shape[0] + 1),
+                                     x.shape[0] * w[0] + jnp.sum(x)),
     # the carry restarted per example, each one's final carry, both directions
     "scans": lambda w, x: (_scan(w, x), jnp.concatenate(
         [_scan(w, x[::-1])[1][::-1], _reverse_scan(w, x)], axis=1)),
@@ -262,18 +273,36 @@ THROUGH_MASKING_RULES = {
 UNPACKED_FREE = {**PACKED, **THROUGH_MASKING_RULES}
 
 
+def _defined_at_size_0(fun, w):
+  """Whether jax.jit takes `fun` and its gradient on an empty example."""
+  def loss(w, x):
+    return jax.value_and_grad(lambda w: _example_loss(fun(w, x)))(w)
+  try:
+    jax.jit(loss).lower(w, jnp.zeros((0, 3), jnp.float32))
+  except (ValueError, IndexError, TypeError):
+    return False
+  return True
+
+
+def _lengths_for(fun, w):
+  """With empty examples where jax.jit defines `fun` on one (the others:
+  `test_empty_examples_where_jax_refuses_the_function`)."""
+  return WITH_EMPTY if _defined_at_size_0(fun, w) else LENGTHS
+
+
 @pytest.mark.parametrize("name", sorted(PACKED))
 def test_packed_family_is_exact(name):
   rng = np.random.default_rng(2)
   w = jnp.asarray(rng.normal(size=(3, 4)).astype(np.float32))
-  _check(PACKED[name], w, _examples(rng))
+  _check(PACKED[name], w, _examples(rng, _lengths_for(PACKED[name], w)))
 
 
 @pytest.mark.parametrize("name", sorted(THROUGH_MASKING_RULES))
 def test_position_mixing_family_is_exact(name):
   rng = np.random.default_rng(3)
   w = jnp.asarray(rng.normal(size=(3, 4)).astype(np.float32))
-  _check(THROUGH_MASKING_RULES[name], w, _examples(rng))
+  fun = THROUGH_MASKING_RULES[name]
+  _check(fun, w, _examples(rng, _lengths_for(fun, w)))
 
 
 def test_outputs_are_what_the_unpacked_batch_gives():
@@ -414,11 +443,76 @@ def test_the_warning_names_the_op_and_the_line():
   assert f"test_packing.py:{line}" in str(caught[0].message)
 
 
-def test_empty_examples_run_unpacked_and_exact():
+@pytest.mark.parametrize("name", ["sizes_as_values", "scans", "attention"])
+def test_a_batch_of_empty_examples_only(name):
+  rng = np.random.default_rng(15)
+  w = jnp.asarray(rng.normal(size=(3, 4)).astype(np.float32))
+  _check(UNPACKED_FREE[name], w, _examples(rng, [0, 0, 0]))
+
+
+@pytest.mark.parametrize("name", ["max_min", "argmax", "gathers_at_per_example_indices"])
+def test_empty_examples_where_jax_refuses_the_function(name):
+  """`jnp.max`, `jnp.argmax` and `x[-1]` of an empty example: jax.jit raises,
+  and the padded batch poisons that example's outputs (NaN, the int poison)
+  and their gradient: the packed batch gives exactly that, packed."""
   rng = np.random.default_rng(8)
   w = jnp.asarray(rng.normal(size=(3, 4)).astype(np.float32))
-  _check(lambda w, x: jnp.sum(jnp.tanh(x @ w)), w, _examples(rng, [4, 0, 7]),
-         expect_warning=True)
+  fun = UNPACKED_FREE[name]
+  assert not _defined_at_size_0(fun, w)
+  xs = _examples(rng, WITH_EMPTY)
+  runs = []
+  for packing in (pj.Packing(row_length=16), None):
+    batch = pj.Ragged.from_list(xs, packing=packing)
+    batch = _poison(batch) if packing else batch
+    vmapped = pj.vmap(fun, in_axes=(None, 0))
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("always")
+      runs.append(jax.jit(jax.value_and_grad(
+          lambda w: (lambda out: (_loss(out), out))(vmapped(w, batch)), has_aux=True))(w))
+    if packing:
+      assert not [c for c in caught if issubclass(c.category, pj.PerformanceWarning)]
+  ((value, out), grad), ((want_value, want_out), want_grad) = runs
+  assert np.isnan(want_value) and np.all(np.isnan(want_grad))   # (poisoned)
+  np.testing.assert_array_equal(value, want_value)
+  np.testing.assert_array_equal(grad, want_grad)
+  for i, x in enumerate(xs):
+    for g, r in zip(_per_example(out, i), _per_example(want_out, i), strict=True):
+      np.testing.assert_allclose(g, r, rtol=2e-5, atol=2e-5)
+    if len(x):
+      for g, r in zip(_per_example(out, i), jax.tree.leaves(jax.jit(fun)(w, x)), strict=True):
+        np.testing.assert_allclose(g, r, rtol=2e-5, atol=2e-5)
+
+
+def test_empty_examples_with_per_example_arguments():
+  """A per-example label next to the packed tokens: an empty example's path
+  runs on its own label; the others' labels get their gradient from the
+  packed evaluation alone (the empty path's run for them is discarded)."""
+  rng = np.random.default_rng(14)
+  w = jnp.asarray(rng.normal(size=(3, 4)).astype(np.float32))
+  xs = _examples(rng, WITH_EMPTY)
+  labels = jnp.asarray(rng.normal(size=(len(xs), 4)).astype(np.float32))
+
+  def fun(w, x, label):
+    pooled = jnp.mean(x @ w, axis=0)   # NaN on an empty example
+    return jnp.sum(jnp.log1p(jnp.square(pooled - label)) + label * w[0]), jnp.tanh(x @ w) * label
+
+  packed = _poison(pj.Ragged.from_list(xs, packing=pj.Packing(row_length=16)))
+  vmapped = pj.vmap(fun, in_axes=(None, 0, 0))
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", pj.PerformanceWarning)
+    (value, out), grads = jax.jit(jax.value_and_grad(
+        lambda w, labels: (lambda out: (_loss(out), out))(vmapped(w, packed, labels)),
+        argnums=(0, 1), has_aux=True))(w, labels)
+  refs = [jax.jit(jax.value_and_grad(lambda w, l: _example_loss(fun(w, x, l)), argnums=(0, 1)))(
+      w, labels[i]) for i, x in enumerate(xs)]
+  for i, x in enumerate(xs):
+    for g, r in zip(_per_example(out, i), jax.tree.leaves(jax.jit(fun)(w, x, labels[i])),
+                    strict=True):
+      np.testing.assert_allclose(g, r, rtol=2e-5, atol=2e-5)
+  np.testing.assert_allclose(value, sum(r[0] for r in refs), rtol=1e-4)
+  np.testing.assert_allclose(grads[0], sum(r[1][0] for r in refs), rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(grads[1], jnp.stack([r[1][1] for r in refs]), rtol=1e-4,
+                             atol=1e-4)
 
 
 mystery_p = Primitive("mystery_packed")

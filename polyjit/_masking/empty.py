@@ -266,6 +266,15 @@ def _empty_branch(masked: Any, binding: _spec.Binding, tree: Any, zero: frozense
                   padded_shapes: Sequence[tuple[int, ...]], out_avals: Sequence[Any]
                   ) -> Callable[..., Any]:
   """The path for the sizes of `zero` at 0 (a failed one outputs zeros, not ok)."""
+  return empty_path(masked, binding, tree, zero, padded_shapes, out_avals)[0]
+
+
+def empty_path(masked: Any, binding: _spec.Binding, tree: Any, zero: frozenset[str],
+               padded_shapes: Sequence[tuple[int, ...]], out_avals: Sequence[Any]
+               ) -> tuple[Callable[..., Any], Callable[[list[Any], dict[str, Any]], bool]]:
+  """(the path for the sizes of `zero` at 0, a failed one outputting zeros and
+  not ok; whether it works at these arguments, known while tracing: the
+  packed `pj.vmap` poisons its outputs by it, `_ragged/packed_vmap.py`)."""
   made = masked.empty_paths.child(binding, tree, zero) if masked.empty_paths else None
   dtype = jc.dim_value_dtype()
 
@@ -275,7 +284,7 @@ def _empty_branch(masked: Any, binding: _spec.Binding, tree: Any, zero: frozense
     return outs, shapes, jnp.bool_(False)
 
   if made is None:
-    return failed
+    return failed, lambda xs, env: False
   child, shapes_in = made
   one = np.asarray(1, dtype)
 
@@ -300,7 +309,7 @@ def _empty_branch(masked: Any, binding: _spec.Binding, tree: Any, zero: frozense
     return ([pad_to(o, p) for o, p in zip(out_leaves, padded_shapes, strict=True)],
             shapes, jnp.bool_(True))
 
-  def checked(xs: list[Any], env: dict[str, Any]) -> tuple[list[Any], list[Any], Any]:
+  def usable(xs: list[Any], env: dict[str, Any]) -> bool:
     structs = ([_struct(x) for x in xs], {k: _struct(v) for k, v in env.items()})
     key = (zero, tuple(sorted(env)), tuple((a.shape, str(a.dtype), a.weak_type)
                                            for a in jax.tree.leaves(structs)))
@@ -308,8 +317,11 @@ def _empty_branch(masked: Any, binding: _spec.Binding, tree: Any, zero: frozense
     ok = masked.empty_paths.usable.get(key)
     if ok is None:
       ok = masked.empty_paths.usable[key] = _usable(run, structs)
-    return run(xs, env) if ok else failed(xs, env)
-  return checked
+    return bool(ok)
+
+  def checked(xs: list[Any], env: dict[str, Any]) -> tuple[list[Any], list[Any], Any]:
+    return run(xs, env) if usable(xs, env) else failed(xs, env)
+  return checked, usable
 
 
 def _struct(x: Any) -> Any:

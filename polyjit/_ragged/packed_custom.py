@@ -37,7 +37,8 @@ def _custom_jvp_call(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   kinds: list[tuple[str, int, Any, int]] = []
 
   def rebuild(arrays: Sequence[Any]) -> tuple[Layout, list[V]]:
-    inner = Layout(layout.name, arrays[:n_lay], layout.rows, layout.row_length)
+    inner = Layout(layout.name, arrays[:n_lay], layout.rows, layout.row_length,
+                   layout.may_be_empty)
     return inner, [V(k, x, a, d, a2)
                    for (k, a, d, a2), x in zip(shapes, arrays[n_lay:], strict=True)]
 

@@ -186,7 +186,8 @@ def _eval_eqn(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
       return [V(SHARED, o) for o in _bind(eqn, args, layout)]
     axes = [0 if v.kind == EXAMPLE else None for v in invals]
     outs = jax.vmap(lambda *xs: _bind(eqn, xs, layout), in_axes=axes)(
-        *[v.val for v in invals])
+        *[layout.off_empty(v.val) if v.kind == EXAMPLE else layout.off_all_empty(v.val)
+          for v in invals])
     return [V(EXAMPLE, o) for o in outs]
   name = eqn.primitive.name
   if name not in _CALLS:
@@ -544,8 +545,10 @@ def _relayout(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
       raise Unpackable(eqn, "an op on pairs of tokens (attention scores) with no packed rule")
     if v.kind == TOKEN:
       vals.append(layout.unpack(v.val, v.axis, v.dim)); axes.append(0)
+    elif v.kind == SHARED:
+      vals.append(layout.off_all_empty(v.val)); axes.append(None)
     else:
-      vals.append(v.val); axes.append(None if v.kind == SHARED else 0)
+      vals.append(layout.off_empty(v.val)); axes.append(0)
   out_axes = [_token_axis(o.aval, eqn) if _n_axes(o.aval) == 1 else None
               for o in eqn.outvars]
   elementwise = eqn.primitive.name in _ELEMENTWISE

@@ -20,14 +20,20 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .. import _jax as jc
 from .._masking import dims as _dims
 
 
 class Layout:
   """The packed batch's layout in the program, and what is derived from it."""
 
-  def __init__(self, name: str, arrays: Sequence[Any], rows: int, row_length: int) -> None:
+  def __init__(self, name: str, arrays: Sequence[Any], rows: int, row_length: int,
+               may_be_empty: bool = False) -> None:
     self.name = name
+    # examples of length 0 may be in the batch (`PackedRagged.nonempty` False):
+    # their per-example values are computed apart (`packed_vmap.py`), and the
+    # packed evaluation keeps its values for them out of every derivative
+    self.may_be_empty = may_be_empty
     self.arrays = tuple(arrays)
     self.lengths, self.starts, self.segments, self.positions = arrays
     self.examples = int(self.lengths.shape[0])
@@ -40,6 +46,33 @@ class Layout:
     if hit is None:
       hit = self._cache[key] = make()
     return hit
+
+  def empty(self) -> Any:
+    """`(examples,)` bool: the examples of length 0."""
+    return self._cached(("empty",), lambda: self.lengths == 0)
+
+  def off_empty(self, x: Any) -> Any:
+    """A per-example value `(examples, ...)` whose rows for empty examples are
+    another example's (the first non-empty one), without a derivative.
+
+    An empty example's values in the packed evaluation are discarded (its
+    outputs come from `fun` at size 0), but its cotangent, 0, times the
+    derivative of an op at those values (`jnp.mean` of no token is 0/0) would
+    be NaN in a shared parameter's gradient: at a non-empty example's values
+    the derivatives are that example's own, finite where its are."""
+    if not self.may_be_empty:
+      return x
+    donor = jnp.argmax(self.lengths > 0)
+    at = lax.broadcast_in_dim(self.empty(), jnp.shape(x), (0,))
+    return lax.select(at, lax.stop_gradient(jnp.broadcast_to(x[donor], jnp.shape(x))), x)
+
+  def off_all_empty(self, w: Any) -> Any:
+    """A shared value, without a derivative where every example is empty (then
+    `off_empty` has no non-empty example to take values from)."""
+    if (not self.may_be_empty or not isinstance(w, jc.Tracer)
+        or not jnp.issubdtype(jnp.result_type(w), jnp.inexact)):
+      return w
+    return jnp.where(jnp.all(self.empty()), lax.stop_gradient(w), w)
 
   def is_base(self, d: Any) -> bool:
     return str(d) == self.name
@@ -64,8 +97,9 @@ class Layout:
     """Whether a value of size `d` fits in each example's slot: d(m) <= m."""
     if self.is_base(d):
       return True
-    # from 1: empty examples take the padded path (packed_vmap.py), and a size
-    # such as `jnp.roll`'s `k mod n` has no value at n = 0
+    # from 1: an empty example has no slot, and its outputs come from `fun` at
+    # size 0 (`packed_vmap.py`); a size such as `jnp.roll`'s `k mod n` has no
+    # value at n = 0
     return all(_dims.evaluate_dim(d, {self.name: m}) <= m
                for m in range(1, self.row_length + 1))
 

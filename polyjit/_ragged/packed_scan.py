@@ -55,9 +55,11 @@ def _scan(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   restart = edge | ~valid
 
   def per_token(v: V) -> Any:     # a per-example or shared value at each token
+    # (a tail step may run as an empty example: with a non-empty one's values,
+    # `Layout.off_empty`, and a NaN there reaches no derivative)
     if v.kind == EXAMPLE:
-      return jnp.take(v.val, owner, axis=0)
-    return jnp.broadcast_to(v.val, (tokens, *np.shape(v.val)))
+      return jnp.take(layout.off_empty(v.val), owner, axis=0)
+    return jnp.broadcast_to(layout.off_all_empty(v.val), (tokens, *np.shape(v.val)))
 
   def pick(mask: Any, a: Any, b: Any) -> Any:
     return lax.select(lax.broadcast_in_dim(mask, a.shape, (0,)), a, b)
@@ -65,7 +67,7 @@ def _scan(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   safe_xs = [pick(valid, x.val, jnp.take(x.val, first, axis=0)) for x in xs]
   step_consts = [per_token(v) for v in consts if v.kind == EXAMPLE]
   inits = [per_token(v) for v in init]
-  shared = [v.val for v in consts if v.kind == SHARED]
+  shared = [layout.off_all_empty(v.val) for v in consts if v.kind == SHARED]
   kinds = [v.kind for v in consts]
 
   def by_step(x: Any) -> Any:     # (tokens, ...) -> (row_length, rows, ...)
@@ -92,7 +94,13 @@ def _scan(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
       step, c0, (by_step(restart), [by_step(i) for i in inits], [by_step(x) for x in safe_xs],
                  [by_step(c) for c in step_consts]), reverse=p["reverse"])
   last = layout.starts if p["reverse"] else layout.starts + layout.lengths - 1
-  finals = [V(EXAMPLE, jnp.take(by_token(c), last, axis=0)) for c in carries]
+  lasts = [jnp.take(by_token(c), last, axis=0) for c in carries]
+  if layout.may_be_empty:   # no step: the initial carry (as `fun` gives at size 0)
+    empty = layout.empty()
+    lasts = [lax.select(lax.broadcast_in_dim(empty, f.shape, (0,)),
+                        jnp.broadcast_to(i.val, f.shape).astype(f.dtype), f)
+             for f, i in zip(lasts, init, strict=True)]
+  finals = [V(EXAMPLE, f) for f in lasts]
   outs = [V(TOKEN, layout.select(by_token(y), 0, xs[0].dim), 0, xs[0].dim, guarded=True)
           for y in ys]
   return [*finals, *outs]

@@ -8,9 +8,14 @@ back stacked in the examples' order, length-dependent outputs as a `pj.Ragged`
 `.lengths` and `to_list()`), shared-parameter gradients through JAX's own derivative
 of the packed evaluation (exact by the tail invariant there).
 
+Empty examples (a batch built with some) have no token in the rows: the
+packed evaluation keeps its values for them out of every derivative
+(`Layout.off_empty`), and their outputs are `fun`'s at size 0, the trace the
+padded `pj.vmap` takes for them (`_empty_examples`).
+
 When the packed layout cannot run `fun` exactly (`Unpackable`: a loop whose
 step reads the whole sequence, a `custom_vjp`, size comparisons that give
-`fun` several traces, empty examples), the call runs as `pj.vmap` over the
+`fun` several traces), the call runs as `pj.vmap` over the
 padded batch instead (one row per example, `row_length` long), with a
 `pj.PerformanceWarning` that names the op and the user's line: slower,
 never wrong.
@@ -23,7 +28,9 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
+from .._masking import empty as _empty, size_range as _size_range
 from .._masking.errors import PerformanceWarning, warn_user_code
 from .._masking.mask import Masked
 from .arguments import example_struct, leaf_axes
@@ -68,9 +75,6 @@ class PackedRunner:
         raise ValueError(f"an argument has {np.shape(x)[a]} entries on its mapped axis "
                          f"{a}, but the packed batch holds {batch.num_examples} examples.")
     try:
-      if not batch.nonempty:
-        raise Unpackable(None, "the batch holds empty examples, which take the padded "
-                         "path's own evaluation at size 0")
       return self._packed(treedef, flat, axes, batch)
     except Unpackable as e:
       warn_user_code(
@@ -108,7 +112,7 @@ class PackedRunner:
                        "the example's length, so each example may take another trace")
     traced = variants[0].traced
     layout = Layout(DIM, (batch.lengths, batch.starts, batch.segments, batch.positions),
-                    batch.rows, row_length)
+                    batch.rows, row_length, may_be_empty=not batch.nonempty)
     tokens = layout.tokens
     inputs: list[V] = [V(SHARED, c) for c in traced.consts]
     for x, a in zip(flat, axes, strict=True):
@@ -121,8 +125,11 @@ class PackedRunner:
         inputs.append(V(SHARED, x))
       else:
         inputs.append(V(EXAMPLE, jnp.moveaxis(jnp.asarray(x), a, 0)))
-    outs = eval_packed(traced.jaxpr, [], inputs, layout)
-    return jax.tree.unflatten(traced.out_tree, [self._output(o, layout, batch) for o in outs])
+    outs = [self._output(o, layout, batch)
+            for o in eval_packed(traced.jaxpr, [], inputs, layout)]
+    if layout.may_be_empty:
+      outs = _empty_examples(masked, example_args, flat, axes, traced, outs, layout)
+    return jax.tree.unflatten(traced.out_tree, outs)
 
   def _output(self, o: V, layout: Layout, batch: PackedRagged) -> Any:
     if self.out_axes != 0:
@@ -153,3 +160,70 @@ class PackedRunner:
     return self.unpacked(*treedef.unflatten(padded))
 
 
+def _empty_examples(masked: Masked, example_args: list[Any], flat: list[Any],
+                    axes: list[Any], traced: Any, outs: list[Any], layout: Layout
+                    ) -> list[Any]:
+  """`outs` with each empty example's outputs those of `fun` at size 0.
+
+  The symbolic trace assumes sizes >= 1 (`_masking/empty.py`): `jnp.max` of
+  it is defined, `x[1:]` is `n - 1` long. An empty example's outputs are
+  therefore those of `fun` traced with the length 0 (the empty path the
+  padded `pj.vmap` takes, the same trace): an empty sum 0, an empty mean NaN,
+  a scan's final carry its initial one, and where JAX refuses `fun` at size 0
+  (`jnp.max`, `x[0]`), every output poisoned (NaN, and NaN derivatives), as
+  over the padded batch. The path runs once on the shared arguments; where
+  `fun` takes per-example arguments, once per example on those of an empty
+  example (a non-empty one runs the first empty one's: its outputs are
+  discarded, and its derivatives are an empty example's own).
+  """
+  zero = frozenset({DIM})
+  tree = jax.tree.structure(tuple(example_args))
+  binding = masked.bind(example_args)
+  padded = [tuple(o.data.shape[1:]) if isinstance(o, Ragged) else tuple(jnp.shape(o)[1:])
+            for o in outs]
+  run, usable = _empty.empty_path(masked, binding, tree, zero, padded, traced.out_avals)
+  empty = layout.empty()
+  first_empty = jnp.argmax(empty)
+  # the arguments as leaves of `example_args` (the packed one: empty, (0, ...))
+  kinds: list[tuple[str, Any]] = []
+  for x, a in zip(flat, axes, strict=True):
+    if is_packed(x):
+      kinds += [("empty", jnp.zeros((0, *leaf.shape[2:]), leaf.dtype))
+                for leaf in jax.tree.leaves(x.data)]
+    elif a is None:
+      kinds += [("shared", leaf) for leaf in jax.tree.leaves(x)]
+    else:
+      moved = jnp.moveaxis(jnp.asarray(x), a, 0)
+      at = lax.broadcast_in_dim(empty, moved.shape, (0,))
+      kinds.append(("example", lax.select(at, moved, jnp.broadcast_to(
+          moved[first_empty], moved.shape))))
+  mapped = [x for k, x in kinds if k == "example"]
+
+  traced_ok: list[bool] = []
+
+  def path(*per_example: Any) -> tuple[list[Any], list[Any]]:
+    it = iter(per_example)
+    xs = [next(it) if k == "example" else x for k, x in kinds]
+    traced_ok.append(usable(xs, {}))   # (whether JAX traces `fun` at size 0)
+    path_outs, shapes, _ = run(xs, {})
+    return path_outs, shapes
+
+  if mapped:
+    path_outs, shapes = jax.vmap(path)(*mapped)
+  else:
+    path_outs, shapes = jax.tree.map(
+        lambda y: jnp.broadcast_to(y, (layout.examples, *jnp.shape(y))), path())
+  shared = [x for k, x in kinds if k == "shared"]
+  result = []
+  for o, p, shape in zip(outs, path_outs, shapes, strict=True):
+    data = o.data if isinstance(o, Ragged) else o
+    at = lax.broadcast_in_dim(empty, data.shape, (0,))
+    data = lax.select(at, p.astype(data.dtype), data)
+    if not traced_ok[0]:   # JAX refuses `fun` at size 0: poisoned where empty
+      data, = jax.vmap(lambda ok, d: _size_range.poison([d], ok, shared))(~empty, data)
+    if isinstance(o, Ragged):
+      lengths = jnp.where(empty, shape[:, 0].astype(o.lengths.dtype), o.lengths)
+      result.append(Ragged._make(data, lengths, None, 1))
+    else:
+      result.append(data)
+  return result
