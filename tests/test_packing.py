@@ -193,6 +193,21 @@ def _reverse_scan(w, x):
   return lax.scan(step, jnp.ones(4), x, reverse=True)[1]
 
 
+def _reads_x_i(w, x):
+  """Loops over the example whose step reads `x[i]` (and the length): the
+  token at the counter, backwards, at half the counter, clamped past the end."""
+  n = x.shape[0]
+  forward = lax.fori_loop(0, n, lambda i, c: jnp.tanh(c + x[i] @ w), jnp.zeros(4))
+  backward = lax.fori_loop(0, n, lambda i, c: jnp.tanh(c * 0.5 + x[n - 1 - i] @ w / n),
+                           jnp.ones(4) * jnp.mean(x))
+  def step(c, xt):
+    i, h = c
+    h = jnp.tanh(h + (x[i // 2] + x[i + 3] * xt[0]) @ w)
+    return (i + 1, h), h[:2]
+  (_, final), hs = lax.scan(step, (0, jnp.zeros(4)), x)
+  return forward, backward, final, hs
+
+
 # One row per op family the packed layout runs, each written for one example
 # `x` (n, 3) with shared parameters `w` (3, 4).
 PACKED = {
@@ -223,6 +238,7 @@ PACKED = {
     # sizes >= 1, 0 at size 0 (a shared parameter over it: no NaN gradient)
     "sizes_as_values": lambda w, x: (jnp.sum(x[1:] @ w) + w / (x[1:].shape[0] + 1),
                                      x.shape[0] * w[0] + jnp.sum(x)),
+    "loops_reading_x_i": _reads_x_i,
     # the carry restarted per example, each one's final carry, both directions
     "scans": lambda w, x: (_scan(w, x), jnp.concatenate(
         [_scan(w, x[::-1])[1][::-1], _reverse_scan(w, x)], axis=1)),
@@ -406,12 +422,13 @@ def _clip_gradient(x):
 
 _clip_gradient.defvjp(lambda x: (x, None), lambda _, g: (jnp.clip(g, -0.1, 0.1),))
 
-def _fori(w, x):
-  return lax.fori_loop(0, x.shape[0], lambda i, c: jnp.tanh(c + x[i] @ w), jnp.zeros(4))
+def _fori(w, x):   # a step that reads the whole sequence (its max), not one token
+  return lax.fori_loop(0, x.shape[0], lambda i, c: jnp.tanh(c + jnp.max(x) * x[i] @ w),
+                       jnp.zeros(4))
 
 
 UNPACKED = {
-    "fori_loop_over_tokens": _fori,
+    "fori_loop_reading_the_whole_sequence": _fori,
     "custom_vjp": lambda w, x: jnp.sum(_clip_gradient(x @ w)),
 }
 
@@ -430,7 +447,7 @@ def test_the_warning_names_the_op_and_the_line():
   with pytest.warns(pj.PerformanceWarning) as caught:   # (a new function: traced anew)
     pj.vmap(lambda w, x: _fori(w, x), in_axes=(None, 0))(w, packed)
   line = inspect.getsourcelines(_fori)[1] + 1
-  assert "'scan'" in str(caught[0].message)   # (fori_loop over n is a scan)
+  assert "'reduce_max'" in str(caught[0].message)   # (in the loop's step)
   assert f"test_packing.py:{line}" in str(caught[0].message)
 
   def spectrum(x):   # an op inside a library's jax.jit, where JAX keeps no user frame
@@ -450,7 +467,8 @@ def test_a_batch_of_empty_examples_only(name):
   _check(UNPACKED_FREE[name], w, _examples(rng, [0, 0, 0]))
 
 
-@pytest.mark.parametrize("name", ["max_min", "argmax", "gathers_at_per_example_indices"])
+@pytest.mark.parametrize("name", ["max_min", "argmax", "gathers_at_per_example_indices",
+                                  "loops_reading_x_i"])
 def test_empty_examples_where_jax_refuses_the_function(name):
   """`jnp.max`, `jnp.argmax` and `x[-1]` of an empty example: jax.jit raises,
   and the padded batch poisons that example's outputs (NaN, the int poison)

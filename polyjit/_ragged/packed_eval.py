@@ -34,8 +34,9 @@ Values with two axes along the example (attention scores) are held per row
 (PAIR, `packed_pairs.py`), or, where their sizes differ from the example's,
 one padded row per example (UNPACKED). A `lax.scan` over the tokens runs once
 over the positions of all rows, its carry restarted at each example
-(`_scan`). Anything else that touches `n` (a loop whose step reads the whole
-sequence, a `custom_vjp`) raises `Unpackable`, and `pj.vmap` runs the call
+(`_scan`; a step may read `x[i]` and the length). Anything else that touches
+`n` (a loop whose step reads the whole sequence otherwise, a `custom_vjp`)
+raises `Unpackable`, and `pj.vmap` runs the call
 unpacked with a `pj.PerformanceWarning`.
 
 The tail invariant

@@ -6,6 +6,14 @@ first token (its last, in reverse), and each example's final carry is read
 at its last token. Tail steps see the inputs of their row's first step, so
 their derivatives are as finite as a real step's, and their outputs are
 discarded.
+
+A step may read a per-token value whole, one token at a time (`x[i]` in a
+`fori_loop(0, n, ...)`, any index: `x[n - 1 - i]`, `x[i // 2]`), and use
+the length as a value: each row's step is evaluated for its example
+(`_eval_step`), `x[i]` reading that example's token from the packed rows
+(a gather, its index clamped to the example's tokens as JAX clamps it).
+Any other use of the whole value in a step (`jnp.max(x)`) raises
+`Unpackable`.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ import numpy as np
 from jax import lax
 
 from .. import _jax as jc
-from .._masking.core import jaxpr_is_symbolic
+from .._masking.core import eqn_is_symbolic, jaxpr_is_symbolic
 from .packed_eval import EXAMPLE, SHARED, TOKEN, Unpackable, V, _RULES, eval_packed
 from .packed_layout import Layout
 
@@ -34,12 +42,14 @@ def _scan(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   nc, nk = jc.scan_counts(p)   # (named in params up to JAX 0.11, in `ft_in` after)
   consts, init, xs = invals[:nc], invals[nc:nc + nk], invals[nc + nk:]
   body = p["jaxpr"]
-  if not layout.is_base(p["length"]) or jaxpr_is_symbolic(body.jaxpr):
-    raise Unpackable(eqn, "a scan whose length is not the example's, or whose step "
-                     "depends on the length")
-  if any(v.kind not in (SHARED, EXAMPLE) for v in [*consts, *init]) or any(
+  if not layout.is_base(p["length"]):
+    raise Unpackable(eqn, "a scan whose length is not the example's")
+  if any(v.kind not in (SHARED, EXAMPLE) for v in init) or any(
+      v.kind not in (SHARED, EXAMPLE) and not (v.kind == TOKEN and v.axis == 0)
+      for v in consts) or any(
       v.kind != TOKEN or v.axis != 0 or not layout.is_base(v.dim) for v in xs):
     raise Unpackable(eqn, "a scan that reads whole per-token values in each step")
+  symbolic = jaxpr_is_symbolic(body.jaxpr)   # (it reads `x[i]`, or the length)
   if not xs:
     raise Unpackable(eqn, "a scan with no per-token inputs")
   rows, length, tokens = layout.rows, layout.row_length, layout.tokens
@@ -68,6 +78,7 @@ def _scan(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   step_consts = [per_token(v) for v in consts if v.kind == EXAMPLE]
   inits = [per_token(v) for v in init]
   shared = [layout.off_all_empty(v.val) for v in consts if v.kind == SHARED]
+  rows_read = [v for v in consts if v.kind == TOKEN]   # read whole: `x[i]`
   kinds = [v.kind for v in consts]
 
   def by_step(x: Any) -> Any:     # (tokens, ...) -> (row_length, rows, ...)
@@ -77,22 +88,29 @@ def _scan(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     return jnp.swapaxes(x, 0, 1).reshape(tokens, *x.shape[2:])
 
   def run_body(c_shared: list[Any], c_example: list[Any], carry: list[Any],
-               x: list[Any]) -> list[Any]:
-    ex, sh = iter(c_example), iter(c_shared)
-    cs = [next(ex) if k == EXAMPLE else next(sh) for k in kinds]
+               x: list[Any], who: Any) -> list[Any]:
+    ex, sh, whole = iter(c_example), iter(c_shared), iter(rows_read)
+    cs = [next(ex) if k == EXAMPLE else _Whole(next(whole), who) if k == TOKEN
+          else next(sh) for k in kinds]
+    if symbolic:
+      return _eval_step(body.jaxpr, body.consts, [*cs, *carry, *x], layout, who)
     args = [V(SHARED, a) for a in [*cs, *carry, *x]]
     return [o.val for o in eval_packed(body.jaxpr, body.consts, args, layout)]
 
   def step(carry: list[Any], inputs: Any) -> tuple[list[Any], Any]:
-    flag, starts, x, c_example = inputs
+    flag, starts, x, c_example, who = inputs
     carry = [pick(flag, s, c) for s, c in zip(starts, carry, strict=True)]
-    outs = jax.vmap(run_body, in_axes=(None, 0, 0, 0))(shared, c_example, carry, x)
+    outs = jax.vmap(run_body, in_axes=(None, 0, 0, 0, 0))(shared, c_example, carry, x, who)
     return outs[:nk], (outs[:nk], outs[nk:])
 
+  # a row all tail steps as a non-empty example does (`off_empty`'s): an
+  # empty one's length 0 in a step that reads `x[i]` has no token to read
+  who = jnp.where(valid | (layout.segments[first] < layout.examples), owner,
+                  jnp.argmax(layout.lengths > 0))
   c0 = [jnp.zeros((rows, *i.shape[1:]), i.dtype) for i in inits]
   _, (carries, ys) = lax.scan(
       step, c0, (by_step(restart), [by_step(i) for i in inits], [by_step(x) for x in safe_xs],
-                 [by_step(c) for c in step_consts]), reverse=p["reverse"])
+                 [by_step(c) for c in step_consts], by_step(who)), reverse=p["reverse"])
   last = layout.starts if p["reverse"] else layout.starts + layout.lengths - 1
   lasts = [jnp.take(by_token(c), last, axis=0) for c in carries]
   if layout.may_be_empty:   # no step: the initial carry (as `fun` gives at size 0)
@@ -104,6 +122,70 @@ def _scan(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   outs = [V(TOKEN, layout.select(by_token(y), 0, xs[0].dim), 0, xs[0].dim, guarded=True)
           for y in ys]
   return [*finals, *outs]
+
+
+class _Whole:
+  """A per-token value that a step reads whole (`x[i]`): the example's
+  tokens of the step's example `who`, read one at a time."""
+
+  def __init__(self, v: V, who: Any) -> None:
+    self.v, self.who = v, who
+
+
+def _eval_step(jaxpr: Any, consts: Any, args: list[Any], layout: Layout, who: Any
+               ) -> list[Any]:
+  """One step of a scan whose body reads a per-token value whole, for the
+  step's example `who` (under `jax.vmap` over the rows): `x[i]` (a
+  `dynamic_slice` of one token, its start clamped to the example's tokens, as
+  JAX clamps it) reads that token of the packed value, and the length is the
+  example's; any other use of the whole value, or of the length, raises
+  `Unpackable`. The read is a gather of the tokens, exact in JAX's derivative."""
+  env: dict[Any, Any] = {}
+
+  def read(v: Any) -> Any:
+    return v.val if isinstance(v, jc.Literal) else env[v]
+
+  for v, x in zip(jaxpr.constvars, consts, strict=True):
+    env[v] = x
+  for v, x in zip(jaxpr.invars, args, strict=True):
+    env[v] = x
+  for eqn in jaxpr.eqns:
+    ins = [read(v) for v in eqn.invars]
+    name = eqn.primitive.name
+    with jc.eqn_context(eqn):
+      if any(isinstance(x, _Whole) for x in ins):
+        outs = [_read_token(eqn, ins, layout)]
+      elif name == "dim_as_value":
+        value = jnp.take(layout.value(eqn.params["dim"]), who)
+        outs = [lax.convert_element_type(value, eqn.outvars[0].aval.dtype)]
+      elif eqn_is_symbolic(eqn):
+        raise Unpackable(eqn, "a scan step that uses the example's length other than "
+                         "as a value or by reading one token (x[i])")
+      else:
+        prim = eqn.primitive
+        out = prim.bind(*ins, **prim.get_bind_params(eqn.params))
+        outs = list(out) if prim.multiple_results else [out]
+    for v, o in zip(eqn.outvars, outs, strict=True):
+      if not jc.is_dropvar(v):
+        env[v] = o
+  return [read(v) for v in jaxpr.outvars]
+
+
+def _read_token(eqn: Any, ins: list[Any], layout: Layout) -> Any:
+  """`x[i]` of a value read whole: one token of the step's example."""
+  whole, *starts = ins
+  sizes = eqn.params.get("slice_sizes")
+  if (eqn.primitive.name != "dynamic_slice" or not isinstance(whole, _Whole)
+      or any(isinstance(x, _Whole) for x in starts) or int(sizes[0]) != 1
+      or len(starts) != len(sizes)):
+    raise Unpackable(eqn, "a scan step that uses a whole per-token value other than "
+                     "by reading one token (x[i])")
+  v, who = whole.v, whole.who
+  size = jnp.take(layout.size(v.dim), who)
+  at = jnp.clip(starts[0].astype(np.int32), 0, jnp.maximum(size - 1, 0))
+  token = jnp.take(layout.starts, who) + at
+  rest = [s.astype(np.int32) for s in starts[1:]]
+  return lax.dynamic_slice(v.val, [token, *rest], [1, *[int(z) for z in sizes[1:]]])
 
 
 _RULES["scan"] = _scan
