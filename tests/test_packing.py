@@ -266,6 +266,12 @@ THROUGH_MASKING_RULES = {
     "gathers_at_per_example_indices": lambda w, x: (
         x[jnp.argmax(x[:, 0])] @ w, x[-1] @ w + x[x.shape[0] // 2] @ w,
         jnp.take_along_axis(x, jnp.argsort(x[:, :1], axis=0), axis=0) @ w),
+    # FFTs along the example (Bluestein's at the padded size, linear: exact
+    # in JAX's derivative), complex values, forward and inverse, real input
+    "fourier_transforms": lambda w, x: (
+        lambda f: (f.real, f.imag, jnp.abs(jnp.fft.rfft(x[:, 2] * w[0, 0])),
+                   jnp.fft.ifft(jnp.fft.fft(jnp.tanh(x @ w), axis=0) * 2.0, axis=0).real))(
+        jnp.fft.fft((x @ w)[:, 0] + 1j * x[:, 1])),
     # values longer than the example (no slot in the row holds them)
     "longer_than_the_example": lambda w, x: (jnp.pad(x @ w, ((2, 1), (0, 0))),
                                              jnp.concatenate([x, x[:2] * 2]) @ w),
@@ -450,13 +456,13 @@ def test_the_warning_names_the_op_and_the_line():
   assert "'reduce_max'" in str(caught[0].message)   # (in the loop's step)
   assert f"test_packing.py:{line}" in str(caught[0].message)
 
-  def spectrum(x):   # an op inside a library's jax.jit, where JAX keeps no user frame
-    return jnp.fft.fft(x[:, 0]).real
+  def decomposed(x):   # an op inside a library's jax.jit, where JAX keeps no user frame
+    return jnp.linalg.qr(x)[1]
 
   with pytest.warns(pj.PerformanceWarning) as caught:
-    pj.vmap(spectrum)(packed)
-  line = inspect.getsourcelines(spectrum)[1] + 1
-  assert "'fft'" in str(caught[0].message)
+    pj.vmap(decomposed)(packed)
+  line = inspect.getsourcelines(decomposed)[1] + 1
+  assert "'qr'" in str(caught[0].message)
   assert f"test_packing.py:{line}" in str(caught[0].message)
 
 
