@@ -239,6 +239,15 @@ PACKED = {
     "sizes_as_values": lambda w, x: (jnp.sum(x[1:] @ w) + w / (x[1:].shape[0] + 1),
                                      x.shape[0] * w[0] + jnp.sum(x)),
     "loops_reading_x_i": _reads_x_i,
+    # loops of a fixed length over every token at once (jnp.histogram's
+    # bisection, Newton steps), a carry made per example by a step, and the
+    # scatter-adds of histograms and bincount
+    "histograms_and_fixed_loops": lambda w, x: (
+        jnp.histogram(x[:, 0], bins=4, range=(-2.0, 2.0), weights=jnp.tanh(x @ w)[:, 0])[0],
+        jnp.bincount(jnp.clip(jnp.round(x[:, 1] * 2 + 3), 0, 5).astype(jnp.int32), length=6),
+        lax.fori_loop(0, 3, lambda i, y: y - (y ** 3 + y - (x @ w)[:, 1]) / (3 * y ** 2 + 1),
+                      jnp.tanh(x[:, 0])),
+        lax.fori_loop(0, 3, lambda i, c: c * 0.5 + jnp.sum(x @ w, axis=0), jnp.zeros(4))),
     # the carry restarted per example, each one's final carry, both directions
     "scans": lambda w, x: (_scan(w, x), jnp.concatenate(
         [_scan(w, x[::-1])[1][::-1], _reverse_scan(w, x)], axis=1)),

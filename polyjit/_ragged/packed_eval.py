@@ -516,7 +516,8 @@ def _custom_vjp(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
 #: elementwise ops, run with the double select below), so that JAX's
 #: derivative of the rule, on zeros past each example, is the exact one
 #: (`fft`: Bluestein's transform at the padded size, FFTs of a fixed size and
-#: products by constants, `_masking/rules/fft.py`).
+#: products by constants, `_masking/rules/fft.py`; `scatter-add`: linear in
+#: its operand and updates).
 _RELAYOUT = frozenset({
     "cumsum", "cummax", "cummin", "cumprod", "cumlogsumexp", "rev", "slice", "pad",
     "concatenate", "dynamic_slice", "dynamic_update_slice", "gather", "dot_general",
@@ -524,7 +525,7 @@ _RELAYOUT = frozenset({
     "conv_general_dilated", "reduce_window_sum", "select_and_gather_add",
     "reduce_sum", "reduce_max", "reduce_min", "argmax", "argmin", "broadcast_in_dim",
     "iota", "transpose", "squeeze", "reshape", "dim_as_value", "one_minus_square",
-    "polynomial", "fft", *ELEMENTWISE,
+    "polynomial", "fft", "scatter-add", *ELEMENTWISE,
 })
 _ELEMENTWISE = frozenset({*ELEMENTWISE, "one_minus_square", "polynomial"})
 _CALLS = frozenset({"jit", "closed_call", "eval_jaxpr", "call", "custom_jvp_call",

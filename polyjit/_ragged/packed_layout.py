@@ -41,6 +41,11 @@ class Layout:
     self.tokens = rows * row_length
     self._cache: dict[Any, Any] = {}
 
+  def fresh(self) -> "Layout":
+    """This layout with a cache of its own: for use inside a trace of its own
+    (a loop's step), whose values must not be cached for the outer one."""
+    return Layout(self.name, self.arrays, self.rows, self.row_length, self.may_be_empty)
+
   def _cached(self, key: Any, make: Any) -> Any:
     hit = self._cache.get(key)
     if hit is None:

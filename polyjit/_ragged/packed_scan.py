@@ -14,6 +14,10 @@ the length as a value: each row's step is evaluated for its example
 (a gather, its index clamped to the example's tokens as JAX clamps it).
 Any other use of the whole value in a step (`jnp.max(x)`) raises
 `Unpackable`.
+
+A scan of a fixed number of steps whose carries or consts hold per-token
+values (`jnp.searchsorted`'s bisection of every token at once) is a
+`lax.scan` of the packed evaluation of its body (`_scan_of_fixed_length`).
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ def _scan(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   nc, nk = jc.scan_counts(p)   # (named in params up to JAX 0.11, in `ft_in` after)
   consts, init, xs = invals[:nc], invals[nc:nc + nk], invals[nc + nk:]
   body = p["jaxpr"]
+  if not jc.is_symbolic_dim(p["length"]):
+    return _scan_of_fixed_length(eqn, invals, layout)
   if not layout.is_base(p["length"]):
     raise Unpackable(eqn, "a scan whose length is not the example's")
   if any(v.kind not in (SHARED, EXAMPLE) for v in init) or any(
@@ -93,7 +99,7 @@ def _scan(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     cs = [next(ex) if k == EXAMPLE else _Whole(next(whole), who) if k == TOKEN
           else next(sh) for k in kinds]
     if symbolic:
-      return _eval_step(body.jaxpr, body.consts, [*cs, *carry, *x], layout, who)
+      return _eval_step(body.jaxpr, body.consts, [*cs, *carry, *x], layout.fresh(), who)
     args = [V(SHARED, a) for a in [*cs, *carry, *x]]
     return [o.val for o in eval_packed(body.jaxpr, body.consts, args, layout)]
 
@@ -122,6 +128,87 @@ def _scan(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   outs = [V(TOKEN, layout.select(by_token(y), 0, xs[0].dim), 0, xs[0].dim, guarded=True)
           for y in ys]
   return [*finals, *outs]
+
+
+def _scan_of_fixed_length(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
+  """A scan of a fixed number of steps whose carry or consts hold per-token
+  values (`jnp.searchsorted`'s bisection of every token at once, inside
+  `jnp.histogram`): `lax.scan` of the packed evaluation of its body, each
+  step exact by the tail invariant. A carry that a step makes per-example or
+  per-token (a shared initial value plus a token's) starts in that kind."""
+  p = eqn.params
+  nc, nk = jc.scan_counts(p)
+  consts, init, xs = invals[:nc], list(invals[nc:nc + nk]), invals[nc + nk:]
+  if any(v.kind not in (SHARED, EXAMPLE, TOKEN) for v in invals) or any(
+      v.kind != SHARED for v in xs):
+    raise Unpackable(eqn, "a scan of a fixed length over per-token or per-example inputs")
+  body = p["jaxpr"]
+  length = int(p["length"])
+
+  def one_step(carry: list[V], x: list[Any]) -> list[V]:
+    args = [*consts, *carry, *[V(SHARED, a) for a in x]]
+    return eval_packed(body.jaxpr, body.consts, args, layout.fresh())
+
+  def shape_of(v: V) -> tuple[Any, ...]:
+    return (v.kind, v.axis, str(v.dim)) if v.kind == TOKEN else (v.kind,)
+
+  x0 = [jax.tree.map(lambda a: a[0], v.val) for v in xs]
+  for _ in range(3):   # the carries' kinds: widened until a step keeps them
+    kinds = _kinds_of_step(one_step, init, x0)
+    if [shape_of(v) for v in kinds] == [shape_of(v) for v in init]:
+      break
+    init = [_widened(v, k, layout) for v, k in zip(init, kinds, strict=True)]
+  else:
+    raise Unpackable(eqn, "a scan whose carry changes kind from step to step")
+  meta = [(v.kind, v.axis, v.dim) for v in init]
+
+  def step(carry: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
+    vs = [V(k, a, ax, d) for (k, ax, d), a in zip(meta, carry, strict=True)]
+    outs = one_step(vs, x)
+    if [shape_of(o) for o in outs[:nk]] != [shape_of(v) for v in init]:
+      raise Unpackable(eqn, "a scan whose carry changes kind from step to step")
+    ys_kinds[:] = [(o.kind, o.axis, o.dim) for o in outs[nk:]]
+    return [o.val for o in outs[:nk]], [o.val for o in outs[nk:]]
+
+  ys_kinds: list[tuple[str, int, Any]] = []
+  finals, ys = lax.scan(step, [v.val for v in init], [v.val for v in xs], length=length,
+                        reverse=p["reverse"])
+  out = [V(k, a, ax, d) for (k, ax, d), a in zip(meta, finals, strict=True)]
+  for (k, ax, d), y in zip(ys_kinds, ys, strict=True):
+    if k == TOKEN:
+      out.append(V(TOKEN, y, ax + 1, d))
+    elif k == EXAMPLE:
+      out.append(V(EXAMPLE, jnp.moveaxis(y, 1, 0)))
+    else:
+      out.append(V(SHARED, y))
+  return out
+
+
+def _kinds_of_step(one_step: Any, init: list[V], x0: list[Any]) -> list[V]:
+  """The kinds of a step's carries (traced abstractly: nothing is computed)."""
+  found: list[V] = []
+
+  def trace(c: list[Any]) -> list[Any]:
+    outs = one_step([V(v.kind, a, v.axis, v.dim) for v, a in zip(init, c, strict=True)], x0)
+    found[:] = outs[:len(init)]
+    return [o.val for o in found]
+
+  jax.eval_shape(trace, [v.val for v in init])
+  return found
+
+
+def _widened(v: V, like: V, layout: Layout) -> V:
+  """Carry `v` in the kind a step gives it (`like`): a shared value per
+  example, or a shared or per-example value on each token."""
+  if v.kind == like.kind:
+    return v
+  if like.kind == EXAMPLE and v.kind == SHARED:
+    return V(EXAMPLE, jnp.broadcast_to(v.val, (layout.examples, *jnp.shape(v.val))))
+  if like.kind == TOKEN and v.kind in (SHARED, EXAMPLE) and like.axis == 0:
+    val = v.val if v.kind == EXAMPLE else jnp.broadcast_to(
+        v.val, (layout.examples, *jnp.shape(v.val)))
+    return V(TOKEN, layout.onto_tokens(val, like.dim), 0, like.dim)
+  raise Unpackable(None, "a scan whose carry changes kind from step to step")
 
 
 class _Whole:
