@@ -255,7 +255,10 @@ def _eval_step(jaxpr: Any, consts: Any, args: list[Any], layout: Layout, who: An
     for v, o in zip(eqn.outvars, outs, strict=True):
       if not jc.is_dropvar(v):
         env[v] = o
-  return [read(v) for v in jaxpr.outvars]
+  outs = [read(v) for v in jaxpr.outvars]
+  if any(isinstance(o, _Whole) for o in outs):
+    raise Unpackable(None, "a scan step that outputs a whole per-token value")
+  return outs
 
 
 def _read_token(eqn: Any, ins: list[Any], layout: Layout) -> Any:
