@@ -457,6 +457,19 @@ def _eqns(jaxpr):
         yield from _eqns(inner)
 
 
+def test_contractions_over_the_tokens_are_summed_per_example():
+  """`softmax(scores) @ h` (attention pooling) and a narrow `x.T @ y` sum
+  each token's product per example: no value goes one padded row per example."""
+  rng = np.random.default_rng(11)
+  xs = _examples(rng, [5, 1, 9, 13, 3, 2, 7])
+  w = jnp.asarray(rng.normal(size=(3, 4)).astype(np.float32))
+  packed = pj.Ragged.from_list(xs, packing=pj.Packing(row_length=16))
+  for name in ("attention_pooling", "contract_ragged_axis"):
+    pooled = pj.vmap(UNPACKED_FREE[name], in_axes=(None, 0))
+    jaxpr = jax.make_jaxpr(jax.grad(lambda w: pooled(w, packed).sum()))(w)
+    assert not [s for s in _shapes(jaxpr.jaxpr) if s[:2] == (len(xs), 16)], name
+
+
 def test_attention_scores_are_held_per_row():
   """Scores are (rows, row_length, row_length), never one padded row per
   example (examples, row_length, row_length), nor dense over every token, and

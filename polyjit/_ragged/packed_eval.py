@@ -21,8 +21,10 @@ elementwise ops run on the tokens as they are (per-example values gathered
 onto their tokens); an op with no `n` anywhere runs `jax.vmap`ped over the
 examples; reductions over `n` become segment reductions with the token's
 example as segment id; contractions whose contracted axes avoid `n` run
-straight on the packed rows (`x @ w`); `iota` along `n` is the position in
-the example. An op that mixes positions along `n` and has no packed rule of
+straight on the packed rows (`x @ w`); a contraction over `n` of two
+per-token values (`softmax(scores) @ h`) sums each token's product per
+example, where that product is no wider than a few tokens; `iota` along `n`
+is the position in the example. An op that mixes positions along `n` and has no packed rule of
 its own (`cumsum`, `rev`, slices and shifts, concatenation, a contraction
 over `n`, sorting, convolutions, gathers) runs through the *masking rule*
 of its primitive (`_masking/rules/`, the same table `pj.mask` uses): its
@@ -43,14 +45,20 @@ The tail invariant
 Every TOKEN value holds exactly 0 on the tail (tokens outside its dim), the
 packed data included (zeroed on entry). Ops that keep zeros zero with
 finite derivatives (`add`, `mul`, a contraction, a segment gather) need
-nothing; any other op selects its TOKEN operands and its result on the
-valid tokens. The selects' transposes zero the tail's cotangent before it
+nothing; any other op selects its result on the valid tokens, and its TOKEN
+operands too where its derivative there may not be finite (the double
+select). The selects' transposes zero the tail's cotangent before it
 reaches another op, so NaN and inf in the tail reach no value and no
-gradient, and JAX differentiates the packed evaluation itself.
+gradient, and JAX differentiates the packed evaluation itself. An operand
+made by such a select (`V.guarded`) needs no second one: its cotangent's
+tail is zeroed where it was made, and the ops in between keep positions.
+Only the selects an op needs are written (`_selects`): an op whose
+derivative is bounded (`add`, `max`, ...) never selects its operands.
 """
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 from typing import Any, Sequence
 
@@ -156,7 +164,27 @@ def _inexact(x: Any) -> bool:
 
 # --- the interpreter ------------------------------------------------------------
 
+#: The variables of the jaxpr being evaluated that an equation or its outputs
+#: read (a rule can skip work for an output nobody reads: a scan's final carry).
+_LIVE: contextvars.ContextVar[frozenset[Any]] = contextvars.ContextVar("live", default=frozenset())
+
+
+def is_read(v: Any) -> bool:
+  return not jc.is_dropvar(v) and v in _LIVE.get()
+
+
 def eval_packed(jaxpr: Any, consts: Sequence[Any], args: Sequence[V], layout: Layout) -> list[V]:
+  live = frozenset(v for v in [*(x for e in jaxpr.eqns for x in e.invars), *jaxpr.outvars]
+                   if not isinstance(v, jc.Literal))
+  token = _LIVE.set(live)
+  try:
+    return _eval_packed(jaxpr, consts, args, layout)
+  finally:
+    _LIVE.reset(token)
+
+
+def _eval_packed(jaxpr: Any, consts: Sequence[Any], args: Sequence[V], layout: Layout
+                 ) -> list[V]:
   vals: dict[Any, V] = {}
 
   def read(v: Any) -> V:
@@ -479,7 +507,34 @@ def _dot_general(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     if tok.axis not in contracting and out_axis is not None:   # the free axis: straight
       out, = _bind(eqn, [lhs.val, rhs.val], layout)
       return [V(TOKEN, out, out_axis, tok.dim)]
+  if lhs.kind == TOKEN and rhs.kind == TOKEN and out_axis is None:
+    summed = _token_contraction(eqn, lhs, rhs, layout)
+    if summed is not None:
+      return [summed]
   return _relayout(eqn, invals, layout)
+
+
+def _token_contraction(eqn: Any, lhs: V, rhs: V, layout: Layout) -> V | None:
+  """A contraction over the example's axis of two per-token values
+  (`softmax(scores) @ h`, `x.T @ y`): each token's product summed per
+  example, as a reduction over the tokens is, when a token's product is not
+  much bigger than its operands (`x.T @ y` of wide `x` and `y` goes one
+  padded row per example instead). Both are zero on the tail, so is their
+  product, and the tail's segment is dropped."""
+  (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+  if (lhs.axis not in lc or rhs.axis not in rc or str(lhs.dim) != str(rhs.dim)
+      or list(lc).index(lhs.axis) != list(rc).index(rhs.axis)):
+    return None
+  per_token = np.prod(eqn.outvars[0].aval.shape, dtype=np.int64)
+  widest = max(np.prod(np.shape(x.val), dtype=np.int64) // layout.tokens for x in (lhs, rhs))
+  if per_token > 4 * max(widest, 1):
+    return None
+  at = list(lc).index(lhs.axis)
+  dn = ((lc[:at] + lc[at + 1:], rc[:at] + rc[at + 1:]),
+        ((lhs.axis, *lb), (rhs.axis, *rb)))   # the tokens a batch axis, in front
+  out, = _bind(eqn, [lhs.val, rhs.val], layout, **dict(eqn.params, dimension_numbers=dn))
+  out = jax.ops.segment_sum(out, layout.segments, layout.examples)
+  return V(EXAMPLE, lax.convert_element_type(out, eqn.outvars[0].aval.dtype))
 
 
 def _gather(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
@@ -489,6 +544,17 @@ def _gather(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     # a lookup per token (an embedding): straight; the tail looked up index 0
     out, = _bind(eqn, [operand.val, indices.val], layout)
     return [V(TOKEN, layout.select(out, out_axis, indices.dim), out_axis, indices.dim, guarded=True)]
+  if operand.kind == TOKEN and indices.kind == SHARED and out_axis is not None:
+    # (`x[:, 0]`) indices along the other axes, every token taken whole: straight
+    dn, sizes = eqn.params["dimension_numbers"], eqn.params["slice_sizes"]
+    a = operand.axis
+    if (a not in (*dn.start_index_map, *dn.collapsed_slice_dims, *dn.operand_batching_dims)
+        and str(sizes[a]) == str(operand.dim)):
+      out, = _bind(eqn, [operand.val, indices.val], layout)
+      if "FILL" in str(eqn.params.get("mode")):   # (an index out of range fills the tail too)
+        return [V(TOKEN, layout.select(out, out_axis, operand.dim), out_axis, operand.dim,
+                  guarded=True)]
+      return [V(TOKEN, out, out_axis, operand.dim)]
   return _relayout(eqn, invals, layout)
 
 
