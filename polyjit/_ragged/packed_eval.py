@@ -52,7 +52,7 @@ reaches another op, so NaN and inf in the tail reach no value and no
 gradient, and JAX differentiates the packed evaluation itself. An operand
 made by such a select (`V.guarded`) needs no second one: its cotangent's
 tail is zeroed where it was made, and the ops in between keep positions.
-Only the selects an op needs are written (`_selects`): an op whose
+Only the selects an op needs are written (`packed_selects.py`): an op whose
 derivative is bounded (`add`, `max`, ...) never selects its operands.
 """
 
@@ -72,6 +72,7 @@ from .._masking.core import (MaskEnv, RuleContext, _no_rule_error, eqn_is_symbol
                              masking_rules)
 from .._masking.rules.elementwise import ELEMENTWISE
 from .packed_layout import Layout, segment_arg, segment_extremum, segment_reduce
+from .packed_selects import foldable, selects
 
 TOKEN, EXAMPLE, SHARED, UNPACKED, PAIR = "token", "example", "shared", "unpacked", "pair"
 
@@ -208,7 +209,7 @@ def _eval_eqn(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   if not eqn_is_symbolic(eqn):
     if all(v.kind == SHARED for v in invals):
       args = [v.val for v in invals]
-      if _foldable(eqn, args):   # a constant stays one: `_selects` reads its value
+      if foldable(eqn, args):   # a constant stays one: `selects` reads its value
         with jax.ensure_compile_time_eval():
           return [V(SHARED, o) for o in _bind(eqn, args, layout)]
       return [V(SHARED, o) for o in _bind(eqn, args, layout)]
@@ -248,37 +249,7 @@ def _eval_eqn(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   raise Unpackable(eqn, why)
 
 
-#: The largest constant computed at trace time (elements): folding a bigger one
-#: would store it in the program.
-_FOLD_LIMIT = 4096
-
-
-def _foldable(eqn: Any, args: Sequence[Any]) -> bool:
-  """An equation of constants alone (`jnp.sqrt(16.0)`, a frequency table),
-  with no effect and a small result: computed while tracing, as `jax.jit`'s
-  own constant folding would, so that an op combining it with tokens sees a
-  finite constant and takes no select."""
-  return (not eqn.effects and not any(isinstance(x, jc.Tracer) for x in args)
-          and all(np.prod(o.aval.shape, dtype=np.int64) <= _FOLD_LIMIT for o in eqn.outvars))
-
-
 # --- rules ----------------------------------------------------------------------
-
-#: Elementwise ops that map zeros to zero, with finite derivatives there.
-_KEEPS_ZERO = frozenset({"add", "add_any", "sub", "mul", "neg", "max", "min", "select_n",
-                         "convert_element_type", "copy", "real", "imag", "conj",
-                         "stop_gradient", "reduce_precision"})
-#: Elementwise ops whose derivative in every operand is 0 or +-1 wherever the
-#: operands are: a NaN cotangent can never come out of them, so their operands
-#: need no select whatever the other operands hold.
-_BOUNDED_DERIVATIVE = frozenset({"add", "add_any", "sub", "max", "min", "select_n", "neg",
-                                 "convert_element_type", "copy", "real", "imag", "conj",
-                                 "stop_gradient", "reduce_precision"})
-#: The value of those binary ops at a zero tail and a constant: zero there
-#: means the result needs no select either.
-_AT_ZERO = {"add": np.add, "add_any": np.add, "sub": np.subtract, "max": np.maximum,
-            "min": np.minimum}
-
 
 def _elementwise(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   out_aval = eqn.outvars[0].aval
@@ -290,7 +261,7 @@ def _elementwise(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   if any(v.axis != axis or str(v.dim) != str(dim) for v in tokens):
     raise Unpackable(eqn, "operands whose example axes differ")
   shape = _token_shape(out_aval, layout)
-  select_in, select_out = _selects(eqn, invals, [v.kind == SHARED for v in invals])
+  select_in, select_out = selects(eqn, invals, [v.kind == SHARED for v in invals])
   args = []
   for v in invals:
     if v.kind == TOKEN:
@@ -317,52 +288,6 @@ def needs_guard(v: V, x: Any) -> bool:
   """Whether operand `v` (as `x`) takes the operand select of the double
   select: an inexact per-token value whose cotangent no select guards yet."""
   return v.kind != SHARED and not v.guarded and _inexact(x)
-
-
-#: f(0) == 0 with a finite derivative at 0: zero tails stay zero, no selects.
-_ZERO_AT_ZERO = frozenset({"tanh", "sin", "tan", "erf", "erf_inv", "atan", "asinh", "sinh",
-                           "log1p", "expm1", "square", "abs", "sign", "floor", "ceil",
-                           "round", "neg"})
-#: f(0) finite with a finite derivative at 0: the result's tail is selected.
-_FINITE_AT_ZERO = frozenset({"exp", "exp2", "cos", "cosh", "logistic", "erfc", "add",
-                             "add_any", "sub", "max", "min"})
-
-
-def _finite_constant(x: Any) -> bool:
-  if isinstance(x, jc.Tracer):
-    return False
-  a = np.asarray(x)
-  return bool(a.dtype.kind in "biuf" and np.all(np.isfinite(a)))
-
-
-def _selects(eqn: Any, invals: list[V], loose: list[bool]) -> tuple[bool, bool]:
-  """(select the operands, select the result) for an elementwise op. Every
-  operand is zero on the tail but the `loose` ones (a shared value; in a row
-  of pairs also a token's value broadcast along the row), which may hold
-  anything there. None where the op keeps the tail zero with a finite
-  derivative; the result alone where its value on the tail may be non-zero
-  but no derivative there can be; both (the double select) otherwise."""
-  name = eqn.primitive.name
-  others = [v for v, lo in zip(invals, loose, strict=True) if lo]
-  constant = all(_finite_constant(v.val) for v in others)
-  if name in _BOUNDED_DERIVATIVE:
-    if not others:
-      return False, False
-    at_zero = _AT_ZERO.get(name)
-    zero = (constant and at_zero is not None and len(invals) == 2 and bool(np.all(
-        at_zero(*[np.asarray(v.val) if lo else np.zeros(())
-                  for v, lo in zip(invals, loose, strict=True)]) == 0)))
-    return False, not zero
-  if not constant:
-    return True, True
-  if (name == "mul" or name in _ZERO_AT_ZERO
-      or (name == "integer_pow" and eqn.params["y"] >= 1)
-      or (name == "div" and not loose[0] and loose[1]
-          and bool(np.all(np.asarray(invals[1].val) != 0)))):
-    return (False, False) if len(others) < len(invals) else (False, True)
-  if name in _FINITE_AT_ZERO:
-    return False, True
-  return True, True
 
 
 def _broadcast_in_dim(eqn: Any, invals: list[V], layout: Layout) -> list[V]:

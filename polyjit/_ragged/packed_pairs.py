@@ -36,8 +36,8 @@ from jax import lax
 from .. import _jax as jc
 from .._masking.rules.reductions import _extremum
 from .packed_eval import (NoPairRule, PAIR, SHARED, TOKEN, Unpackable, V, _bind, _inexact,
-                          _n_axes, _PAIR_RULES, _selects, _token_axis,
-                          _BOUNDED_DERIVATIVE)
+                          _n_axes, _PAIR_RULES, _token_axis)
+from .packed_selects import BOUNDED_DERIVATIVE, selects
 from .packed_layout import Layout
 from .._masking.rules.elementwise import ELEMENTWISE
 
@@ -187,17 +187,17 @@ def _elementwise(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
                         lax.full_like(x, _FILLS_TO_ZERO[name]))
     return [V(PAIR, o, axis, dim, axis2, guarded=True) for o in _bind(eqn, [filled], layout)]
   # pairs are zero off the block diagonal, as tokens are on the tail: the same
-  # refinement as there (`_selects`); a loose pair, a token broadcast along a
+  # refinement as there (`selects`); a loose pair, a token broadcast along a
   # row (its own value on the other examples' pairs of the row) and a shared
   # value are not, and their cotangents are never guarded
   loose = [v.kind in (SHARED, TOKEN) or v.loose for v in invals]
-  operands, result = _selects(eqn, invals, loose)
+  operands, result = selects(eqn, invals, loose)
   if operands:
     args = [_select(layout, jnp.broadcast_to(x, shape), axis, axis2)
             if (v.kind == TOKEN or (v.kind == PAIR and not v.guarded)) and _inexact(x) else x
             for v, x in zip(invals, args, strict=True)]
   outs = _bind(eqn, [jnp.broadcast_to(x, shape) if np.ndim(x) else x for x in args], layout)
-  if result and name in _BOUNDED_DERIVATIVE:
+  if result and name in BOUNDED_DERIVATIVE:
     # (`scores - max`: no derivative to guard) a loose result, selected where
     # it is used, in the same loop as that op
     return [V(PAIR, o, axis, dim, axis2, loose=True) for o in outs]
