@@ -211,6 +211,11 @@ PACKED = {
         jnp.sqrt(jnp.abs(x @ w) + jnp.abs(w[2])) - jnp.maximum(x @ w, -jnp.inf),
         x / (x @ w)[:, :3] + jax.lax.rsqrt(jnp.square(x) + w[0, :3] ** 2),
         jnp.sqrt(jnp.square(x @ w)),   # an operand no select guards yet
+        # ops that are 0 at a value: their operand filled with it on the tail
+        jnp.sum((jnp.square(x @ w) + 1.0) ** -2 - jnp.exp(x @ w - 1.0), axis=0),
+        jnp.sum(jnp.arctan2(x, (x @ w)[:, :3]), axis=0),
+        jnp.mean(jax.scipy.special.gammaln(jnp.abs(x @ w) + 1.5)
+                 + jnp.log(jnp.square(x @ w) + 0.5)),
         jnp.log(jnp.exp(x @ w) + jnp.abs(w[1])) * jnp.float32(16.0) ** 0.5),
     # the carry restarted per example, each one's final carry, both directions
     "scans": lambda w, x: (_scan(w, x), jnp.concatenate(
@@ -248,7 +253,7 @@ THROUGH_MASKING_RULES = {
     "attention_with_biases": lambda w, x: jax.nn.softmax(
         (x @ w) @ (x @ w + w[0]).T / jnp.sqrt(jnp.float32(4.0)) + w[1, 0]
         - jnp.max(x, axis=1)[None, :] + jnp.sqrt(jnp.square((x @ w) @ (x @ w).T)), axis=-1)
-    @ (x / jnp.sum(jnp.abs(x), axis=1)[:, None]),
+    @ (x / jnp.sum(jnp.abs(x), axis=1)[:, None] + (jnp.square(x) + 1.0) ** -2),
     "causal_attention": lambda w, x: jax.nn.softmax(
         jnp.where(jnp.tril(jnp.ones((x.shape[0],) * 2)) > 0, (x @ w) @ (x @ w).T, -1e9),
         axis=-1) @ x + _positions(x.shape[0])[:, :3],

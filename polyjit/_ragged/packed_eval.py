@@ -72,7 +72,7 @@ from .._masking.core import (MaskEnv, RuleContext, _no_rule_error, eqn_is_symbol
                              masking_rules)
 from .._masking.rules.elementwise import ELEMENTWISE
 from .packed_layout import Layout, segment_arg, segment_extremum, segment_reduce
-from .packed_selects import foldable, selects
+from .packed_selects import fill, foldable, selects
 
 TOKEN, EXAMPLE, SHARED, UNPACKED, PAIR = "token", "example", "shared", "unpacked", "pair"
 
@@ -275,6 +275,13 @@ def _elementwise(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     else:
       x = v.val
     args.append(x)
+  filled = fill(eqn, [v.kind == SHARED for v in invals]) if select_in else None
+  if filled is not None and invals[filled[0]].kind != SHARED and _inexact(args[filled[0]]):
+    i, value = filled   # one select in place of the double select
+    args[i] = lax.select(layout.valid_like(args[i].shape, axis, dim), args[i],
+                         lax.full_like(args[i], value))
+    # (one operand: its select guards the result's cotangent too)
+    return [V(TOKEN, o, axis, dim, guarded=len(args) == 1) for o in _bind(eqn, args, layout)]
   if select_in:   # the double select: no NaN derivative on the tail reaches anything
     args = [layout.select(x, axis, dim) if needs_guard(v, x) else x
             for v, x in zip(invals, args, strict=True)]

@@ -37,7 +37,7 @@ from .. import _jax as jc
 from .._masking.rules.reductions import _extremum
 from .packed_eval import (NoPairRule, PAIR, SHARED, TOKEN, Unpackable, V, _bind, _inexact,
                           _n_axes, _PAIR_RULES, _token_axis)
-from .packed_selects import BOUNDED_DERIVATIVE, selects
+from .packed_selects import BOUNDED_DERIVATIVE, fill, selects
 from .packed_layout import Layout
 from .._masking.rules.elementwise import ELEMENTWISE
 
@@ -178,20 +178,21 @@ def _elementwise(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
       raise NoPairRule()
   dim = pairs[0].dim if pairs else invals[0].dim
   name = eqn.primitive.name
-  if name in _FILLS_TO_ZERO and len(args) == 1 and _inexact(args[0]):
-    # exp(-inf) = 0, its derivative 0: the operand filled off the block
-    # diagonal, the result zero there with no select of its own, and its
-    # cotangent guarded by the fill's (an elementwise op of one operand)
-    x = args[0]
-    filled = lax.select(_valid_like(layout, x.shape, axis, axis2), x,
-                        lax.full_like(x, _FILLS_TO_ZERO[name]))
-    return [V(PAIR, o, axis, dim, axis2, guarded=True) for o in _bind(eqn, [filled], layout)]
   # pairs are zero off the block diagonal, as tokens are on the tail: the same
   # refinement as there (`selects`); a loose pair, a token broadcast along a
   # row (its own value on the other examples' pairs of the row) and a shared
   # value are not, and their cotangents are never guarded
   loose = [v.kind in (SHARED, TOKEN) or v.loose for v in invals]
   operands, result = selects(eqn, invals, loose)
+  filled = fill(eqn, loose) if operands else None
+  if filled is not None and invals[filled[0]].kind != SHARED and _inexact(args[filled[0]]):
+    # (`exp(scores - max)`, `e / sum`) one select off the block diagonal, to a
+    # value where the op is 0: no select of the result
+    i, value = filled
+    x = jnp.broadcast_to(args[i], shape)
+    args[i] = lax.select(_valid_like(layout, shape, axis, axis2), x, lax.full_like(x, value))
+    outs = _bind(eqn, [jnp.broadcast_to(x, shape) if np.ndim(x) else x for x in args], layout)
+    return [V(PAIR, o, axis, dim, axis2, guarded=len(args) == 1) for o in outs]
   if operands:
     args = [_select(layout, jnp.broadcast_to(x, shape), axis, axis2)
             if (v.kind == TOKEN or (v.kind == PAIR and not v.guarded)) and _inexact(x) else x
@@ -204,10 +205,6 @@ def _elementwise(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   if result:
     outs = [_select(layout, o, axis, axis2) for o in outs]
   return [V(PAIR, o, axis, dim, axis2, guarded=result) for o in outs]
-
-
-#: Ops that give exactly 0 with a zero derivative at a fill value.
-_FILLS_TO_ZERO = {"exp": -np.inf, "exp2": -np.inf, "logistic": -np.inf}
 
 
 def _reduce(eqn: Any, invals: list[V], layout: Layout) -> list[V]:

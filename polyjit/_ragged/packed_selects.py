@@ -48,7 +48,7 @@ def _finite_constant(x: Any) -> bool:
   return bool(a.dtype.kind in "biuf" and np.all(np.isfinite(a)))
 
 
-def selects(eqn: Any, invals: list[V], loose: list[bool]) -> tuple[bool, bool]:
+def selects(eqn: Any, invals: list[Any], loose: list[bool]) -> tuple[bool, bool]:
   """(select the operands, select the result) for an elementwise op. Every
   operand is zero on the tail but the `loose` ones (a shared value; in a row
   of pairs also a token's value broadcast along the row), which may hold
@@ -81,6 +81,30 @@ def selects(eqn: Any, invals: list[V], loose: list[bool]) -> tuple[bool, bool]:
 #: The largest constant computed at trace time (elements): folding a bigger one
 #: would store it in the program.
 _FOLD_LIMIT = 4096
+
+
+#: Ops of one operand that are exactly 0, with a finite derivative, at a
+#: value: the operand filled with it on the tail (one select, where the
+#: double select takes two).
+_FILLS = {"exp": -np.inf, "exp2": -np.inf, "logistic": -np.inf, "rsqrt": np.inf, "log": 1.0,
+          "lgamma": 1.0}
+
+
+def fill(eqn: Any, loose: list[bool]) -> tuple[int, float] | None:
+  """(operand, value) to select that operand to on the tail in place of a
+  double select: the op's value there is then exactly 0 and its derivatives
+  finite (`exp(-inf)`, `rsqrt(inf)`, `log(1)`, `x / 1` and `atan2(x, 1)` of a
+  zero `x`). The other operands must be zero on the tail (not loose)."""
+  name = eqn.primitive.name
+  if len(loose) == 1:
+    if name in _FILLS:
+      return 0, _FILLS[name]
+    if name == "integer_pow" and eqn.params["y"] < 0:
+      return 0, np.inf
+    return None
+  if name in ("div", "atan2") and len(loose) == 2 and not loose[0]:
+    return 1, 1.0
+  return None
 
 
 def foldable(eqn: Any, args: Sequence[Any]) -> bool:
