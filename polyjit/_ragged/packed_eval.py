@@ -457,8 +457,9 @@ def _token_contraction(eqn: Any, lhs: V, rhs: V, layout: Layout) -> V | None:
   if (lhs.axis not in lc or rhs.axis not in rc or str(lhs.dim) != str(rhs.dim)
       or list(lc).index(lhs.axis) != list(rc).index(rhs.axis)):
     return None
-  per_token = np.prod(eqn.outvars[0].aval.shape, dtype=np.int64)
-  widest = max(np.prod(np.shape(x.val), dtype=np.int64) // layout.tokens for x in (lhs, rhs))
+  per_token = int(np.prod(eqn.outvars[0].aval.shape, dtype=np.int64))
+  widest = max(int(np.prod(np.shape(x.val), dtype=np.int64)) // layout.tokens
+               for x in (lhs, rhs))
   if per_token > 4 * max(widest, 1):
     return None
   at = list(lc).index(lhs.axis)
