@@ -233,6 +233,11 @@ PACKED = {
         jnp.sqrt(jnp.abs(x @ w) + jnp.abs(w[2])) - jnp.maximum(x @ w, -jnp.inf),
         x / (x @ w)[:, :3] + jax.lax.rsqrt(jnp.square(x) + w[0, :3] ** 2),
         jnp.sqrt(jnp.square(x @ w)),   # an operand no select guards yet
+        # ops that are 0 at a value: their operand filled with it on the tail
+        jnp.sum((jnp.square(x @ w) + 1.0) ** -2 - jnp.exp(x @ w - 1.0), axis=0),
+        jnp.sum(jnp.arctan2(x, (x @ w)[:, :3]), axis=0),
+        jnp.mean(jax.scipy.special.gammaln(jnp.abs(x @ w) + 1.5)
+                 + jnp.log(jnp.square(x @ w) + 0.5)),
         jnp.log(jnp.exp(x @ w) + jnp.abs(w[1])) * jnp.float32(16.0) ** 0.5),
     # sizes as values: on an empty example `x[1:]`'s is -1 in the trace for
     # sizes >= 1, 0 at size 0 (a shared parameter over it: no NaN gradient)
@@ -290,7 +295,7 @@ THROUGH_MASKING_RULES = {
     "attention_with_biases": lambda w, x: jax.nn.softmax(
         (x @ w) @ (x @ w + w[0]).T / jnp.sqrt(jnp.float32(4.0)) + w[1, 0]
         - jnp.max(x, axis=1)[None, :] + jnp.sqrt(jnp.square((x @ w) @ (x @ w).T)), axis=-1)
-    @ (x / jnp.sum(jnp.abs(x), axis=1)[:, None]),
+    @ (x / jnp.sum(jnp.abs(x), axis=1)[:, None] + (jnp.square(x) + 1.0) ** -2),
     "causal_attention": lambda w, x: jax.nn.softmax(
         jnp.where(jnp.tril(jnp.ones((x.shape[0],) * 2)) > 0, (x @ w) @ (x @ w).T, -1e9),
         axis=-1) @ x + _positions(x.shape[0])[:, :3],
@@ -582,6 +587,19 @@ def _eqns(jaxpr):
       inner = getattr(p, "jaxpr", p)
       if hasattr(inner, "eqns"):
         yield from _eqns(inner)
+
+
+def test_contractions_over_the_tokens_are_summed_per_example():
+  """`softmax(scores) @ h` (attention pooling) and a narrow `x.T @ y` sum
+  each token's product per example: no value goes one padded row per example."""
+  rng = np.random.default_rng(11)
+  xs = _examples(rng, [5, 1, 9, 13, 3, 2, 7])
+  w = jnp.asarray(rng.normal(size=(3, 4)).astype(np.float32))
+  packed = pj.Ragged.from_list(xs, packing=pj.Packing(row_length=16))
+  for name in ("attention_pooling", "contract_ragged_axis"):
+    pooled = pj.vmap(UNPACKED_FREE[name], in_axes=(None, 0))
+    jaxpr = jax.make_jaxpr(jax.grad(lambda w: pooled(w, packed).sum()))(w)
+    assert not [s for s in _shapes(jaxpr.jaxpr) if s[:2] == (len(xs), 16)], name
 
 
 def test_attention_scores_are_held_per_row():

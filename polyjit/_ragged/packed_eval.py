@@ -21,8 +21,10 @@ elementwise ops run on the tokens as they are (per-example values gathered
 onto their tokens); an op with no `n` anywhere runs `jax.vmap`ped over the
 examples; reductions over `n` become segment reductions with the token's
 example as segment id; contractions whose contracted axes avoid `n` run
-straight on the packed rows (`x @ w`); `iota` along `n` is the position in
-the example. An op that mixes positions along `n` and has no packed rule of
+straight on the packed rows (`x @ w`); a contraction over `n` of two
+per-token values (`softmax(scores) @ h`) sums each token's product per
+example, where that product is no wider than a few tokens; `iota` along `n`
+is the position in the example. An op that mixes positions along `n` and has no packed rule of
 its own (`cumsum`, `rev`, slices and shifts, concatenation, a contraction
 over `n`, sorting, convolutions, gathers) runs through the *masking rule*
 of its primitive (`_masking/rules/`, the same table `pj.mask` uses): its
@@ -34,24 +36,29 @@ Values with two axes along the example (attention scores) are held per row
 (PAIR, `packed_pairs.py`), or, where their sizes differ from the example's,
 one padded row per example (UNPACKED). A `lax.scan` over the tokens runs once
 over the positions of all rows, its carry restarted at each example
-(`_scan`; a step may read `x[i]` and the length). Anything else that touches
-`n` (a loop whose step reads the whole sequence otherwise, a `custom_vjp`)
-raises `Unpackable`, and `pj.vmap` runs the call
-unpacked with a `pj.PerformanceWarning`.
+(`_scan`; a step may read `x[i]`). Anything else that touches `n` (a loop
+whose step reads the whole sequence otherwise, a `custom_vjp`) raises
+`Unpackable`, and `pj.vmap` runs the call unpacked with a warning.
 
 The tail invariant
 ------------------
 Every TOKEN value holds exactly 0 on the tail (tokens outside its dim), the
 packed data included (zeroed on entry). Ops that keep zeros zero with
 finite derivatives (`add`, `mul`, a contraction, a segment gather) need
-nothing; any other op selects its TOKEN operands and its result on the
-valid tokens. The selects' transposes zero the tail's cotangent before it
+nothing; any other op selects its result on the valid tokens, and its TOKEN
+operands too where its derivative there may not be finite (the double
+select). The selects' transposes zero the tail's cotangent before it
 reaches another op, so NaN and inf in the tail reach no value and no
-gradient, and JAX differentiates the packed evaluation itself.
+gradient, and JAX differentiates the packed evaluation itself. An operand
+made by such a select (`V.guarded`) needs no second one: its cotangent's
+tail is zeroed where it was made, and the ops in between keep positions.
+Only the selects an op needs are written (`packed_selects.py`): an op whose
+derivative is bounded (`add`, `max`, ...) never selects its operands.
 """
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 from typing import Any, Sequence
 
@@ -65,6 +72,7 @@ from .._masking.core import (MaskEnv, RuleContext, _no_rule_error, eqn_is_symbol
                              masking_rules)
 from .._masking.rules.elementwise import ELEMENTWISE
 from .packed_layout import Layout, segment_arg, segment_extremum, segment_reduce
+from .packed_selects import fill, foldable, selects
 
 TOKEN, EXAMPLE, SHARED, UNPACKED, PAIR = "token", "example", "shared", "unpacked", "pair"
 
@@ -157,7 +165,27 @@ def _inexact(x: Any) -> bool:
 
 # --- the interpreter ------------------------------------------------------------
 
+#: The variables of the jaxpr being evaluated that an equation or its outputs
+#: read (a rule can skip work for an output nobody reads: a scan's final carry).
+_LIVE: contextvars.ContextVar[frozenset[Any]] = contextvars.ContextVar("live", default=frozenset())
+
+
+def is_read(v: Any) -> bool:
+  return not jc.is_dropvar(v) and v in _LIVE.get()
+
+
 def eval_packed(jaxpr: Any, consts: Sequence[Any], args: Sequence[V], layout: Layout) -> list[V]:
+  live = frozenset(v for v in [*(x for e in jaxpr.eqns for x in e.invars), *jaxpr.outvars]
+                   if not isinstance(v, jc.Literal))
+  token = _LIVE.set(live)
+  try:
+    return _eval_packed(jaxpr, consts, args, layout)
+  finally:
+    _LIVE.reset(token)
+
+
+def _eval_packed(jaxpr: Any, consts: Sequence[Any], args: Sequence[V], layout: Layout
+                 ) -> list[V]:
   vals: dict[Any, V] = {}
 
   def read(v: Any) -> V:
@@ -181,7 +209,7 @@ def _eval_eqn(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   if not eqn_is_symbolic(eqn):
     if all(v.kind == SHARED for v in invals):
       args = [v.val for v in invals]
-      if _foldable(eqn, args):   # a constant stays one: `_selects` reads its value
+      if foldable(eqn, args):   # a constant stays one: `selects` reads its value
         with jax.ensure_compile_time_eval():
           return [V(SHARED, o) for o in _bind(eqn, args, layout)]
       return [V(SHARED, o) for o in _bind(eqn, args, layout)]
@@ -222,37 +250,7 @@ def _eval_eqn(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   raise Unpackable(eqn, why)
 
 
-#: The largest constant computed at trace time (elements): folding a bigger one
-#: would store it in the program.
-_FOLD_LIMIT = 4096
-
-
-def _foldable(eqn: Any, args: Sequence[Any]) -> bool:
-  """An equation of constants alone (`jnp.sqrt(16.0)`, a frequency table),
-  with no effect and a small result: computed while tracing, as `jax.jit`'s
-  own constant folding would, so that an op combining it with tokens sees a
-  finite constant and takes no select."""
-  return (not eqn.effects and not any(isinstance(x, jc.Tracer) for x in args)
-          and all(np.prod(o.aval.shape, dtype=np.int64) <= _FOLD_LIMIT for o in eqn.outvars))
-
-
 # --- rules ----------------------------------------------------------------------
-
-#: Elementwise ops that map zeros to zero, with finite derivatives there.
-_KEEPS_ZERO = frozenset({"add", "add_any", "sub", "mul", "neg", "max", "min", "select_n",
-                         "convert_element_type", "copy", "real", "imag", "conj",
-                         "stop_gradient", "reduce_precision"})
-#: Elementwise ops whose derivative in every operand is 0 or +-1 wherever the
-#: operands are: a NaN cotangent can never come out of them, so their operands
-#: need no select whatever the other operands hold.
-_BOUNDED_DERIVATIVE = frozenset({"add", "add_any", "sub", "max", "min", "select_n", "neg",
-                                 "convert_element_type", "copy", "real", "imag", "conj",
-                                 "stop_gradient", "reduce_precision"})
-#: The value of those binary ops at a zero tail and a constant: zero there
-#: means the result needs no select either.
-_AT_ZERO = {"add": np.add, "add_any": np.add, "sub": np.subtract, "max": np.maximum,
-            "min": np.minimum}
-
 
 def _elementwise(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   out_aval = eqn.outvars[0].aval
@@ -264,7 +262,7 @@ def _elementwise(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   if any(v.axis != axis or str(v.dim) != str(dim) for v in tokens):
     raise Unpackable(eqn, "operands whose example axes differ")
   shape = _token_shape(out_aval, layout)
-  select_in, select_out = _selects(eqn, invals, [v.kind == SHARED for v in invals])
+  select_in, select_out = selects(eqn, invals, [v.kind == SHARED for v in invals])
   args = []
   for v in invals:
     if v.kind == TOKEN:
@@ -278,6 +276,13 @@ def _elementwise(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     else:
       x = v.val
     args.append(x)
+  filled = fill(eqn, [v.kind == SHARED for v in invals]) if select_in else None
+  if filled is not None and invals[filled[0]].kind != SHARED and _inexact(args[filled[0]]):
+    i, value = filled   # one select in place of the double select
+    args[i] = lax.select(layout.valid_like(args[i].shape, axis, dim), args[i],
+                         lax.full_like(args[i], value))
+    # (one operand: its select guards the result's cotangent too)
+    return [V(TOKEN, o, axis, dim, guarded=len(args) == 1) for o in _bind(eqn, args, layout)]
   if select_in:   # the double select: no NaN derivative on the tail reaches anything
     args = [layout.select(x, axis, dim) if needs_guard(v, x) else x
             for v, x in zip(invals, args, strict=True)]
@@ -291,52 +296,6 @@ def needs_guard(v: V, x: Any) -> bool:
   """Whether operand `v` (as `x`) takes the operand select of the double
   select: an inexact per-token value whose cotangent no select guards yet."""
   return v.kind != SHARED and not v.guarded and _inexact(x)
-
-
-#: f(0) == 0 with a finite derivative at 0: zero tails stay zero, no selects.
-_ZERO_AT_ZERO = frozenset({"tanh", "sin", "tan", "erf", "erf_inv", "atan", "asinh", "sinh",
-                           "log1p", "expm1", "square", "abs", "sign", "floor", "ceil",
-                           "round", "neg"})
-#: f(0) finite with a finite derivative at 0: the result's tail is selected.
-_FINITE_AT_ZERO = frozenset({"exp", "exp2", "cos", "cosh", "logistic", "erfc", "add",
-                             "add_any", "sub", "max", "min"})
-
-
-def _finite_constant(x: Any) -> bool:
-  if isinstance(x, jc.Tracer):
-    return False
-  a = np.asarray(x)
-  return bool(a.dtype.kind in "biuf" and np.all(np.isfinite(a)))
-
-
-def _selects(eqn: Any, invals: list[V], loose: list[bool]) -> tuple[bool, bool]:
-  """(select the operands, select the result) for an elementwise op. Every
-  operand is zero on the tail but the `loose` ones (a shared value; in a row
-  of pairs also a token's value broadcast along the row), which may hold
-  anything there. None where the op keeps the tail zero with a finite
-  derivative; the result alone where its value on the tail may be non-zero
-  but no derivative there can be; both (the double select) otherwise."""
-  name = eqn.primitive.name
-  others = [v for v, lo in zip(invals, loose, strict=True) if lo]
-  constant = all(_finite_constant(v.val) for v in others)
-  if name in _BOUNDED_DERIVATIVE:
-    if not others:
-      return False, False
-    at_zero = _AT_ZERO.get(name)
-    zero = (constant and at_zero is not None and len(invals) == 2 and bool(np.all(
-        at_zero(*[np.asarray(v.val) if lo else np.zeros(())
-                  for v, lo in zip(invals, loose, strict=True)]) == 0)))
-    return False, not zero
-  if not constant:
-    return True, True
-  if (name == "mul" or name in _ZERO_AT_ZERO
-      or (name == "integer_pow" and eqn.params["y"] >= 1)
-      or (name == "div" and not loose[0] and loose[1]
-          and bool(np.all(np.asarray(invals[1].val) != 0)))):
-    return (False, False) if len(others) < len(invals) else (False, True)
-  if name in _FINITE_AT_ZERO:
-    return False, True
-  return True, True
 
 
 def _broadcast_in_dim(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
@@ -481,7 +440,35 @@ def _dot_general(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     if tok.axis not in contracting and out_axis is not None:   # the free axis: straight
       out, = _bind(eqn, [lhs.val, rhs.val], layout)
       return [V(TOKEN, out, out_axis, tok.dim)]
+  if lhs.kind == TOKEN and rhs.kind == TOKEN and out_axis is None:
+    summed = _token_contraction(eqn, lhs, rhs, layout)
+    if summed is not None:
+      return [summed]
   return _relayout(eqn, invals, layout)
+
+
+def _token_contraction(eqn: Any, lhs: V, rhs: V, layout: Layout) -> V | None:
+  """A contraction over the example's axis of two per-token values
+  (`softmax(scores) @ h`, `x.T @ y`): each token's product summed per
+  example, as a reduction over the tokens is, when a token's product is not
+  much bigger than its operands (`x.T @ y` of wide `x` and `y` goes one
+  padded row per example instead). Both are zero on the tail, so is their
+  product, and the tail's segment is dropped."""
+  (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+  if (lhs.axis not in lc or rhs.axis not in rc or str(lhs.dim) != str(rhs.dim)
+      or list(lc).index(lhs.axis) != list(rc).index(rhs.axis)):
+    return None
+  per_token = int(np.prod(eqn.outvars[0].aval.shape, dtype=np.int64))
+  widest = max(int(np.prod(np.shape(x.val), dtype=np.int64)) // layout.tokens
+               for x in (lhs, rhs))
+  if per_token > 4 * max(widest, 1):
+    return None
+  at = list(lc).index(lhs.axis)
+  dn = ((lc[:at] + lc[at + 1:], rc[:at] + rc[at + 1:]),
+        ((lhs.axis, *lb), (rhs.axis, *rb)))   # the tokens a batch axis, in front
+  out, = _bind(eqn, [lhs.val, rhs.val], layout, **dict(eqn.params, dimension_numbers=dn))
+  out = jax.ops.segment_sum(out, layout.segments, layout.examples)
+  return V(EXAMPLE, lax.convert_element_type(out, eqn.outvars[0].aval.dtype))
 
 
 def _gather(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
@@ -491,6 +478,17 @@ def _gather(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     # a lookup per token (an embedding): straight; the tail looked up index 0
     out, = _bind(eqn, [operand.val, indices.val], layout)
     return [V(TOKEN, layout.select(out, out_axis, indices.dim), out_axis, indices.dim, guarded=True)]
+  if operand.kind == TOKEN and indices.kind == SHARED and out_axis is not None:
+    # (`x[:, 0]`) indices along the other axes, every token taken whole: straight
+    dn, sizes = eqn.params["dimension_numbers"], eqn.params["slice_sizes"]
+    a = operand.axis
+    if (a not in (*dn.start_index_map, *dn.collapsed_slice_dims, *dn.operand_batching_dims)
+        and str(sizes[a]) == str(operand.dim)):
+      out, = _bind(eqn, [operand.val, indices.val], layout)
+      if "FILL" in str(eqn.params.get("mode")):   # (an index out of range fills the tail too)
+        return [V(TOKEN, layout.select(out, out_axis, operand.dim), out_axis, operand.dim,
+                  guarded=True)]
+      return [V(TOKEN, out, out_axis, operand.dim)]
   return _relayout(eqn, invals, layout)
 
 
@@ -515,9 +513,7 @@ def _custom_vjp(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
 #: padded row with their masking rule: linear or order based (or selects and
 #: elementwise ops, run with the double select below), so that JAX's
 #: derivative of the rule, on zeros past each example, is the exact one
-#: (`fft`: Bluestein's transform at the padded size, FFTs of a fixed size and
-#: products by constants, `_masking/rules/fft.py`; `scatter-add`: linear in
-#: its operand and updates).
+#: (`fft`: Bluestein's at the padded size, `_masking/rules/fft.py`).
 _RELAYOUT = frozenset({
     "cumsum", "cummax", "cummin", "cumprod", "cumlogsumexp", "rev", "slice", "pad",
     "concatenate", "dynamic_slice", "dynamic_update_slice", "gather", "dot_general",
@@ -549,10 +545,10 @@ def _relayout(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
       raise Unpackable(eqn, "an op on pairs of tokens (attention scores) with no packed rule")
     if v.kind == TOKEN:
       vals.append(layout.unpack(v.val, v.axis, v.dim)); axes.append(0)
-    elif v.kind == SHARED:
-      vals.append(layout.off_all_empty(v.val)); axes.append(None)
     else:
-      vals.append(layout.off_empty(v.val)); axes.append(0)
+      shared = v.kind == SHARED
+      vals.append(layout.off_all_empty(v.val) if shared else layout.off_empty(v.val))
+      axes.append(None if shared else 0)
   out_axes = [_token_axis(o.aval, eqn) if _n_axes(o.aval) == 1 else None
               for o in eqn.outvars]
   elementwise = eqn.primitive.name in _ELEMENTWISE

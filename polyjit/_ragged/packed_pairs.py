@@ -36,7 +36,8 @@ from jax import lax
 from .. import _jax as jc
 from .._masking.rules.reductions import _extremum
 from .packed_eval import (NoPairRule, PAIR, SHARED, TOKEN, Unpackable, V, _bind, _inexact,
-                          _n_axes, _PAIR_RULES, _selects, _token_axis)
+                          _n_axes, _PAIR_RULES, _token_axis)
+from .packed_selects import BOUNDED_DERIVATIVE, fill, selects
 from .packed_layout import Layout
 from .._masking.rules.elementwise import ELEMENTWISE
 
@@ -115,7 +116,9 @@ def _dot_general(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     dn = ((_up(lc), _up(rc)), ((0, *_up(lb)), (0, *_up(rb))))
     out, = _bind(eqn, [l, r], layout, **dict(eqn.params, dimension_numbers=dn))
     axis, axis2 = _pair_axes(out_aval)
-    return [V(PAIR, _select(layout, out, axis, axis2), axis, lhs.dim, axis2, guarded=True)]
+    # loose: pairs of two examples' tokens hold their product, selected by the
+    # op that uses them (a softmax's max reads the valid pairs alone)
+    return [V(PAIR, out, axis, lhs.dim, axis2, loose=True)]
   pair, tok = (lhs, rhs) if lhs.kind == PAIR else (rhs, lhs)
   pc, tc = (lc, rc) if pair is lhs else (rc, lc)
   pb, tb = (lb, rb) if pair is lhs else (rb, lb)
@@ -173,22 +176,35 @@ def _elementwise(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
       args.append(_to_rows(v.val, v.axis, layout))   # broadcast along the other axis
     else:
       raise NoPairRule()
+  dim = pairs[0].dim if pairs else invals[0].dim
+  name = eqn.primitive.name
   # pairs are zero off the block diagonal, as tokens are on the tail: the same
-  # refinement as there (`_selects`); a token broadcast along a row is not (it
-  # holds its own value on the other examples' pairs of the row), so it counts
-  # as loose as a shared value, and its cotangent is never guarded
+  # refinement as there (`selects`); a loose pair, a token broadcast along a
+  # row (its own value on the other examples' pairs of the row) and a shared
+  # value are not, and their cotangents are never guarded
   loose = [v.kind in (SHARED, TOKEN) or v.loose for v in invals]
-  operands, result = _selects(eqn, invals, loose)
+  operands, result = selects(eqn, invals, loose)
+  filled = fill(eqn, loose) if operands else None
+  if filled is not None and invals[filled[0]].kind != SHARED and _inexact(args[filled[0]]):
+    # (`exp(scores - max)`, `e / sum`) one select off the block diagonal, to a
+    # value where the op is 0: no select of the result
+    i, value = filled
+    x = jnp.broadcast_to(args[i], shape)
+    args[i] = lax.select(_valid_like(layout, shape, axis, axis2), x, lax.full_like(x, value))
+    outs = _bind(eqn, [jnp.broadcast_to(x, shape) if np.ndim(x) else x for x in args], layout)
+    return [V(PAIR, o, axis, dim, axis2, guarded=len(args) == 1) for o in outs]
   if operands:
     args = [_select(layout, jnp.broadcast_to(x, shape), axis, axis2)
             if (v.kind == TOKEN or (v.kind == PAIR and not v.guarded)) and _inexact(x) else x
             for v, x in zip(invals, args, strict=True)]
-
   outs = _bind(eqn, [jnp.broadcast_to(x, shape) if np.ndim(x) else x for x in args], layout)
+  if result and name in BOUNDED_DERIVATIVE:
+    # (`scores - max`: no derivative to guard) a loose result, selected where
+    # it is used, in the same loop as that op
+    return [V(PAIR, o, axis, dim, axis2, loose=True) for o in outs]
   if result:
     outs = [_select(layout, o, axis, axis2) for o in outs]
-  return [V(PAIR, o, axis, pairs[0].dim if pairs else invals[0].dim, axis2, guarded=result)
-          for o in outs]
+  return [V(PAIR, o, axis, dim, axis2, guarded=result) for o in outs]
 
 
 def _reduce(eqn: Any, invals: list[V], layout: Layout) -> list[V]:

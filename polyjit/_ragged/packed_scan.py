@@ -31,7 +31,7 @@ from jax import lax
 
 from .. import _jax as jc
 from .._masking.core import eqn_is_symbolic, jaxpr_is_symbolic
-from .packed_eval import EXAMPLE, SHARED, TOKEN, Unpackable, V, _RULES, eval_packed
+from .packed_eval import EXAMPLE, SHARED, TOKEN, Unpackable, V, _RULES, eval_packed, is_read
 from .packed_layout import Layout
 
 
@@ -82,10 +82,16 @@ def _scan(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
 
   safe_xs = [pick(valid, x.val, jnp.take(x.val, first, axis=0)) for x in xs]
   step_consts = [per_token(v) for v in consts if v.kind == EXAMPLE]
-  inits = [per_token(v) for v in init]
+  # a per-example initial carry streams in at each token; a shared one (the
+  # usual zeros) is a constant of the step
+  init_tokens = [per_token(v) for v in init if v.kind == EXAMPLE]
+  init_shared = [layout.off_all_empty(v.val) for v in init if v.kind == SHARED]
   shared = [layout.off_all_empty(v.val) for v in consts if v.kind == SHARED]
   rows_read = [v for v in consts if v.kind == TOKEN]   # read whole: `x[i]`
   kinds = [v.kind for v in consts]
+  # the final carries stack every step's carry (read at each example's last
+  # token): only where the function uses them
+  finals_used = any(is_read(v) for v in eqn.outvars[:nk])
 
   def by_step(x: Any) -> Any:     # (tokens, ...) -> (row_length, rows, ...)
     return jnp.swapaxes(x.reshape(rows, length, *x.shape[1:]), 0, 1)
@@ -104,27 +110,36 @@ def _scan(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     return [o.val for o in eval_packed(body.jaxpr, body.consts, args, layout)]
 
   def step(carry: list[Any], inputs: Any) -> tuple[list[Any], Any]:
-    flag, starts, x, c_example, who = inputs
+    flag, streamed, x, c_example, who = inputs
+    streams, constants = iter(streamed), iter(init_shared)
+    starts = [next(streams) if v.kind == EXAMPLE
+              else jnp.broadcast_to(next(constants), c.shape) for v, c in
+              zip(init, carry, strict=True)]
     carry = [pick(flag, s, c) for s, c in zip(starts, carry, strict=True)]
     outs = jax.vmap(run_body, in_axes=(None, 0, 0, 0, 0))(shared, c_example, carry, x, who)
-    return outs[:nk], (outs[:nk], outs[nk:])
+    return outs[:nk], (outs[:nk] if finals_used else [], outs[nk:])
 
   # a row all tail steps as a non-empty example does (`off_empty`'s): an
   # empty one's length 0 in a step that reads `x[i]` has no token to read
   who = jnp.where(valid | (layout.segments[first] < layout.examples), owner,
                   jnp.argmax(layout.lengths > 0))
-  c0 = [jnp.zeros((rows, *i.shape[1:]), i.dtype) for i in inits]
+  c0 = [jnp.zeros((rows, *np.shape(v.val)[1 if v.kind == EXAMPLE else 0:]),
+                  jnp.result_type(v.val)) for v in init]
   _, (carries, ys) = lax.scan(
-      step, c0, (by_step(restart), [by_step(i) for i in inits], [by_step(x) for x in safe_xs],
-                 [by_step(c) for c in step_consts], by_step(who)), reverse=p["reverse"])
+      step, c0, (by_step(restart), [by_step(i) for i in init_tokens],
+                 [by_step(x) for x in safe_xs], [by_step(c) for c in step_consts],
+                 by_step(who)),
+      reverse=p["reverse"])
   last = layout.starts if p["reverse"] else layout.starts + layout.lengths - 1
-  lasts = [jnp.take(by_token(c), last, axis=0) for c in carries]
-  if layout.may_be_empty:   # no step: the initial carry (as `fun` gives at size 0)
-    empty = layout.empty()
-    lasts = [lax.select(lax.broadcast_in_dim(empty, f.shape, (0,)),
-                        jnp.broadcast_to(i.val, f.shape).astype(f.dtype), f)
-             for f, i in zip(lasts, init, strict=True)]
-  finals = [V(EXAMPLE, f) for f in lasts]
+  finals = [V(EXAMPLE, None) for _ in init]   # (dropped: never read)
+  if finals_used:
+    lasts = [jnp.take(by_token(c), last, axis=0) for c in carries]
+    if layout.may_be_empty:   # no step: the initial carry (as `fun` gives at size 0)
+      empty = layout.empty()
+      lasts = [lax.select(lax.broadcast_in_dim(empty, f.shape, (0,)),
+                          jnp.broadcast_to(i.val, f.shape).astype(f.dtype), f)
+               for f, i in zip(lasts, init, strict=True)]
+    finals = [V(EXAMPLE, f) for f in lasts]
   outs = [V(TOKEN, layout.select(by_token(y), 0, xs[0].dim), 0, xs[0].dim, guarded=True)
           for y in ys]
   return [*finals, *outs]
