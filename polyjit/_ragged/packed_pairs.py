@@ -235,6 +235,8 @@ def _iota(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
 def _broadcast_in_dim(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   (x,), aval = invals, eqn.outvars[0].aval
   axis, axis2 = _pair_axes(aval)
+  if not (layout.is_base(aval.shape[axis]) and layout.is_base(aval.shape[axis2])):
+    raise NoPairRule()   # (n, n - 1), (n, 2n): the valid pairs are not a row's blocks
   shape = _pair_shape(aval, layout)
   dims = tuple(eqn.params["broadcast_dimensions"])
   if x.kind == SHARED:
