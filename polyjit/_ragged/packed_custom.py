@@ -18,8 +18,12 @@ from jax import lax
 from .._masking import native as _native
 from .packed_eval import (EXAMPLE, PAIR, SHARED, TOKEN, UNPACKED, Unpackable, V, _RULES,
                           eval_packed)
-from .packed_pairs import tight
+from .packed_pairs import _select as _select_pairs, tight
 from .packed_layout import Layout
+
+
+#: The rules being tried (`_custom_jvp_call`), innermost last.
+_trying: list[Any] = []
 
 
 def _custom_jvp_call(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
@@ -44,7 +48,8 @@ def _custom_jvp_call(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   @jax.custom_jvp
   def packed(*arrays: Any) -> list[Any]:
     inner, vs = rebuild(arrays)
-    outs = eval_packed(call_jaxpr.jaxpr, call_jaxpr.consts, vs, inner)
+    # (a loose pair out: selected, the V made of it below holds no flags)
+    outs = [tight(inner, o) for o in eval_packed(call_jaxpr.jaxpr, call_jaxpr.consts, vs, inner)]
     kinds[:] = [(o.kind, o.axis, o.dim, o.axis2) for o in outs]
     return [o.val for o in outs]
 
@@ -53,19 +58,38 @@ def _custom_jvp_call(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     ts = []
     for i in diff_in:
       v, t = vs[n_consts + i], tangents[n_lay + n_consts + i]
-      if v.kind in (PAIR, UNPACKED):
-        raise Unpackable(eqn, "a custom derivative rule on pairs of tokens")
-      ts.append(V(v.kind, inner.select(t, v.axis, v.dim) if v.kind == TOKEN else t,
-                  v.axis, v.dim))
-    both = eval_packed(rule.jaxpr, rule.consts, [*vs[n_consts:], *ts], inner)
+      if v.kind == UNPACKED:
+        raise Unpackable(eqn, "a custom derivative rule on values with two axes along the "
+                         "example held one padded row per example")
+      if v.kind == PAIR:
+        t = _select_pairs(inner, t, v.axis, v.axis2)
+      elif v.kind == TOKEN:
+        t = inner.select(t, v.axis, v.dim)
+      ts.append(V(v.kind, t, v.axis, v.dim, v.axis2))
+    both = [tight(inner, o) for o in eval_packed(rule.jaxpr, rule.consts,
+                                                 [*vs[n_consts:], *ts], inner)]
     outs, nz = both[:n_out], iter(both[n_out:])
+    if [(o.kind, o.axis, o.dim, o.axis2) for o in outs] != kinds:
+      raise Unpackable(eqn, "a custom derivative rule whose values take another layout "
+                       "than the function's")
     touts = []
     for o, z in zip(outs, out_zeros, strict=True):
       touts.append(jnp.zeros_like(o.val) if z else _as_kind(next(nz), o, inner).val)
     return [o.val for o in outs], touts
 
   packed.defjvp(packed_jvp)
-  vals = packed(*layout.arrays, *[v.val for v in invals])
+  arrays = [*layout.arrays, *[v.val for v in invals]]
+  vals = packed(*arrays)
+  if not _trying and any(invals[n_consts + i].kind in (PAIR, UNPACKED) for i in diff_in):
+    # JAX runs the rule when it differentiates, after `pj.vmap` has chosen the
+    # packed path: an `Unpackable` there would reach the user. Run it once now
+    # (its values unused: dead code) so that it falls back to the unpacked run;
+    # not again for the rule's own calls of the function (`relu`'s rule calls `relu`)
+    _trying.append(eqn)
+    try:
+      packed_jvp(arrays, arrays)
+    finally:
+      _trying.pop()
   return [V(k, x, a, d, a2) for (k, a, d, a2), x in zip(kinds, vals, strict=True)]
 
 
