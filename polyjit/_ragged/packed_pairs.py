@@ -36,7 +36,8 @@ from jax import lax
 from .. import _jax as jc
 from .._masking.rules.reductions import _extremum
 from .packed_eval import (NoPairRule, PAIR, SHARED, TOKEN, Unpackable, V, _bind, _inexact,
-                          _n_axes, _PAIR_RULES, _selects, _token_axis)
+                          _finite_constant, _n_axes, _PAIR_RULES, _selects,
+                          _token_axis)
 from .packed_layout import Layout
 from .._masking.rules.elementwise import ELEMENTWISE
 
@@ -128,7 +129,11 @@ def _dot_general(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     # the other operand's free axes where the pair is on the right)
     at = len(pb) + (0 if pair is lhs else np.ndim(tok.val) - len(tc) - len(tb))
     axis, axis2 = _pair_axes(out_aval)
-    return [V(PAIR, jnp.moveaxis(out, at, 0), axis, pair.dim, axis2)]
+    out = jnp.moveaxis(out, at, 0)
+    if _finite_constant(tok.val):
+      return [V(PAIR, out, axis, pair.dim, axis2)]
+    # zeros off the blocks times an inf or NaN in the parameters are NaN: selected
+    return [V(PAIR, _select(layout, out, axis, axis2), axis, pair.dim, axis2, guarded=True)]
   if pair.kind != PAIR or tok.kind != TOKEN:
     raise NoPairRule()
   if pair.axis2 not in pc or tok.axis not in tc or pair.axis in pc or pair.axis in pb:
