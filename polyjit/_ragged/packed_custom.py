@@ -3,8 +3,13 @@
 The function is evaluated packed, and its custom derivative rule is packed
 too (as `_masking/rules/control_flow.py` does for masking), so `jax.nn.relu`'s
 derivative at 0 stays the rule's. Tangents of per-token operands are zeroed
-on the tail before the rule sees them; a tangent the rule computes in a
-narrower kind (a per-example or shared value) is brought to its primal's.
+on the tail before the rule sees them (of pairs, off each example's block);
+a tangent the rule computes in a narrower kind (a per-example or shared
+value) is brought to its primal's. Values go in and out zero off the blocks
+(a loose pair is selected: the values carry no flags across the call). JAX
+runs the rule only when it differentiates, past `pj.vmap`'s choice of the
+packed path, so where an operand is a pair the rule is run once while
+tracing too: an `Unpackable` it raises then falls back to the unpacked run.
 """
 
 from __future__ import annotations
