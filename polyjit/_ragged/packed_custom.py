@@ -8,8 +8,9 @@ a tangent the rule computes in a narrower kind (a per-example or shared
 value) is brought to its primal's. Values go in and out zero off the blocks
 (a loose pair is selected: the values carry no flags across the call). JAX
 runs the rule only when it differentiates, past `pj.vmap`'s choice of the
-packed path, so where an operand is a pair the rule is run once while
-tracing too: an `Unpackable` it raises then falls back to the unpacked run.
+packed path, so where an operand varies with the length the rule is run
+once while tracing too (its values unused: dead code): an `Unpackable` it
+raises then falls back to the unpacked run.
 """
 
 from __future__ import annotations
@@ -50,8 +51,7 @@ def _custom_jvp_call(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     return inner, [V(k, x, a, d, a2)
                    for (k, a, d, a2), x in zip(shapes, arrays[n_lay:], strict=True)]
 
-  @jax.custom_jvp
-  def packed(*arrays: Any) -> list[Any]:
+  def forward(*arrays: Any) -> list[Any]:
     inner, vs = rebuild(arrays)
     # (a loose pair out: selected, the V made of it below holds no flags)
     outs = [tight(inner, o) for o in eval_packed(call_jaxpr.jaxpr, call_jaxpr.consts, vs, inner)]
@@ -82,19 +82,24 @@ def _custom_jvp_call(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
       touts.append(jnp.zeros_like(o.val) if z else _as_kind(next(nz), o, inner).val)
     return [o.val for o in outs], touts
 
-  packed.defjvp(packed_jvp)
   arrays = [*layout.arrays, *[v.val for v in invals]]
-  vals = packed(*arrays)
-  if not _trying and any(invals[n_consts + i].kind in (PAIR, UNPACKED) for i in diff_in):
+  if not _trying and any(invals[n_consts + i].kind in (TOKEN, PAIR, UNPACKED)
+                         for i in diff_in):
     # JAX runs the rule when it differentiates, after `pj.vmap` has chosen the
-    # packed path: an `Unpackable` there would reach the user. Run it once now
-    # (its values unused: dead code) so that it falls back to the unpacked run;
-    # not again for the rule's own calls of the function (`relu`'s rule calls `relu`)
+    # packed path: an `Unpackable` there (a loop over the tokens in the rule)
+    # would reach the user. Run it once now (its values unused: dead code) so
+    # that it falls back to the unpacked run, and before the call is bound (a
+    # call left dead in the trace by the fallback is still differentiated);
+    # not again for the rule's own calls of the function (`relu`'s calls `relu`)
     _trying.append(eqn)
     try:
+      forward(*arrays)
       packed_jvp(arrays, arrays)
     finally:
       _trying.pop()
+  packed = jax.custom_jvp(forward)
+  packed.defjvp(packed_jvp)
+  vals = packed(*arrays)
   return [V(k, x, a, d, a2) for (k, a, d, a2), x in zip(kinds, vals, strict=True)]
 
 
