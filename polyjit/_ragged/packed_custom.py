@@ -8,9 +8,9 @@ a tangent the rule computes in a narrower kind (a per-example or shared
 value) is brought to its primal's. Values go in and out zero off the blocks
 (a loose pair is selected: the values carry no flags across the call). JAX
 runs the rule only when it differentiates, past `pj.vmap`'s choice of the
-packed path, so where an operand varies with the length the rule is run
-once while tracing too (its values unused: dead code): an `Unpackable` it
-raises then falls back to the unpacked run.
+packed path, so where an operand is a pair the rule is run once while
+tracing too (its values unused: dead code): an `Unpackable` it raises then
+falls back to the unpacked run.
 """
 
 from __future__ import annotations
@@ -83,14 +83,16 @@ def _custom_jvp_call(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     return [o.val for o in outs], touts
 
   arrays = [*layout.arrays, *[v.val for v in invals]]
-  if not _trying and any(invals[n_consts + i].kind in (TOKEN, PAIR, UNPACKED)
-                         for i in diff_in):
+  if not _trying and any(invals[n_consts + i].kind in (PAIR, UNPACKED) for i in diff_in):
     # JAX runs the rule when it differentiates, after `pj.vmap` has chosen the
-    # packed path: an `Unpackable` there (a loop over the tokens in the rule)
-    # would reach the user. Run it once now (its values unused: dead code) so
-    # that it falls back to the unpacked run, and before the call is bound (a
-    # call left dead in the trace by the fallback is still differentiated);
-    # not again for the rule's own calls of the function (`relu`'s calls `relu`)
+    # packed path: an `Unpackable` there (a pair rule missing) would reach the
+    # user. Run it once now (its values unused: dead code) so that it falls
+    # back to the unpacked run, and before the call is bound (a call left dead
+    # in the trace by the fallback is still differentiated); not again for the
+    # rule's own calls of the function (`relu`'s calls `relu`). (On tokens
+    # alone not: that tripled the first trace of a model of `relu`s, each
+    # call's jaxpr its own; a rule there with no packed evaluation, a loop
+    # over the tokens, still raises from inside JAX's differentiation.)
     _trying.append(eqn)
     try:
       forward(*arrays)
