@@ -3,8 +3,14 @@
 The function is evaluated packed, and its custom derivative rule is packed
 too (as `_masking/rules/control_flow.py` does for masking), so `jax.nn.relu`'s
 derivative at 0 stays the rule's. Tangents of per-token operands are zeroed
-on the tail before the rule sees them; a tangent the rule computes in a
-narrower kind (a per-example or shared value) is brought to its primal's.
+on the tail before the rule sees them (of pairs, off each example's block);
+a tangent the rule computes in a narrower kind (a per-example or shared
+value) is brought to its primal's. Values go in and out zero off the blocks
+(a loose pair is selected: the values carry no flags across the call). JAX
+runs the rule only when it differentiates, past `pj.vmap`'s choice of the
+packed path, so where an operand is a pair the rule is run once while
+tracing too (its values unused: dead code): an `Unpackable` it raises then
+falls back to the unpacked run.
 """
 
 from __future__ import annotations
@@ -18,8 +24,12 @@ from jax import lax
 from .._masking import native as _native
 from .packed_eval import (EXAMPLE, PAIR, SHARED, TOKEN, UNPACKED, Unpackable, V, _RULES,
                           eval_packed)
-from .packed_pairs import tight
+from .packed_pairs import _select as _select_pairs, tight
 from .packed_layout import Layout
+
+
+#: The rules being tried (`_custom_jvp_call`), innermost last.
+_trying: list[Any] = []
 
 
 def _custom_jvp_call(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
@@ -42,10 +52,10 @@ def _custom_jvp_call(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     return inner, [V(k, x, a, d, a2)
                    for (k, a, d, a2), x in zip(shapes, arrays[n_lay:], strict=True)]
 
-  @jax.custom_jvp
-  def packed(*arrays: Any) -> list[Any]:
+  def forward(*arrays: Any) -> list[Any]:
     inner, vs = rebuild(arrays)
-    outs = eval_packed(call_jaxpr.jaxpr, call_jaxpr.consts, vs, inner)
+    # (a loose pair out: selected, the V made of it below holds no flags)
+    outs = [tight(inner, o) for o in eval_packed(call_jaxpr.jaxpr, call_jaxpr.consts, vs, inner)]
     kinds[:] = [(o.kind, o.axis, o.dim, o.axis2) for o in outs]
     return [o.val for o in outs]
 
@@ -54,19 +64,45 @@ def _custom_jvp_call(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     ts = []
     for i in diff_in:
       v, t = vs[n_consts + i], tangents[n_lay + n_consts + i]
-      if v.kind in (PAIR, UNPACKED):
-        raise Unpackable(eqn, "a custom derivative rule on pairs of tokens")
-      ts.append(V(v.kind, inner.select(t, v.axis, v.dim) if v.kind == TOKEN else t,
-                  v.axis, v.dim))
-    both = eval_packed(rule.jaxpr, rule.consts, [*vs[n_consts:], *ts], inner)
+      if v.kind == UNPACKED:
+        raise Unpackable(eqn, "a custom derivative rule on values with two axes along the "
+                         "example held one padded row per example")
+      if v.kind == PAIR:
+        t = _select_pairs(inner, t, v.axis, v.axis2)
+      elif v.kind == TOKEN:
+        t = inner.select(t, v.axis, v.dim)
+      ts.append(V(v.kind, t, v.axis, v.dim, v.axis2))
+    both = [tight(inner, o) for o in eval_packed(rule.jaxpr, rule.consts,
+                                                 [*vs[n_consts:], *ts], inner)]
     outs, nz = both[:n_out], iter(both[n_out:])
+    if [(o.kind, o.axis, o.dim, o.axis2) for o in outs] != kinds:
+      raise Unpackable(eqn, "a custom derivative rule whose values take another layout "
+                       "than the function's")
     touts = []
     for o, z in zip(outs, out_zeros, strict=True):
       touts.append(jnp.zeros_like(o.val) if z else _as_kind(next(nz), o, inner).val)
     return [o.val for o in outs], touts
 
+  arrays = [*layout.arrays, *[v.val for v in invals]]
+  if not _trying and any(invals[n_consts + i].kind in (PAIR, UNPACKED) for i in diff_in):
+    # JAX runs the rule when it differentiates, after `pj.vmap` has chosen the
+    # packed path: an `Unpackable` there (a pair rule missing) would reach the
+    # user. Run it once now (its values unused: dead code) so that it falls
+    # back to the unpacked run, and before the call is bound (a call left dead
+    # in the trace by the fallback is still differentiated); not again for the
+    # rule's own calls of the function (`relu`'s calls `relu`). (On tokens
+    # alone not: that tripled the first trace of a model of `relu`s, each
+    # call's jaxpr its own; a rule there with no packed evaluation, a loop
+    # over the tokens, still raises from inside JAX's differentiation.)
+    _trying.append(eqn)
+    try:
+      forward(*arrays)
+      packed_jvp(arrays, arrays)
+    finally:
+      _trying.pop()
+  packed = jax.custom_jvp(forward)
   packed.defjvp(packed_jvp)
-  vals = packed(*layout.arrays, *[v.val for v in invals])
+  vals = packed(*arrays)
   return [V(k, x, a, d, a2) for (k, a, d, a2), x in zip(kinds, vals, strict=True)]
 
 

@@ -45,9 +45,10 @@ The tail invariant
 Every TOKEN value holds exactly 0 on the tail (tokens outside its dim), the
 packed data included (zeroed on entry). Ops that keep zeros zero with
 finite derivatives (`add`, `mul`, a contraction, a segment gather) need
-nothing; any other op selects its result on the valid tokens, and its TOKEN
-operands too where its derivative there may not be finite (the double
-select). The selects' transposes zero the tail's cotangent before it
+nothing (a contraction with parameters selects its result: the tail's zeros
+times an inf there are NaN); any other op selects its result on the valid
+tokens, and its TOKEN operands too where its derivative there may not be
+finite (the double select). The selects' transposes zero the tail's cotangent before it
 reaches another op, so NaN and inf in the tail reach no value and no
 gradient, and JAX differentiates the packed evaluation itself. An operand
 made by such a select (`V.guarded`) needs no second one: its cotangent's
@@ -72,7 +73,7 @@ from .._masking.core import (MaskEnv, RuleContext, _no_rule_error, eqn_is_symbol
                              masking_rules)
 from .._masking.rules.elementwise import ELEMENTWISE
 from .packed_layout import Layout, segment_arg, segment_extremum, segment_reduce
-from .packed_selects import fill, foldable, selects
+from .packed_selects import finite_constant, fill, foldable, selects
 
 TOKEN, EXAMPLE, SHARED, UNPACKED, PAIR = "token", "example", "shared", "unpacked", "pair"
 
@@ -436,10 +437,14 @@ def _dot_general(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
       out, = _bind(eqn, [lhs.val, rhs.val], layout)
       return [V(TOKEN, out, out_axis, lhs.dim)]
   elif TOKEN in (lhs.kind, rhs.kind) and SHARED in (lhs.kind, rhs.kind):
-    tok, contracting = (lhs, lc) if lhs.kind == TOKEN else (rhs, rc)
+    (tok, contracting), shared = ((lhs, lc), rhs) if lhs.kind == TOKEN else ((rhs, rc), lhs)
     if tok.axis not in contracting and out_axis is not None:   # the free axis: straight
       out, = _bind(eqn, [lhs.val, rhs.val], layout)
-      return [V(TOKEN, out, out_axis, tok.dim)]
+      if finite_constant(shared.val):
+        return [V(TOKEN, out, out_axis, tok.dim)]
+      # the tail's zeros times an inf or NaN in the parameters are NaN: selected
+      # (a product with the scores would carry them into the example's tokens)
+      return [V(TOKEN, layout.select(out, out_axis, tok.dim), out_axis, tok.dim, guarded=True)]
   if lhs.kind == TOKEN and rhs.kind == TOKEN and out_axis is None:
     summed = _token_contraction(eqn, lhs, rhs, layout)
     if summed is not None:

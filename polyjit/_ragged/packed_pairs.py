@@ -37,7 +37,7 @@ from .. import _jax as jc
 from .._masking.rules.reductions import _extremum
 from .packed_eval import (NoPairRule, PAIR, SHARED, TOKEN, Unpackable, V, _bind, _inexact,
                           _n_axes, _PAIR_RULES, _token_axis)
-from .packed_selects import BOUNDED_DERIVATIVE, fill, selects
+from .packed_selects import BOUNDED_DERIVATIVE, finite_constant, fill, selects
 from .packed_layout import Layout
 from .._masking.rules.elementwise import ELEMENTWISE
 
@@ -131,7 +131,11 @@ def _dot_general(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     # the other operand's free axes where the pair is on the right)
     at = len(pb) + (0 if pair is lhs else np.ndim(tok.val) - len(tc) - len(tb))
     axis, axis2 = _pair_axes(out_aval)
-    return [V(PAIR, jnp.moveaxis(out, at, 0), axis, pair.dim, axis2)]
+    out = jnp.moveaxis(out, at, 0)
+    if finite_constant(tok.val):
+      return [V(PAIR, out, axis, pair.dim, axis2)]
+    # zeros off the blocks times an inf or NaN in the parameters are NaN: selected
+    return [V(PAIR, _select(layout, out, axis, axis2), axis, pair.dim, axis2, guarded=True)]
   if pair.kind != PAIR or tok.kind != TOKEN:
     raise NoPairRule()
   if pair.axis2 not in pc or tok.axis not in tc or pair.axis in pc or pair.axis in pb:
@@ -251,6 +255,8 @@ def _iota(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
 def _broadcast_in_dim(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   (x,), aval = invals, eqn.outvars[0].aval
   axis, axis2 = _pair_axes(aval)
+  if not (layout.is_base(aval.shape[axis]) and layout.is_base(aval.shape[axis2])):
+    raise NoPairRule()   # (n, n - 1), (n, 2n): the valid pairs are not a row's blocks
   shape = _pair_shape(aval, layout)
   dims = tuple(eqn.params["broadcast_dimensions"])
   if x.kind == SHARED:

@@ -41,7 +41,7 @@ _FINITE_AT_ZERO = frozenset({"exp", "exp2", "cos", "cosh", "logistic", "erfc", "
                              "add_any", "sub", "max", "min"})
 
 
-def _finite_constant(x: Any) -> bool:
+def finite_constant(x: Any) -> bool:
   if isinstance(x, jc.Tracer):
     return False
   a = np.asarray(x)
@@ -57,7 +57,7 @@ def selects(eqn: Any, invals: list[Any], loose: list[bool]) -> tuple[bool, bool]
   but no derivative there can be; both (the double select) otherwise."""
   name = eqn.primitive.name
   others = [v for v, lo in zip(invals, loose, strict=True) if lo]
-  constant = all(_finite_constant(v.val) for v in others)
+  constant = all(finite_constant(v.val) for v in others)
   if name in BOUNDED_DERIVATIVE:
     if not others:
       return False, False
