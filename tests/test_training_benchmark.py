@@ -27,6 +27,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "training.py"
 
@@ -42,6 +44,7 @@ def run_smoke(tmp_path: Path, *extra: str) -> dict:
   return result
 
 
+@pytest.mark.heavy
 def test_smoke_run_every_model_agrees_with_masks_and_the_unpadded_loop(tmp_path):
   result = run_smoke(tmp_path, "--contenders", "masks", "polyjit")
   assert set(result["models"]) == {"text", "attention", "graph", "sets"}

@@ -19,6 +19,7 @@ attention model too).
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from benchmarks import sst2_batches as sb
 from test_training_benchmark import run_smoke
@@ -50,6 +51,7 @@ def test_batches_continue_past_one_epoch():
   assert len(x) == 30 and all(len(b) == 4096 for b in x)
 
 
+@pytest.mark.heavy
 def test_smoke_run_sst2_lengths_every_contender(tmp_path):
   result = run_smoke(tmp_path, "--models", "text", "--lengths", "sst2", "--contenders",
                      "masks", "pow2", "flax", "longest", "polyjit")
