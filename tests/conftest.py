@@ -12,3 +12,18 @@ import os
 os.environ["POLYJIT_NO_CACHE"] = "1"
 # (before JAX starts: the variable is read when jax is imported)
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
+
+
+def pytest_configure(config):
+  config.addinivalue_line(
+      "markers", "heavy: a test that keeps one worker busy for a long time (a subprocess "
+      "that starts JAX and compiles a benchmark, another JAX, mypy); run first")
+
+
+def pytest_collection_modifyitems(config, items):
+  """Tests marked `heavy` run first. Under `-n 2` (pytest-xdist's `load`
+  scheduling) each worker gets its next tests in advance, in collection order:
+  a test of minutes sent late keeps one worker busy after the other has run
+  out of tests; sent first, it runs while the other worker takes the rest of
+  the queue, and both finish with small tests. The rest keep their order."""
+  items.sort(key=lambda item: item.get_closest_marker("heavy") is None)

@@ -11,6 +11,7 @@ no intermediate as large as the batch times a shared parameter.
 
 from __future__ import annotations
 
+import functools
 import re
 
 import jax
@@ -42,8 +43,21 @@ def _ragged(examples, padded, rng):
 
 
 def _summed_reference(loss, params, examples):
-  grads = [jax.grad(loss)(params, jnp.asarray(x)) for x in examples]
+  """The gradients summed over the unpadded examples: one jitted gradient, a
+  compile per length (eager JAX differentiated op by op at every length)."""
+  grad = jax.jit(jax.grad(loss))
+  grads = [grad(params, jnp.asarray(x)) for x in examples]
   return jax.tree.map(lambda *g: sum(g), *grads)
+
+
+@functools.cache
+def _shared_parameters_reference(name):
+  """The reference of `test_gradients_of_shared_parameters_are_exact_and_finite`
+  for a model: the same parameters and examples (seed 0) for each of the three
+  ways of batching, so computed once."""
+  rng = np.random.default_rng(0)
+  fun, params = MODELS[name], _params(rng)[name]
+  return _summed_reference(fun, params, _examples(name, rng))
 
 
 def _assert_exact(got, want):
@@ -132,7 +146,7 @@ def test_gradients_of_shared_parameters_are_exact_and_finite(name, how):
   rng = np.random.default_rng(0)
   fun, params = MODELS[name], _params(rng)[name]
   examples = _examples(name, rng)
-  want = _summed_reference(fun, params, examples)
+  want = _shared_parameters_reference(name)
   batch = _ragged(examples, PADDED, rng)
   spec = ["_", "n"] if name == "embedding" else ["_", "(n, _)"]
   if how == "pj.vmap":
@@ -155,8 +169,8 @@ def test_second_derivatives_stay_exact(name):
   examples = _examples(name, rng)
   batch = _ragged(examples, PADDED, rng)
   got = jax.hessian(lambda p: pj.vmap(fun, in_axes=(None, 0))(p, batch).sum())(params)
-  want = jax.tree.map(lambda *h: sum(h), *[jax.hessian(fun)(params, jnp.asarray(x))
-                                          for x in examples])
+  hessian = jax.jit(jax.hessian(fun))   # a compile per length, not op by op
+  want = jax.tree.map(lambda *h: sum(h), *[hessian(params, jnp.asarray(x)) for x in examples])
   _assert_exact(got, want)
 
 

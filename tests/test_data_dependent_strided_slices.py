@@ -91,6 +91,7 @@ def test_strided_slices_of_selections(rows, rank):
     _close(unpad_outputs(*traced(nan_padded(x, 8), n)), want)
 
 
+@pytest.mark.heavy
 def test_every_bound_and_step_matches_numpy():
   # (each bound's sign and clipping, each step's sign and stride: 90 slices)
   starts, stops, steps = [None, -4, -1, 0, 3, 9], [None, -9, -2, 0, 5], [-3, -1, 2]

@@ -47,6 +47,7 @@ def _ensure_env() -> Path:
 
 @pytest.mark.skipif(os.environ.get("POLYJIT_SKIP_OLD_JAX") == "1",
                     reason="POLYJIT_SKIP_OLD_JAX=1")
+@pytest.mark.heavy
 def test_a_fast_subset_passes_on_jax_0_9():
   python = _ensure_env()
   env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}

@@ -54,6 +54,7 @@ def _run_eight_device_worker() -> dict:
   return _last_json(r.stdout)
 
 
+@pytest.mark.heavy
 def test_on_eight_devices():
   """One subprocess with 8 host devices runs the three scenarios below (its
   start-up and compiles are the cost, so it runs once, not once per check)."""

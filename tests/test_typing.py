@@ -64,6 +64,7 @@ def test_the_public_api_is_annotated():
   assert not done, f"these are annotated now; remove them from UNTYPED: {done}"
 
 
+@pytest.mark.heavy
 def test_mypy_passes():
   if importlib.util.find_spec("mypy") is None:
     pytest.skip("mypy is not installed (pip install -e '.[test]')")
