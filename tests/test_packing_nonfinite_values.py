@@ -34,6 +34,12 @@ def _mixed_heads(w, x):
 CASES = {
     "projection": lambda w, x: jnp.tanh(x @ w),
     "mixed_heads": _mixed_heads,
+    # the projection used by other ops than an elementwise one: a reduction,
+    # a reshape into heads, a product of two projections, a second projection
+    "projection_used_whole": lambda w, x: (
+        jnp.tanh(jnp.sum(x @ w, axis=0)), jnp.tanh((x @ w).reshape(-1, 2, 2)).sum(1),
+        jnp.tanh(jnp.tanh(x @ w[:, 1:]) @ (x @ w[:, 1:]).T) @ x,
+        jnp.tanh((x @ w) @ w.T + 1.0)),
 }
 
 

@@ -36,11 +36,10 @@ def _dot_general(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     (tok, contracting), shared = ((lhs, lc), rhs) if lhs.kind == TOKEN else ((rhs, rc), lhs)
     if tok.axis not in contracting and out_axis is not None:   # the free axis: straight
       out, = _bind(eqn, [lhs.val, rhs.val], layout)
-      if finite_constant(shared.val):
-        return [V(TOKEN, out, out_axis, tok.dim)]
-      # the tail's zeros times an inf or NaN in the parameters are NaN: selected
-      # (a product with the scores would carry them into the example's tokens)
-      return [V(TOKEN, layout.select(out, out_axis, tok.dim), out_axis, tok.dim, guarded=True)]
+      # the tail's zeros times an inf or NaN in traced parameters are NaN: a
+      # loose result, selected by the op that uses it (most often the bias's
+      # add, which selects its result anyway)
+      return [V(TOKEN, out, out_axis, tok.dim, loose=not finite_constant(shared.val))]
   if lhs.kind == TOKEN and rhs.kind == TOKEN and out_axis is None:
     summed = _token_contraction(eqn, lhs, rhs, layout)
     if summed is not None:

@@ -121,8 +121,10 @@ class V:
   guarded: bool = False
   # PAIR: not zero off the block diagonal (a per-token or shared value
   # broadcast onto pairs, left unselected so that the select fuses into the op
-  # that uses it): elementwise ops count it as loose as a shared value, every
-  # other rule selects it first (`packed_pairs.tight`)
+  # that uses it); TOKEN: maybe not zero on the tail (`x @ w`: 0 times an inf
+  # in `w` is NaN). Elementwise ops count it as loose as a shared value (their
+  # selects make the result zero there), every other rule selects it first
+  # (`tight_token`, `packed_pairs.tight`)
   loose: bool = False
 
 
@@ -220,6 +222,8 @@ def _eval_eqn(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
           for v in invals])
     return [V(EXAMPLE, o) for o in outs]
   name = eqn.primitive.name
+  if name not in _TAKES_LOOSE:   # (the elementwise rules select a loose token where needed)
+    invals = [tight_token(layout, v) for v in invals]
   if name not in _CALLS:
     pairs_in = any(v.kind == PAIR for v in invals)
     if pairs_in or any(_n_axes(o.aval) > 1 for o in eqn.outvars):
@@ -251,6 +255,13 @@ def _eval_eqn(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   raise Unpackable(eqn, why)
 
 
+def tight_token(layout: Layout, v: V) -> V:
+  """`v` zero on the tail (a loose TOKEN selected)."""
+  if v.kind != TOKEN or not v.loose:
+    return v
+  return V(TOKEN, layout.select(v.val, v.axis, v.dim), v.axis, v.dim, guarded=True)
+
+
 # --- rules ----------------------------------------------------------------------
 
 def _elementwise(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
@@ -263,7 +274,8 @@ def _elementwise(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   if any(v.axis != axis or str(v.dim) != str(dim) for v in tokens):
     raise Unpackable(eqn, "operands whose example axes differ")
   shape = _token_shape(out_aval, layout)
-  select_in, select_out = selects(eqn, invals, [v.kind == SHARED for v in invals])
+  loose = [v.kind == SHARED or v.loose for v in invals]
+  select_in, select_out = selects(eqn, invals, loose)
   args = []
   for v in invals:
     if v.kind == TOKEN:
@@ -277,7 +289,7 @@ def _elementwise(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     else:
       x = v.val
     args.append(x)
-  filled = fill(eqn, [v.kind == SHARED for v in invals]) if select_in else None
+  filled = fill(eqn, loose) if select_in else None
   if filled is not None and invals[filled[0]].kind != SHARED and _inexact(args[filled[0]]):
     i, value = filled   # one select in place of the double select
     args[i] = lax.select(layout.valid_like(args[i].shape, axis, dim), args[i],
@@ -460,6 +472,9 @@ _RELAYOUT = frozenset({
     "polynomial", "fft", "scatter-add", *ELEMENTWISE,
 })
 _ELEMENTWISE = frozenset({*ELEMENTWISE, "one_minus_square", "polynomial"})
+#: Rules that take a loose TOKEN as it is: the elementwise ones (which select it
+#: where the op needs), and calls of a jaxpr (whose equations do).
+_TAKES_LOOSE = frozenset({*_ELEMENTWISE, "jit", "closed_call", "eval_jaxpr", "call"})
 _CALLS = frozenset({"jit", "closed_call", "eval_jaxpr", "call", "custom_jvp_call",
                     "custom_vjp_call"})
 
