@@ -35,7 +35,10 @@ encoder), `text` (`training_models.text_model`: a bidirectional LSTM, a
 `lax.scan` over the tokens, both directions, with attention pooling).
 
 Ratios reported per model: `packed_over_unpacked`, `packed_over_hand`,
-`packed_over_groups` (wall and process CPU time). `--smoke` runs 2 steps of
+`packed_over_groups` (wall and process CPU time), and XLA's cost analysis of
+the packed and the hand-packed step on the first batch (`flops_*`, `bytes_*`,
+`packed_over_hand_flops`/`_bytes`: what the compiled programs do, a figure
+the machine's load cannot move). `--smoke` runs 2 steps of
 batches of 8 (a check that the script runs, no figures).
 """
 
@@ -194,6 +197,13 @@ def run_model(name: str, batches: list[list[int]], repeats: int = 3) -> dict:
     warnings.simplefilter("ignore", pj.PerformanceWarning)
     for key, (fun, inputs) in contenders.items():
       result[f"finite_{key}"] = warm(fun, params, inputs)
+    for key in ("packed", "hand"):   # XLA's own count of the first batch's step: no load
+      if key in contenders:
+        fun, inputs = contenders[key]
+        cost = fun.lower(params, *inputs[0]).compile().cost_analysis()
+        cost = cost[0] if isinstance(cost, list) else cost
+        result[f"flops_{key}"] = float(cost.get("flops", np.nan))
+        result[f"bytes_{key}"] = float(cost.get("bytes accessed", np.nan))
     best: dict[str, tuple[float, float]] = {}
     for _ in range(repeats):   # passes interleaved: load changes reach every contender
       for key, (fun, inputs) in contenders.items():
@@ -202,6 +212,9 @@ def run_model(name: str, batches: list[list[int]], repeats: int = 3) -> dict:
         best[key] = (min(old[0], wall), min(old[1], cpu))
     for key, (wall, cpu) in best.items():
       result[f"step_ms_{key}"], result[f"step_cpu_ms_{key}"] = wall * 1e3, cpu * 1e3
+  if "bytes_hand" in result:
+    for c in ("flops", "bytes"):
+      result[f"packed_over_hand_{c}"] = result[f"{c}_packed"] / result[f"{c}_hand"]
   for t in ("ms", "cpu_ms"):
     for other in ("unpacked", "hand", "groups"):
       if f"step_{t}_{other}" in result:
