@@ -7,8 +7,10 @@ derivative there may not be finite (`sqrt`, `rsqrt`, `log`, `x / y` at 0),
 so that the zero cotangent on the tail times it is NaN, which a select of
 its operand stops (its transpose zeroes the tail's cotangent before it
 reaches another op). `selects` decides both from the op and from which
-operands are *loose* (may hold anything on the tail: a shared value; on
-pairs also a token broadcast along a row). Only what is needed is written:
+operands are *loose* (may hold anything on the tail: a shared value, a
+projection with traced parameters; on pairs also a token broadcast along a
+row). `fill` replaces the two selects with one where the op is exactly 0 at
+some value of its operand (`exp` at -inf). Only what is needed is written:
 selects are a pass over memory each where XLA cannot fuse them.
 """
 
