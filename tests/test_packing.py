@@ -330,7 +330,23 @@ def _lengths_for(fun, w):
 def test_packed_family_is_exact(name):
   rng = np.random.default_rng(2)
   w = jnp.asarray(rng.normal(size=(3, 4)).astype(np.float32))
-  _check(PACKED[name], w, _examples(rng, _lengths_for(PACKED[name], w)))
+  _check(PACKED[name], w, _examples(rng, _lengths_for(PACKED[name], w)),
+         expect_warning=name == "histograms_and_fixed_loops" and _searchsorted_is_opaque())
+
+
+def _searchsorted_is_opaque():
+  """Newer JAX (0.12) writes `jnp.searchsorted` as a `call_hi_primitive`,
+  which the packed layout cannot look into: `jnp.histogram` then runs
+  unpacked (exact, with a warning)."""
+  def names(jaxpr):
+    for eqn in jaxpr.eqns:
+      yield eqn.primitive.name
+      for p in eqn.params.values():
+        inner = getattr(p, "jaxpr", p)
+        if hasattr(inner, "eqns"):
+          yield from names(inner)
+  probe = jax.make_jaxpr(lambda x: jnp.searchsorted(x, x))(jnp.zeros(3))
+  return "call_hi_primitive" in set(names(probe.jaxpr))
 
 
 @pytest.mark.parametrize("name", sorted(THROUGH_MASKING_RULES))
