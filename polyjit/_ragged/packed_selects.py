@@ -37,10 +37,10 @@ _AT_ZERO = {"add": np.add, "add_any": np.add, "sub": np.subtract, "max": np.maxi
 #: f(0) == 0 with a finite derivative at 0: zero tails stay zero, no selects.
 _ZERO_AT_ZERO = frozenset({"tanh", "sin", "tan", "erf", "erf_inv", "atan", "asinh", "sinh",
                            "log1p", "expm1", "square", "abs", "sign", "floor", "ceil",
-                           "round", "neg"})
+                           "round"})
 #: f(0) finite with a finite derivative at 0: the result's tail is selected.
-_FINITE_AT_ZERO = frozenset({"exp", "exp2", "cos", "cosh", "logistic", "erfc", "add",
-                             "add_any", "sub", "max", "min"})
+#: (`add`, `neg`, `max`, ...: `BOUNDED_DERIVATIVE`, decided before these)
+_FINITE_AT_ZERO = frozenset({"exp", "exp2", "cos", "cosh", "logistic", "erfc"})
 
 
 def finite_constant(x: Any) -> bool:
