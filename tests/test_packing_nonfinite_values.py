@@ -8,7 +8,9 @@ each example alone gives finite numbers. Checked against each example alone
 under `jax.jit`, values and gradients.
 
 An inf in one example's own values still reaches its row neighbours through
-a product with the scores (the xfail below: zero scores times inf).
+a product with the scores (the xfails below: zero scores times inf), and so
+does a NaN cotangent of one example's attention output (a query that attends
+to nothing: its softmax row is NaN) through the values' gradient.
 """
 
 from __future__ import annotations
@@ -66,3 +68,30 @@ def test_an_inf_in_one_example_stays_in_that_example():
   got = jax.jit(pj.vmap(attend))(packed).to_list()
   for g, x in zip(got, xs, strict=True):
     np.testing.assert_allclose(g, jax.jit(attend)(x), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.xfail(strict=True, reason="a block-diagonal product per row multiplies the "
+                   "zero scores between examples by the cotangent of every query: a NaN "
+                   "one (a query with no key) is NaN in its row neighbours' gradients")
+def test_a_nan_row_of_one_example_stays_in_that_example():
+  rng = np.random.default_rng(25)
+  xs = _examples(rng, [9, 5, 1])   # one row of 16
+  xs[1][2, 0] = 100.0   # this query attends to nothing
+  w = jnp.asarray(rng.normal(size=(3, 4)).astype(np.float32))
+
+  def attend(x):
+    q = jnp.tanh(x @ w)
+    s = jnp.where(x[:, :1] > 50, -jnp.inf, q @ q.T)
+    return jnp.sum(jnp.sin(jax.nn.softmax(s, axis=-1) @ x))
+
+  packed = _poison(pj.Ragged.from_list(xs, packing=pj.Packing(row_length=16)))
+  assert packed.rows == 1
+  # the gradient of the total with respect to every token
+  grad = jax.jit(jax.grad(lambda d: jnp.sum(pj.vmap(attend)(pj.PackedRagged(
+      d, packed.lengths, packed.starts, packed.segments, packed.positions,
+      packed.nonempty)))))(packed.data)
+  grads = pj.PackedRagged(grad, packed.lengths, packed.starts, packed.segments,
+                          packed.positions, packed.nonempty).to_list()
+  for i in (0, 2):   # the neighbours: finite alone, and the same here
+    np.testing.assert_allclose(grads[i], jax.jit(jax.grad(attend))(xs[i]), rtol=1e-4,
+                               atol=1e-4)

@@ -177,13 +177,27 @@ def is_read(v: Any) -> bool:
   return not jc.is_dropvar(v) and v in _LIVE.get()
 
 
+#: The equation that made each variable of the jaxpr being evaluated (a rule
+#: can recognise a pattern by its values' origins: softmax's `e / sum(e)`).
+_PRODUCERS: contextvars.ContextVar[dict[Any, Any]] = contextvars.ContextVar("producers",
+                                                                            default={})
+
+
+def producer(v: Any) -> Any:
+  """The equation of the jaxpr being evaluated that made `v` (None for an
+  input, a constant or a literal)."""
+  return None if isinstance(v, jc.Literal) else _PRODUCERS.get().get(v)
+
+
 def eval_packed(jaxpr: Any, consts: Sequence[Any], args: Sequence[V], layout: Layout) -> list[V]:
   live = frozenset(v for v in [*(x for e in jaxpr.eqns for x in e.invars), *jaxpr.outvars]
                    if not isinstance(v, jc.Literal))
   token = _LIVE.set(live)
+  made = _PRODUCERS.set({o: e for e in jaxpr.eqns for o in e.outvars})
   try:
     return _eval_packed(jaxpr, consts, args, layout)
   finally:
+    _PRODUCERS.reset(made)
     _LIVE.reset(token)
 
 

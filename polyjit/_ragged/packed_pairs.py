@@ -36,7 +36,7 @@ from jax import lax
 from .. import _jax as jc
 from .._masking.rules.reductions import _extremum
 from .packed_eval import (NoPairRule, PAIR, SHARED, TOKEN, Unpackable, V, _bind, _inexact,
-                          _n_axes, _PAIR_RULES, _token_axis)
+                          _n_axes, _PAIR_RULES, _token_axis, producer)
 from .packed_selects import BOUNDED_DERIVATIVE, finite_constant, fill, selects
 from .packed_layout import Layout
 from .._masking.rules.elementwise import ELEMENTWISE
@@ -182,6 +182,8 @@ def _elementwise(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
       raise NoPairRule()
   dim = pairs[0].dim if pairs else invals[0].dim
   name = eqn.primitive.name
+  if name == "div" and _normalizes(eqn, invals, axis):
+    return _normalize(eqn, invals, layout, axis, axis2)
   # pairs are zero off the block diagonal, as tokens are on the tail: the same
   # refinement as there (`selects`); a loose pair, a token broadcast along a
   # row (its own value on the other examples' pairs of the row) and a shared
@@ -209,6 +211,57 @@ def _elementwise(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   if result:
     outs = [_select(layout, o, axis, axis2) for o in outs]
   return [V(PAIR, o, axis, dim, axis2, guarded=result) for o in outs]
+
+
+def _only_adds_ones(eqn: Any) -> bool:
+  """A `broadcast_in_dim` or `reshape` that only inserts axes of size 1 (a
+  `keepdims`)."""
+  if eqn.primitive.name not in ("broadcast_in_dim", "reshape"):
+    return False
+  def squeezed(aval: Any) -> list[str]:
+    return [str(d) for d in aval.shape if not _one(d)]
+  return squeezed(eqn.invars[0].aval) == squeezed(eqn.outvars[0].aval)
+
+
+def _normalizes(eqn: Any, invals: list[V], axis: int) -> bool:
+  """`e / sum(e, axis2, keepdims=True)` with `e = exp(...)` held zero off the
+  blocks by the select its `exp` took (softmax's last step). Its denominator is
+  then a sum of non-negative terms over the valid pairs: 0 only where every
+  valid `e` of the row is 0 (0 / 0: NaN there for the example alone too), so
+  the pairs off the blocks need no guard of their own (`_normalize`)."""
+  num, den = invals
+  if not (num.kind == PAIR and num.guarded and not num.loose and den.kind == TOKEN
+          and den.axis == axis):
+    return False
+  made = producer(eqn.invars[0])
+  if made is None or made.primitive.name not in ("exp", "exp2"):
+    return False
+  src = producer(eqn.invars[1])
+  while src is not None and _only_adds_ones(src):
+    src = producer(src.invars[0])
+  return (src is not None and src.primitive.name == "reduce_sum"
+          and src.invars[0] is eqn.invars[0])
+
+
+def _normalize(eqn: Any, invals: list[V], layout: Layout, axis: int, axis2: int) -> list[V]:
+  """Softmax's `e / sum(e)` (`_normalizes`) with the denominator kept per token
+  and its result selected on the valid pairs, in the division's own loop.
+  The general rule selects the broadcast denominator to 1 off the blocks, a
+  pair-sized array that the division's derivative keeps (with its -2 power)
+  for the backward pass: two more passes over every score tensor. Here off
+  the blocks `e` is exactly 0, so `0 / z` there is 0 but where `z` is 0 or NaN,
+  rows that the example alone makes NaN too; the result's select hides them
+  and zeroes the cotangent there, and the NaN that `0 / z` gives `e`'s
+  cotangent off the blocks stops at the select `e`'s `exp` took. A tail
+  token's `z` (a sum over no pair: 0) is divided as 1, on the tokens."""
+  num, den = invals
+  _same_dims(den, layout)
+  z = lax.select(layout.valid_like(den.val.shape, den.axis, den.dim), den.val,
+                 lax.full_like(den.val, 1))
+  # (the size-1 axis broadcast by the division itself, as in the jaxpr: the
+  # derivative's `z ** -2` stays per token)
+  out, = _bind(eqn, [num.val, _to_rows(z, den.axis, layout)], layout)
+  return [V(PAIR, _select(layout, out, axis, axis2), axis, num.dim, axis2, guarded=True)]
 
 
 def _reduce(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
