@@ -239,8 +239,10 @@ def _normalizes(eqn: Any, invals: list[V], axis: int) -> bool:
   src = producer(eqn.invars[1])
   while src is not None and _only_adds_ones(src):
     src = producer(src.invars[0])
+  # (the sum along the row: over the second axis, whose pairs share a token of
+  # the first, the denominator's)
   return (src is not None and src.primitive.name == "reduce_sum"
-          and src.invars[0] is eqn.invars[0])
+          and src.invars[0] is eqn.invars[0] and tuple(src.params["axes"]) == (num.axis2,))
 
 
 def _normalize(eqn: Any, invals: list[V], layout: Layout, axis: int, axis2: int) -> list[V]:
