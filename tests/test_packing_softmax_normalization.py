@@ -115,3 +115,27 @@ def test_softmax_keeps_its_denominator_per_token():
   pows = [e.outvars[0].aval.shape for e in _eqns(jaxpr.jaxpr)
           if e.primitive.name == "integer_pow"]
   assert pows and all(s[-1] == 1 for s in pows), pows
+
+
+def test_forward_mode_and_second_order_through_the_normalization():
+  """The quotient's select passes its tangent as it is (`_zero_off_blocks`):
+  `jax.jvp`, `jax.jacfwd` and a Hessian-vector product of packed attention
+  equal the sum over the examples run alone."""
+  rng = np.random.default_rng(5)
+  xs = [rng.normal(size=(n, 3)).astype(np.float32) for n in LENGTHS]
+  w = jnp.asarray(rng.normal(size=(3, 4)).astype(np.float32))
+  t = jnp.asarray(rng.normal(size=(3, 4)).astype(np.float32))
+  packed = _poison(pj.Ragged.from_list(xs, packing=pj.Packing(row_length=16)))
+
+  def attend(w, x):
+    q = x @ w
+    return jnp.sum(jnp.sin(jax.nn.softmax(q @ q.T / 2, axis=-1) @ q))
+
+  def checks(total):
+    return (jax.jvp(total, (w,), (t,))[1], jax.jacfwd(total)(w),
+            jax.jvp(jax.grad(total), (w,), (t,))[1])
+
+  got = jax.jit(lambda: checks(lambda w: jnp.sum(pj.vmap(attend, in_axes=(None, 0))(w, packed))))()
+  want = jax.jit(lambda: checks(lambda w: sum(attend(w, x) for x in xs)))()
+  for g, r in zip(got, want, strict=True):
+    np.testing.assert_allclose(g, r, rtol=1e-3, atol=1e-3)
