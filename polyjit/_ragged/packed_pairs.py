@@ -9,19 +9,24 @@ example's shape). A batch's scores cost `rows * row_length^2` (never
 `(rows * row_length)^2`), and the rows lead as the batch axis of the
 contractions that make and consume them (`q @ k.T` comes out of its
 `dot_general` in this layout, `softmax(scores) @ v` goes into one as it is), so
-no pair value is ever transposed; a per-token value goes in and out by a
-reshape where its tokens are its first axis. A pair is valid when both tokens
-belong to the same example; every other entry, the tail's and the other
-examples' of the row, is held at zero (the tail invariant of
-`packed_eval.py`, per pair).
+no pair value is transposed but where the function transposes it; a per-token
+value goes in and out by a reshape where its tokens are its first axis. A pair
+is valid when both tokens belong to the same example; every other entry, the
+tail's and the other examples' of the row, is held at zero (the tail
+invariant of `packed_eval.py`, per pair). Validity is symmetric in the two
+axes, both `row_length` long, so neither axis is special: `axis` is the first
+of the two in the example's shape, `axis2` the second, and a transpose
+(`scores.T`, `jnp.swapaxes`, einsum's `hkq`) is a transpose of the stored
+axes behind the rows.
 
 Rules: a contraction of two per-token values over their other axes makes a
 PAIR (then selected on the valid pairs); elementwise ops combine PAIRs with
-per-token values broadcast along either axis; reductions along the second
-axis give per-token values (over the valid pairs: a max fills the others with
--inf, its derivative counting valid ties); a contraction of a PAIR's second
-axis with a per-token value (`softmax(scores) @ v`) is a batched product per
-row; `iota` along either axis is the token's position in its example.
+per-token values broadcast along either axis; reductions along either axis
+give per-token values (over the valid pairs: a max fills the others with
+-inf, its derivative counting valid ties), reductions over other axes (the
+heads) pairs; a contraction of either axis of a PAIR with a per-token value
+(`softmax(scores) @ v`, `scores.T @ v`) is a batched product per row; `iota`
+along either axis is the token's position in its example.
 Anything else on a PAIR raises `Unpackable` (the call runs unpacked).
 """
 
@@ -138,9 +143,15 @@ def _dot_general(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     return [V(PAIR, _select(layout, out, axis, axis2), axis, pair.dim, axis2, guarded=True)]
   if pair.kind != PAIR or tok.kind != TOKEN:
     raise NoPairRule()
-  if pair.axis2 not in pc or tok.axis not in tc or pair.axis in pc or pair.axis in pb:
-    raise Unpackable(eqn, "a contraction of attention scores along their first axis")
-  if list(pc).index(pair.axis2) != list(tc).index(tok.axis) or tok.axis in tb:
+  # either axis of the pair (the layout is symmetric: `scores.T @ v`, einsum's
+  # `hkq,khd->qhd`) with the tokens of the other operand; the other one free
+  contracted = [a for a in (pair.axis, pair.axis2) if a in pc]
+  if len(contracted) != 1 or tok.axis not in tc:
+    raise Unpackable(eqn, "a contraction of attention scores along both their axes, or "
+                     "with another axis than the tokens' of the other operand")
+  free = pair.axis2 if contracted[0] == pair.axis else pair.axis
+  if (free in pb or list(pc).index(contracted[0]) != list(tc).index(tok.axis)
+      or tok.axis in tb):
     raise NoPairRule()
   _same_dims(tok, layout)
   t = _to_rows(tok.val, tok.axis, layout)   # each row's tokens contracted with the pair's
@@ -215,11 +226,20 @@ def _reduce(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   x, = invals
   axes = tuple(eqn.params["axes"])
   name = eqn.primitive.name
-  if x.kind != PAIR or axes != (x.axis2,) or name not in ("reduce_sum", "reduce_max",
-                                                          "reduce_min"):
-    raise Unpackable(eqn, "a reduction of attention scores other than along their "
-                     "second axis")
-  axis = x.axis - (1 if x.axis2 < x.axis else 0)
+  if x.kind != PAIR or name not in ("reduce_sum", "reduce_max", "reduce_min"):
+    raise NoPairRule()
+  paired = [a for a in (x.axis, x.axis2) if a in axes]
+  if not paired:   # over the heads (a loose pair selected: its zeros off the blocks stay)
+    y = tight(layout, x)
+    out, = _bind(eqn, [y.val], layout, **dict(eqn.params, axes=_up(axes)))
+    kept = [a - sum(b < a for b in axes) for a in (x.axis, x.axis2)]
+    # (the cotangent goes back to the same pairs: a select that made `y` guards it)
+    return [V(PAIR, out, kept[0], x.dim, kept[1], guarded=y.guarded)]
+  if len(paired) != 1:
+    raise Unpackable(eqn, "a reduction of attention scores over both their axes at once")
+  # along either axis (the layout is symmetric), the other one left: per token
+  left = x.axis2 if paired[0] == x.axis else x.axis
+  axis = left - sum(a < left for a in axes)
   if name == "reduce_sum":   # (a max reads the valid pairs alone: a loose one as it is)
     out, = _bind(eqn, [tight(layout, x).val], layout, **dict(eqn.params, axes=_up(axes)))
   else:
@@ -275,8 +295,10 @@ def _transpose(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     raise NoPairRule()
   perm = list(eqn.params["permutation"])
   out = lax.transpose(x.val, (0, *_up(perm)))
-  return [V(PAIR, out, perm.index(x.axis), x.dim, perm.index(x.axis2), guarded=x.guarded,
-            loose=x.loose)]
+  # the trailing axes moved as the example's are (`scores.T`, `jnp.swapaxes`):
+  # the valid pairs are symmetric, so the result is a pair like any other
+  axis, axis2 = sorted((perm.index(x.axis), perm.index(x.axis2)))
+  return [V(PAIR, out, axis, x.dim, axis2, guarded=x.guarded, loose=x.loose)]
 
 
 _PAIR_RULES.update({name: _elementwise for name in ELEMENTWISE})
