@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 
 from test_packing import _check, _examples, _lengths_for, _shapes
 
@@ -87,6 +88,17 @@ def _head_biases(w, x):
   return out
 
 
+def _heads_taken_apart(w, x):
+  """Scores `(h, n, n)` sliced, indexed and squeezed along the heads, and
+  reshaped into groups of heads (as grouped-query attention does)."""
+  q, k, v = _heads(w, x)
+  scores = jnp.einsum("qhd,khd->hqk", q, k)
+  first, second = scores[0], lax.squeeze(lax.slice_in_dim(scores, 1, 2, axis=0), (0,))
+  grouped = scores.reshape(1, 2, 1, *scores.shape[1:]).sum(axis=(0, 2))
+  return (jax.nn.softmax(first + scores[:1][0] * second, axis=-1) @ x,
+          jnp.einsum("hqk,khd->qhd", jax.nn.softmax(grouped, axis=-1), v))
+
+
 def _dot_product_attention(w, x):
   """`jax.nn.dot_product_attention`: causal, with a mask, with a bias."""
   q, k, v = _heads(w, x)
@@ -116,6 +128,7 @@ CASES = {
     "einsum_qkh": _einsum_attention("qkh", 1),
     "einsum_hkq": _einsum_attention("hkq", 1),
     "einsum_khq": _einsum_attention("khq", 0),
+    "mask_broadcast_over_heads": _masked_heads,
 }
 
 
@@ -136,7 +149,7 @@ def test_transposed_scores_stay_per_row():
   w = jnp.asarray(rng.normal(size=(3, 4)).astype(np.float32))
   packed = pj.Ragged.from_list(xs, packing=pj.Packing(row_length=16))
   assert packed.rows != len(xs)
-  for name in ("transposed_scores", "swapaxes", "einsum_hkq"):
+  for name in ("transposed_scores", "swapaxes", "einsum_hkq", "mask_broadcast_over_heads"):
     attend = pj.vmap(CASES[name], in_axes=(None, 0))
     loss = lambda w: sum(jnp.sum(o) for o in jax.tree.leaves(attend(w, packed)))
     shapes = _shapes(jax.make_jaxpr(jax.grad(loss))(w).jaxpr)

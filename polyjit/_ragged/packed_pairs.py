@@ -21,7 +21,9 @@ axes behind the rows.
 
 Rules: a contraction of two per-token values over their other axes makes a
 PAIR (then selected on the valid pairs); elementwise ops combine PAIRs with
-per-token values broadcast along either axis; reductions along either axis
+per-token values broadcast along either axis and shared values of size 1
+along both (a bias per head, `(h, 1, 1)`); a pair broadcast over other axes
+(`mask[None]`) stays a pair; reductions along either axis
 give per-token values (over the valid pairs: a max fills the others with
 -inf, its derivative counting valid ties), reductions over other axes (the
 heads) pairs; a contraction of either axis of a PAIR with a per-token value
@@ -186,6 +188,8 @@ def _elementwise(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   for v, var in zip(invals, eqn.invars, strict=True):
     if v.kind == PAIR or (v.kind == SHARED and np.ndim(v.val) == 0):
       args.append(v.val)
+    elif v.kind == SHARED and _one(var.aval.shape[axis]) and _one(var.aval.shape[axis2]):
+      args.append(jnp.expand_dims(v.val, 0))   # a bias per head `(h, 1, 1)`: every row
     elif v.kind == TOKEN and _one(var.aval.shape[axis2 if v.axis == axis else axis]):
       _same_dims(v, layout)
       args.append(_to_rows(v.val, v.axis, layout))   # broadcast along the other axis
@@ -284,6 +288,11 @@ def _broadcast_in_dim(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   elif x.kind == TOKEN and dims[x.axis] in (axis, axis2):
     _same_dims(x, layout)
     out = lax.broadcast_in_dim(_to_rows(x.val, x.axis, layout), shape, (0, *_up(dims)))
+  elif x.kind == PAIR:   # over the heads (`mask[None]`): the pairs stay where they are
+    out = lax.broadcast_in_dim(x.val, shape, (0, *_up(dims)))
+    # (its cotangent, summed over the new axes, reaches the same pairs: the
+    # select that made `x` guards it)
+    return [V(PAIR, out, axis, x.dim, axis2, guarded=x.guarded, loose=x.loose)]
   else:
     raise NoPairRule()
   return [V(PAIR, out, axis, aval.shape[axis], axis2, loose=True)]
