@@ -129,6 +129,9 @@ CASES = {
     "einsum_hkq": _einsum_attention("hkq", 1),
     "einsum_khq": _einsum_attention("khq", 0),
     "mask_broadcast_over_heads": _masked_heads,
+    "per_head_biases": _head_biases,
+    "heads_taken_apart": _heads_taken_apart,
+    "dot_product_attention": _dot_product_attention,
 }
 
 
@@ -149,7 +152,8 @@ def test_transposed_scores_stay_per_row():
   w = jnp.asarray(rng.normal(size=(3, 4)).astype(np.float32))
   packed = pj.Ragged.from_list(xs, packing=pj.Packing(row_length=16))
   assert packed.rows != len(xs)
-  for name in ("transposed_scores", "swapaxes", "einsum_hkq", "mask_broadcast_over_heads"):
+  for name in ("transposed_scores", "swapaxes", "einsum_hkq", "mask_broadcast_over_heads",
+               "dot_product_attention"):
     attend = pj.vmap(CASES[name], in_axes=(None, 0))
     loss = lambda w: sum(jnp.sum(o) for o in jax.tree.leaves(attend(w, packed)))
     shapes = _shapes(jax.make_jaxpr(jax.grad(loss))(w).jaxpr)
