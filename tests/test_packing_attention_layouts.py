@@ -99,6 +99,18 @@ def _heads_taken_apart(w, x):
           jnp.einsum("hqk,khd->qhd", jax.nn.softmax(grouped, axis=-1), v))
 
 
+def _totals(w, x):
+  """Sums over both axes of the scores (a mean, an attention entropy, per
+  head), and an integer maximum along one axis."""
+  q, k, v = _heads(w, x)
+  n = x.shape[0]
+  scores, heads = _scores(w, x), jnp.einsum("qhd,khd->hqk", q, k)
+  weights = jax.nn.softmax(scores, axis=-1)
+  return (jnp.mean(scores), -jnp.sum(weights * jax.nn.log_softmax(scores, axis=-1)),
+          jnp.sum(heads, axis=(1, 2)), jnp.sum(jnp.tanh(heads)),
+          jnp.max(jnp.tril(jnp.ones((n, n), jnp.int32)) * jnp.arange(n)[:, None], axis=0))
+
+
 def _dot_product_attention(w, x):
   """`jax.nn.dot_product_attention`: causal, with a mask, with a bias."""
   q, k, v = _heads(w, x)
@@ -131,6 +143,7 @@ CASES = {
     "mask_broadcast_over_heads": _masked_heads,
     "per_head_biases": _head_biases,
     "heads_taken_apart": _heads_taken_apart,
+    "totals_over_the_scores": _totals,
     "dot_product_attention": _dot_product_attention,
 }
 

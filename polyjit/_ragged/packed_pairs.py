@@ -25,8 +25,8 @@ per-token values broadcast along either axis and shared values of size 1
 along both (a bias per head, `(h, 1, 1)`); a pair broadcast over other axes
 (`mask[None]`) stays a pair; reductions along either axis
 give per-token values (over the valid pairs: a max fills the others with
--inf, its derivative counting valid ties), reductions over other axes (the
-heads) pairs; a contraction of either axis of a PAIR with a per-token value
+-inf, its derivative counting valid ties), sums over both axes per-example
+values, reductions over other axes (the heads) pairs; a contraction of either axis of a PAIR with a per-token value
 (`softmax(scores) @ v`, `scores.T @ v`) is a batched product per row; `iota`
 along either axis is the token's position in its example.
 Anything else on a PAIR raises `Unpackable` (the call runs unpacked).
@@ -36,16 +36,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from .. import _jax as jc
 from .._masking.rules.reductions import _extremum
-from .packed_eval import (NoPairRule, PAIR, SHARED, TOKEN, Unpackable, V, _bind, _inexact,
-                          _n_axes, _PAIR_RULES, _token_axis)
+from .packed_eval import (EXAMPLE, NoPairRule, PAIR, SHARED, TOKEN, Unpackable, V, _bind,
+                          _inexact, _n_axes, _PAIR_RULES, _token_axis)
 from .packed_selects import BOUNDED_DERIVATIVE, finite_constant, fill, selects
-from .packed_layout import Layout
+from .packed_layout import Layout, identity as _identity
 from .._masking.rules.elementwise import ELEMENTWISE
 
 
@@ -240,7 +241,7 @@ def _reduce(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     # (the cotangent goes back to the same pairs: a select that made `y` guards it)
     return [V(PAIR, out, kept[0], x.dim, kept[1], guarded=y.guarded)]
   if len(paired) != 1:
-    raise Unpackable(eqn, "a reduction of attention scores over both their axes at once")
+    return _total(eqn, x, axes, layout)
   # along either axis (the layout is symmetric), the other one left: per token
   left = x.axis2 if paired[0] == x.axis else x.axis
   axis = left - sum(a < left for a in axes)
@@ -248,15 +249,33 @@ def _reduce(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     out, = _bind(eqn, [tight(layout, x).val], layout, **dict(eqn.params, axes=_up(axes)))
   else:
     kind = "max" if name == "reduce_max" else "min"
-    if not _inexact(x.val):
-      raise NoPairRule()
     valid = _valid_like(layout, x.val.shape, x.axis, x.axis2)
-    identity = -np.inf if kind == "max" else np.inf
-    out = _extremum(kind, _up(axes), identity, x.val, valid)
+    if _inexact(x.val):
+      identity = -np.inf if kind == "max" else np.inf
+      out = _extremum(kind, _up(axes), identity, x.val, valid)
+    else:   # (integers and bools: no derivative)
+      filled = lax.select(valid, x.val, lax.full_like(x.val, _identity(kind, x.val.dtype)))
+      out, = _bind(eqn, [filled], layout, **dict(eqn.params, axes=_up(axes)))
   out = _from_rows(out, axis, layout)
   if name != "reduce_sum":   # (a tail token's maximum over no pair: -inf)
     out = layout.select(out, axis, x.dim)
   return [V(TOKEN, out, axis, x.dim, guarded=name != "reduce_sum")]
+
+
+def _total(eqn: Any, x: V, axes: tuple[int, ...], layout: Layout) -> list[V]:
+  """A sum over both axes of a pair (`jnp.mean(scores)`, an entropy): per
+  token along the second, then per example along the first, as a sum over
+  the tokens is. (A max over both would divide its derivative among ties
+  row by row, not among all of them as JAX's: it runs unpacked.)"""
+  if eqn.primitive.name != "reduce_sum":
+    raise Unpackable(eqn, "a maximum or minimum of attention scores over both their axes "
+                     "at once")
+  rest = tuple(a for a in axes if a != x.axis)
+  at = x.axis - sum(a < x.axis for a in rest)
+  out, = _bind(eqn, [tight(layout, x).val], layout, **dict(eqn.params, axes=_up(rest)))
+  out = jnp.moveaxis(_from_rows(out, at, layout), at, 0)   # (tokens, ...)
+  out = jax.ops.segment_sum(out, layout.segments, layout.examples)
+  return [V(EXAMPLE, lax.convert_element_type(out, eqn.outvars[0].aval.dtype))]
 
 
 def _iota(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
