@@ -111,6 +111,17 @@ def _totals(w, x):
           jnp.max(jnp.tril(jnp.ones((n, n), jnp.int32)) * jnp.arange(n)[:, None], axis=0))
 
 
+def _per_example_values(w, x):
+  """Scores scaled by the length, shifted by a per-example mean, and a bias
+  per head computed from the example `(h, 1, 1)`."""
+  q, k, v = _heads(w, x)
+  n = x.shape[0]
+  heads = jnp.einsum("qhd,khd->hqk", q, k) + jnp.mean(x @ w, axis=0)[:2][:, None, None]
+  return (jax.nn.softmax(_scores(w, x) / n, axis=-1) @ x,
+          jax.nn.softmax(_scores(w, x) * jnp.sqrt(jnp.float32(n)) - jnp.mean(x), axis=0).T @ x,
+          jnp.einsum("hqk,khd->qhd", jax.nn.softmax(heads, axis=-1), v))
+
+
 def _dot_product_attention(w, x):
   """`jax.nn.dot_product_attention`: causal, with a mask, with a bias."""
   q, k, v = _heads(w, x)
@@ -144,6 +155,7 @@ CASES = {
     "per_head_biases": _head_biases,
     "heads_taken_apart": _heads_taken_apart,
     "totals_over_the_scores": _totals,
+    "per_example_values": _per_example_values,
     "dot_product_attention": _dot_product_attention,
 }
 

@@ -21,8 +21,8 @@ axes behind the rows.
 
 Rules: a contraction of two per-token values over their other axes makes a
 PAIR (then selected on the valid pairs); elementwise ops combine PAIRs with
-per-token values broadcast along either axis and shared values of size 1
-along both (a bias per head, `(h, 1, 1)`); a pair broadcast over other axes
+per-token values broadcast along either axis, per-example and shared values
+of size 1 along both (`scores / n`, a bias per head `(h, 1, 1)`); a pair broadcast over other axes
 (`mask[None]`) stays a pair; reductions along either axis
 give per-token values (over the valid pairs: a max fills the others with
 -inf, its derivative counting valid ties), sums over both axes per-example
@@ -185,6 +185,9 @@ def _elementwise(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   if any((v.axis, v.axis2) != (axis, axis2) for v in pairs):
     raise Unpackable(eqn, "attention scores whose axes were swapped")
   shape = _pair_shape(out_aval, layout)
+  dim = next((v.dim for v in invals if v.kind in (PAIR, TOKEN)), None)
+  if dim is None:
+    raise NoPairRule()
   args = []
   for v, var in zip(invals, eqn.invars, strict=True):
     if v.kind == PAIR or (v.kind == SHARED and np.ndim(v.val) == 0):
@@ -194,15 +197,17 @@ def _elementwise(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     elif v.kind == TOKEN and _one(var.aval.shape[axis2 if v.axis == axis else axis]):
       _same_dims(v, layout)
       args.append(_to_rows(v.val, v.axis, layout))   # broadcast along the other axis
+    elif v.kind == EXAMPLE and (np.ndim(v.val) == 1 or (_one(var.aval.shape[axis])
+                                                        and _one(var.aval.shape[axis2]))):
+      args.append(_example_on_rows(v.val, len(out_aval.shape), axis, dim, layout))
     else:
       raise NoPairRule()
-  dim = pairs[0].dim if pairs else invals[0].dim
   name = eqn.primitive.name
   # pairs are zero off the block diagonal, as tokens are on the tail: the same
-  # refinement as there (`selects`); a loose pair, a token broadcast along a
-  # row (its own value on the other examples' pairs of the row) and a shared
-  # value are not, and their cotangents are never guarded
-  loose = [v.kind in (SHARED, TOKEN) or v.loose for v in invals]
+  # refinement as there (`selects`); a loose pair, a token or a per-example
+  # value broadcast along a row (its own value on the other examples' pairs of
+  # the row) and a shared value are not, and their cotangents are never guarded
+  loose = [v.kind in (SHARED, TOKEN, EXAMPLE) or v.loose for v in invals]
   operands, result = selects(eqn, invals, loose)
   filled = fill(eqn, loose) if operands else None
   if filled is not None and invals[filled[0]].kind != SHARED and _inexact(args[filled[0]]):
@@ -215,7 +220,8 @@ def _elementwise(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     return [V(PAIR, o, axis, dim, axis2, guarded=len(args) == 1) for o in outs]
   if operands:
     args = [_select(layout, jnp.broadcast_to(x, shape), axis, axis2)
-            if (v.kind == TOKEN or (v.kind == PAIR and not v.guarded)) and _inexact(x) else x
+            if (v.kind in (TOKEN, EXAMPLE) or (v.kind == PAIR and not v.guarded))
+            and _inexact(x) else x
             for v, x in zip(invals, args, strict=True)]
   outs = _bind(eqn, [jnp.broadcast_to(x, shape) if np.ndim(x) else x for x in args], layout)
   if result and name in BOUNDED_DERIVATIVE:
@@ -225,6 +231,16 @@ def _elementwise(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   if result:
     outs = [_select(layout, o, axis, axis2) for o in outs]
   return [V(PAIR, o, axis, dim, axis2, guarded=result) for o in outs]
+
+
+def _example_on_rows(x: Any, rank: int, axis: int, dim: Any, layout: Layout) -> Any:
+  """A per-example value `(examples, ...)` of size 1 along both pair axes
+  (`scores / n`), or a scalar, on its tokens along `axis` of the rows: zero on
+  the tail, its own value on the other examples' pairs of the row (loose)."""
+  if np.ndim(x) == 1:
+    x = x.reshape(x.shape[0], *([1] * rank))
+  g = lax.squeeze(layout.onto_tokens(x, dim), (axis + 1,))   # (tokens, ...)
+  return jnp.moveaxis(_to_rows(g, 0, layout), 1, axis + 1)
 
 
 def _reduce(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
