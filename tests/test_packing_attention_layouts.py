@@ -145,7 +145,9 @@ CASES = {
     "transposed_scores": lambda w, x: (
         jax.nn.softmax(_scores(w, x).T, axis=-1) @ x,
         jax.nn.softmax(_scores(w, x), axis=-1).T @ (x @ w),
-        jnp.tanh(_scores(w, x) + _scores(w, x).T) @ x),
+        jnp.tanh(_scores(w, x) + _scores(w, x).T) @ x,
+        # the values on the left: the scores the right operand
+        ((x @ w).T @ jax.nn.softmax(_scores(w, x), axis=0)).T),
     "swapaxes": _swapped,
     "einsum_qhk": _einsum_attention("qhk", -1),
     "einsum_qkh": _einsum_attention("qkh", 1),
