@@ -134,6 +134,18 @@ def _dot_product_attention(w, x):
           jax.nn.dot_product_attention(q, k, v, bias=bias[0], mask=mask, is_causal=True))
 
 
+def _flax_attention(w, x):
+  """Flax's `nn.dot_product_attention` with its masks: `make_causal_mask`,
+  `make_attention_mask` of per-token flags, `combine_masks` (all `(1, n, n)`,
+  broadcast over the heads)."""
+  nn = pytest.importorskip("flax.linen")
+  q, k, v = _heads(w, x)
+  causal = nn.make_causal_mask(jnp.ones(x.shape[0]))
+  flags = nn.make_attention_mask(x[:, 0] > -1, x[:, 1] > -1)
+  return (nn.dot_product_attention(q, k, v, mask=causal),
+          nn.dot_product_attention(q, k, v, mask=nn.combine_masks(causal, flags)))
+
+
 CASES = {
     # along the first axis of the scores: softmax, sum, max, min, the
     # contraction of that axis with the values
@@ -159,6 +171,7 @@ CASES = {
     "totals_over_the_scores": _totals,
     "per_example_values": _per_example_values,
     "dot_product_attention": _dot_product_attention,
+    "flax_attention": _flax_attention,
 }
 
 
