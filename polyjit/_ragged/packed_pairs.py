@@ -9,19 +9,26 @@ example's shape). A batch's scores cost `rows * row_length^2` (never
 `(rows * row_length)^2`), and the rows lead as the batch axis of the
 contractions that make and consume them (`q @ k.T` comes out of its
 `dot_general` in this layout, `softmax(scores) @ v` goes into one as it is), so
-no pair value is ever transposed; a per-token value goes in and out by a
-reshape where its tokens are its first axis. A pair is valid when both tokens
-belong to the same example; every other entry, the tail's and the other
-examples' of the row, is held at zero (the tail invariant of
-`packed_eval.py`, per pair).
+no pair value is transposed but where the function transposes it; a per-token
+value goes in and out by a reshape where its tokens are its first axis. A pair
+is valid when both tokens belong to the same example; every other entry, the
+tail's and the other examples' of the row, is held at zero (the tail
+invariant of `packed_eval.py`, per pair). Validity is symmetric in the two
+axes, both `row_length` long, so neither axis is special: `axis` is the first
+of the two in the example's shape, `axis2` the second, and a transpose
+(`scores.T`, `jnp.swapaxes`, einsum's `hkq`) is a transpose of the stored
+axes behind the rows.
 
 Rules: a contraction of two per-token values over their other axes makes a
 PAIR (then selected on the valid pairs); elementwise ops combine PAIRs with
-per-token values broadcast along either axis; reductions along the second
-axis give per-token values (over the valid pairs: a max fills the others with
--inf, its derivative counting valid ties); a contraction of a PAIR's second
-axis with a per-token value (`softmax(scores) @ v`) is a batched product per
-row; `iota` along either axis is the token's position in its example.
+per-token values broadcast along either axis, per-example and shared values
+of size 1 along both (`scores / n`, a bias per head `(h, 1, 1)`); a pair broadcast over other axes
+(`mask[None]`) stays a pair; reductions along either axis
+give per-token values (over the valid pairs: a max fills the others with
+-inf, its derivative counting valid ties), sums over both axes per-example
+values, reductions over other axes (the heads) pairs; a contraction of either axis of a PAIR with a per-token value
+(`softmax(scores) @ v`, `scores.T @ v`) is a batched product per row; `iota`
+along either axis is the token's position in its example.
 Anything else on a PAIR raises `Unpackable` (the call runs unpacked).
 """
 
@@ -36,10 +43,10 @@ from jax import lax
 
 from .. import _jax as jc
 from .._masking.rules.reductions import _extremum
-from .packed_eval import (NoPairRule, PAIR, SHARED, TOKEN, Unpackable, V, _bind, _inexact,
-                          _n_axes, _PAIR_RULES, _token_axis, producer)
+from .packed_eval import (EXAMPLE, NoPairRule, PAIR, SHARED, TOKEN, Unpackable, V, _bind,
+                          _inexact, _n_axes, _PAIR_RULES, _token_axis, producer)
 from .packed_selects import BOUNDED_DERIVATIVE, finite_constant, fill, selects
-from .packed_layout import Layout
+from .packed_layout import Layout, identity as _identity
 from .._masking.rules.elementwise import ELEMENTWISE
 
 
@@ -139,9 +146,15 @@ def _dot_general(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     return [V(PAIR, _select(layout, out, axis, axis2), axis, pair.dim, axis2, guarded=True)]
   if pair.kind != PAIR or tok.kind != TOKEN:
     raise NoPairRule()
-  if pair.axis2 not in pc or tok.axis not in tc or pair.axis in pc or pair.axis in pb:
-    raise Unpackable(eqn, "a contraction of attention scores along their first axis")
-  if list(pc).index(pair.axis2) != list(tc).index(tok.axis) or tok.axis in tb:
+  # either axis of the pair (the layout is symmetric: `scores.T @ v`, einsum's
+  # `hkq,khd->qhd`) with the tokens of the other operand; the other one free
+  contracted = [a for a in (pair.axis, pair.axis2) if a in pc]
+  if len(contracted) != 1 or tok.axis not in tc:
+    raise Unpackable(eqn, "a contraction of attention scores along both their axes, or "
+                     "with another axis than the tokens' of the other operand")
+  free = pair.axis2 if contracted[0] == pair.axis else pair.axis
+  if (free in pb or list(pc).index(contracted[0]) != list(tc).index(tok.axis)
+      or tok.axis in tb):
     raise NoPairRule()
   _same_dims(tok, layout)
   t = _to_rows(tok.val, tok.axis, layout)   # each row's tokens contracted with the pair's
@@ -172,24 +185,31 @@ def _elementwise(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   if any((v.axis, v.axis2) != (axis, axis2) for v in pairs):
     raise Unpackable(eqn, "attention scores whose axes were swapped")
   shape = _pair_shape(out_aval, layout)
+  dim = next((v.dim for v in invals if v.kind in (PAIR, TOKEN)), None)
+  if dim is None:
+    raise NoPairRule()
   args = []
   for v, var in zip(invals, eqn.invars, strict=True):
     if v.kind == PAIR or (v.kind == SHARED and np.ndim(v.val) == 0):
       args.append(v.val)
+    elif v.kind == SHARED and _one(var.aval.shape[axis]) and _one(var.aval.shape[axis2]):
+      args.append(jnp.expand_dims(v.val, 0))   # a bias per head `(h, 1, 1)`: every row
     elif v.kind == TOKEN and _one(var.aval.shape[axis2 if v.axis == axis else axis]):
       _same_dims(v, layout)
       args.append(_to_rows(v.val, v.axis, layout))   # broadcast along the other axis
+    elif v.kind == EXAMPLE and (np.ndim(v.val) == 1 or (_one(var.aval.shape[axis])
+                                                        and _one(var.aval.shape[axis2]))):
+      args.append(_example_on_rows(v.val, len(out_aval.shape), axis, dim, layout))
     else:
       raise NoPairRule()
-  dim = pairs[0].dim if pairs else invals[0].dim
   name = eqn.primitive.name
   if name == "div" and _normalizes(eqn, invals, axis):
     return _normalize(eqn, invals, layout, axis, axis2)
   # pairs are zero off the block diagonal, as tokens are on the tail: the same
-  # refinement as there (`selects`); a loose pair, a token broadcast along a
-  # row (its own value on the other examples' pairs of the row) and a shared
-  # value are not, and their cotangents are never guarded
-  loose = [v.kind in (SHARED, TOKEN) or v.loose for v in invals]
+  # refinement as there (`selects`); a loose pair, a token or a per-example
+  # value broadcast along a row (its own value on the other examples' pairs of
+  # the row) and a shared value are not, and their cotangents are never guarded
+  loose = [v.kind in (SHARED, TOKEN, EXAMPLE) or v.loose for v in invals]
   operands, result = selects(eqn, invals, loose)
   filled = fill(eqn, loose) if operands else None
   if filled is not None and invals[filled[0]].kind != SHARED and _inexact(args[filled[0]]):
@@ -202,7 +222,8 @@ def _elementwise(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     return [V(PAIR, o, axis, dim, axis2, guarded=len(args) == 1) for o in outs]
   if operands:
     args = [_select(layout, jnp.broadcast_to(x, shape), axis, axis2)
-            if (v.kind == TOKEN or (v.kind == PAIR and not v.guarded)) and _inexact(x) else x
+            if (v.kind in (TOKEN, EXAMPLE) or (v.kind == PAIR and not v.guarded))
+            and _inexact(x) else x
             for v, x in zip(invals, args, strict=True)]
   outs = _bind(eqn, [jnp.broadcast_to(x, shape) if np.ndim(x) else x for x in args], layout)
   if result and name in BOUNDED_DERIVATIVE:
@@ -289,28 +310,65 @@ def _zero_off_blocks_jvp(primals: Any, tangents: Any) -> Any:
   return _zero_off_blocks(valid, x), tangents[1]
 
 
+def _example_on_rows(x: Any, rank: int, axis: int, dim: Any, layout: Layout) -> Any:
+  """A per-example value `(examples, ...)` of size 1 along both pair axes
+  (`scores / n`), or a scalar, on its tokens along `axis` of the rows: zero on
+  the tail, its own value on the other examples' pairs of the row (loose)."""
+  if np.ndim(x) == 1:
+    x = x.reshape(x.shape[0], *([1] * rank))
+  g = lax.squeeze(layout.onto_tokens(x, dim), (axis + 1,))   # (tokens, ...)
+  return jnp.moveaxis(_to_rows(g, 0, layout), 1, axis + 1)
+
+
 def _reduce(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   x, = invals
   axes = tuple(eqn.params["axes"])
   name = eqn.primitive.name
-  if x.kind != PAIR or axes != (x.axis2,) or name not in ("reduce_sum", "reduce_max",
-                                                          "reduce_min"):
-    raise Unpackable(eqn, "a reduction of attention scores other than along their "
-                     "second axis")
-  axis = x.axis - (1 if x.axis2 < x.axis else 0)
+  if x.kind != PAIR or name not in ("reduce_sum", "reduce_max", "reduce_min"):
+    raise NoPairRule()
+  paired = [a for a in (x.axis, x.axis2) if a in axes]
+  if not paired:   # over the heads (a loose pair selected: its zeros off the blocks stay)
+    y = tight(layout, x)
+    out, = _bind(eqn, [y.val], layout, **dict(eqn.params, axes=_up(axes)))
+    kept = [a - sum(b < a for b in axes) for a in (x.axis, x.axis2)]
+    # (the cotangent goes back to the same pairs: a select that made `y` guards it)
+    return [V(PAIR, out, kept[0], x.dim, kept[1], guarded=y.guarded)]
+  if len(paired) != 1:
+    return _total(eqn, x, axes, layout)
+  # along either axis (the layout is symmetric), the other one left: per token
+  left = x.axis2 if paired[0] == x.axis else x.axis
+  axis = left - sum(a < left for a in axes)
   if name == "reduce_sum":   # (a max reads the valid pairs alone: a loose one as it is)
     out, = _bind(eqn, [tight(layout, x).val], layout, **dict(eqn.params, axes=_up(axes)))
   else:
     kind = "max" if name == "reduce_max" else "min"
-    if not _inexact(x.val):
-      raise NoPairRule()
     valid = _valid_like(layout, x.val.shape, x.axis, x.axis2)
-    identity = -np.inf if kind == "max" else np.inf
-    out = _extremum(kind, _up(axes), identity, x.val, valid)
+    if _inexact(x.val):
+      identity = -np.inf if kind == "max" else np.inf
+      out = _extremum(kind, _up(axes), identity, x.val, valid)
+    else:   # (integers and bools: no derivative)
+      filled = lax.select(valid, x.val, lax.full_like(x.val, _identity(kind, x.val.dtype)))
+      out, = _bind(eqn, [filled], layout, **dict(eqn.params, axes=_up(axes)))
   out = _from_rows(out, axis, layout)
   if name != "reduce_sum":   # (a tail token's maximum over no pair: -inf)
     out = layout.select(out, axis, x.dim)
   return [V(TOKEN, out, axis, x.dim, guarded=name != "reduce_sum")]
+
+
+def _total(eqn: Any, x: V, axes: tuple[int, ...], layout: Layout) -> list[V]:
+  """A sum over both axes of a pair (`jnp.mean(scores)`, an entropy): per
+  token along the second, then per example along the first, as a sum over
+  the tokens is. (A max over both would divide its derivative among ties
+  row by row, not among all of them as JAX's: it runs unpacked.)"""
+  if eqn.primitive.name != "reduce_sum":
+    raise Unpackable(eqn, "a maximum or minimum of attention scores over both their axes "
+                     "at once")
+  rest = tuple(a for a in axes if a != x.axis)
+  at = x.axis - sum(a < x.axis for a in rest)
+  out, = _bind(eqn, [tight(layout, x).val], layout, **dict(eqn.params, axes=_up(rest)))
+  out = jnp.moveaxis(_from_rows(out, at, layout), at, 0)   # (tokens, ...)
+  out = jax.ops.segment_sum(out, layout.segments, layout.examples)
+  return [V(EXAMPLE, lax.convert_element_type(out, eqn.outvars[0].aval.dtype))]
 
 
 def _iota(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
@@ -342,6 +400,11 @@ def _broadcast_in_dim(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   elif x.kind == TOKEN and dims[x.axis] in (axis, axis2):
     _same_dims(x, layout)
     out = lax.broadcast_in_dim(_to_rows(x.val, x.axis, layout), shape, (0, *_up(dims)))
+  elif x.kind == PAIR:   # over the heads (`mask[None]`): the pairs stay where they are
+    out = lax.broadcast_in_dim(x.val, shape, (0, *_up(dims)))
+    # (its cotangent, summed over the new axes, reaches the same pairs: the
+    # select that made `x` guards it)
+    return [V(PAIR, out, axis, x.dim, axis2, guarded=x.guarded, loose=x.loose)]
   else:
     raise NoPairRule()
   return [V(PAIR, out, axis, aval.shape[axis], axis2, loose=True)]
@@ -353,8 +416,10 @@ def _transpose(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     raise NoPairRule()
   perm = list(eqn.params["permutation"])
   out = lax.transpose(x.val, (0, *_up(perm)))
-  return [V(PAIR, out, perm.index(x.axis), x.dim, perm.index(x.axis2), guarded=x.guarded,
-            loose=x.loose)]
+  # the trailing axes moved as the example's are (`scores.T`, `jnp.swapaxes`):
+  # the valid pairs are symmetric, so the result is a pair like any other
+  axis, axis2 = sorted((perm.index(x.axis), perm.index(x.axis2)))
+  return [V(PAIR, out, axis, x.dim, axis2, guarded=x.guarded, loose=x.loose)]
 
 
 _PAIR_RULES.update({name: _elementwise for name in ELEMENTWISE})

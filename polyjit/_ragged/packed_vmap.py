@@ -34,8 +34,8 @@ from .._masking import empty as _empty, size_range as _size_range
 from .._masking.errors import PerformanceWarning, warn_user_code
 from .._masking.mask import Masked
 from .arguments import example_struct, leaf_axes
-from . import (packed_contractions, packed_custom, packed_pairs,  # noqa: F401
-               packed_scan)   # (they fill rule tables)
+from . import (packed_contractions, packed_custom, packed_pair_shapes,  # noqa: F401
+               packed_pairs, packed_scan)   # (they fill rule tables)
 from .packed_eval import EXAMPLE, PAIR, SHARED, TOKEN, UNPACKED, Unpackable, V, eval_packed
 from .packed_layout import Layout
 from .packing import PackedRagged, is_packed
