@@ -118,7 +118,7 @@ def test_softmax_keeps_its_denominator_per_token():
 
 
 def test_forward_mode_and_second_order_through_the_normalization():
-  """The quotient's select passes its tangent as it is (`_zero_off_blocks`):
+  """Through the quotient's select on the valid pairs (`_normalize`):
   `jax.jvp`, `jax.jacfwd` and a Hessian-vector product of packed attention
   equal the sum over the examples run alone."""
   rng = np.random.default_rng(5)

@@ -285,29 +285,12 @@ def _normalize(eqn: Any, invals: list[V], layout: Layout, axis: int, axis2: int)
   # (the size-1 axis broadcast by the division itself, as in the jaxpr: the
   # derivative's `z ** -2` stays per token)
   out, = _bind(eqn, [num.val, _to_rows(z, den.axis, layout)], layout)
-  valid = _valid_like(layout, out.shape, axis, axis2)
-  return [V(PAIR, _zero_off_blocks(valid, out), axis, num.dim, axis2)]
-
-
-@jax.custom_jvp
-def _zero_off_blocks(valid: Any, x: Any) -> Any:
-  """`x` zero off the blocks, its tangent (and cotangent) passed as it is.
-
-  For `_normalize`'s quotient alone: off the blocks its derivative in `e` is
-  taken at `e == 0` and stops at the select `e`'s `exp` took, and in the row
-  sum `z` it is `-e / z**2 == 0` but where `z` is 0 or NaN, the example's own
-  NaN row. So a cotangent there (`P @ v`'s, finite but where the values are
-  not: the known limit of a row's products) changes nothing, and zeroing it
-  would be one more pass over the scores (XLA:CPU's reductions take no select,
-  and the backward pass reads it twice). The value is selected: a NaN row off
-  the blocks would reach the neighbours through `P.T @ cotangent`."""
-  return lax.select(valid, x, lax.full_like(x, 0))
-
-
-@_zero_off_blocks.defjvp
-def _zero_off_blocks_jvp(primals: Any, tangents: Any) -> Any:
-  valid, x = primals
-  return _zero_off_blocks(valid, x), tangents[1]
+  # (a select of value and derivative both: off the blocks the quotient's
+  # tangent is NaN in a row whose `z` is 0 or NaN, which a contraction along
+  # the first axis, `P.T @ v`, would carry to the other examples of the row;
+  # and a cotangent there that overflows, `dy_i . v_c` of two examples' large
+  # finite numbers, times `e == 0` would be NaN in the token's own `z`)
+  return [V(PAIR, _select(layout, out, axis, axis2), axis, num.dim, axis2, guarded=True)]
 
 
 def _example_on_rows(x: Any, rank: int, axis: int, dim: Any, layout: Layout) -> Any:
