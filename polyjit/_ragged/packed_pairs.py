@@ -36,7 +36,7 @@ from jax import lax
 from .. import _jax as jc
 from .._masking.rules.reductions import _extremum
 from .packed_eval import (NoPairRule, PAIR, SHARED, TOKEN, Unpackable, V, _bind, _inexact,
-                          _n_axes, _PAIR_RULES, _token_axis)
+                          _n_axes, _PAIR_RULES, _token_axis, tight_token)
 from .packed_selects import BOUNDED_DERIVATIVE, finite_constant, fill, selects
 from .packed_layout import Layout
 from .._masking.rules.elementwise import ELEMENTWISE
@@ -76,7 +76,11 @@ def _select(layout: Layout, x: Any, axis: int, axis2: int) -> Any:
 
 
 def tight(layout: Layout, v: V) -> V:
-  """`v` zero off the block diagonal (a loose PAIR selected)."""
+  """`v` zero off the block diagonal (a loose PAIR selected), or on the tail
+  (a loose TOKEN selected): a value that leaves the flags behind (a custom
+  derivative rule's, a loop's carry) must hold that invariant itself."""
+  if v.kind == TOKEN:
+    return tight_token(layout, v)
   if v.kind != PAIR or not v.loose:
     return v
   return V(PAIR, _select(layout, v.val, v.axis, v.axis2), v.axis, v.dim, v.axis2,

@@ -32,7 +32,8 @@ from jax import lax
 
 from .. import _jax as jc
 from .._masking.core import eqn_is_symbolic, jaxpr_is_symbolic
-from .packed_eval import EXAMPLE, SHARED, TOKEN, Unpackable, V, _RULES, eval_packed, is_read
+from .packed_eval import (EXAMPLE, SHARED, TOKEN, Unpackable, V, _RULES, eval_packed, is_read,
+                          tight_token)
 from .packed_layout import Layout
 
 
@@ -170,7 +171,10 @@ def _scan_of_fixed_length(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
 
   def one_step(carry: list[V], x: list[Any]) -> list[V]:
     args = [*consts, *carry, *[V(SHARED, a) for a in x]]
-    return eval_packed(body.jaxpr, body.consts, args, layout.fresh())
+    inner = layout.fresh()
+    # a carry or output goes on as an array (its V's flags stay behind): a
+    # loose one (`x @ w`, maybe not zero on the tail) is selected first
+    return [tight_token(inner, o) for o in eval_packed(body.jaxpr, body.consts, args, inner)]
 
   def shape_of(v: V) -> tuple[Any, ...]:
     return (v.kind, v.axis, str(v.dim)) if v.kind == TOKEN else (v.kind,)
