@@ -62,7 +62,6 @@ def _scan(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     raise Unpackable(eqn, "a scan with no per-token inputs")
   rows, length, tokens = layout.rows, layout.row_length, layout.tokens
   valid = layout.valid(xs[0].dim)
-  first = (jnp.arange(tokens, dtype=np.int32) // length) * length   # its row's first token
   # a tail step runs as the first step of an example that has tokens (its
   # row's first one; in a row all tail, which the row count's bucket adds, the
   # first non-empty example): the initial carry and the inputs at that
@@ -71,14 +70,22 @@ def _scan(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   # step, on the tail's zeros or on the first token in reverse, may have an
   # infinite derivative, `sqrt(|c + x|)` at 0, and 0 times it is NaN in the
   # shared parameters' gradient and in that token's.)
-  owner = jnp.where(valid, layout.segments, layout.segments[first])
-  owner = jnp.where(owner < layout.examples, owner, jnp.argmax(layout.lengths > 0))
+  row_first = jnp.arange(rows, dtype=np.int32) * length
+  row_owner = layout.segments[row_first]   # (its first example starts there)
+  row_real = row_owner < layout.examples
+  donor = jnp.argmax(layout.lengths > 0)
+  row_owner = jnp.where(row_real, row_owner, donor)
+  row_length = layout.lengths[row_owner]
+  if p["reverse"]:
+    source = jnp.where(row_real, row_first, layout.starts[donor]) + row_length - 1
+  else:
+    source = jnp.where(row_real, row_first, layout.starts[donor])
+  source = jnp.clip(source, 0, tokens - 1)   # (every example empty: any token)
+  owner = jnp.where(valid, layout.segments, jnp.repeat(row_owner, length,
+                                                       total_repeat_length=tokens))
   own_length = jnp.take(layout.lengths, owner)
   edge = (layout.positions == 0) if not p["reverse"] else (layout.positions == own_length - 1)
   restart = edge | ~valid
-  source = jnp.take(layout.starts, owner) + (
-      jnp.maximum(own_length - 1, 0) if p["reverse"] else 0)
-  source = jnp.clip(source, 0, tokens - 1)   # (every example empty: any token)
 
   def per_token(v: V) -> Any:     # a per-example or shared value at each token
     # (a tail step may run as an empty example: with a non-empty one's values,
@@ -90,7 +97,10 @@ def _scan(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   def pick(mask: Any, a: Any, b: Any) -> Any:
     return lax.select(lax.broadcast_in_dim(mask, a.shape, (0,)), a, b)
 
-  safe_xs = [pick(valid, x.val, jnp.take(x.val, source, axis=0)) for x in xs]
+  def at_source(x: Any) -> Any:   # each row's source token, on each of its tokens
+    return jnp.repeat(jnp.take(x, source, axis=0), length, axis=0, total_repeat_length=tokens)
+
+  safe_xs = [pick(valid, x.val, at_source(x.val)) for x in xs]
   step_consts = [per_token(v) for v in consts if v.kind == EXAMPLE]
   # a per-example initial carry streams in at each token; a shared one (the
   # usual zeros) is a constant of the step
