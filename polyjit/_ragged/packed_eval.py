@@ -297,18 +297,27 @@ def _elementwise(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     # (one operand: its select guards the result's cotangent too)
     return [V(TOKEN, o, axis, dim, guarded=len(args) == 1) for o in _bind(eqn, args, layout)]
   if select_in:   # the double select: no NaN derivative on the tail reaches anything
-    args = [layout.select(x, axis, dim) if needs_guard(v, x) else x
-            for v, x in zip(invals, args, strict=True)]
+    args = [layout.select(jnp.broadcast_to(x, shape), axis, dim)
+            if needs_guard(v, x, eqn.primitive.name, i) else x
+            for i, (v, x) in enumerate(zip(invals, args, strict=True))]
   outs = _bind(eqn, args, layout)
   if select_out:
     outs = [layout.select(o, axis, dim) for o in outs]
   return [V(TOKEN, o, axis, dim, guarded=select_out) for o in outs]
 
 
-def needs_guard(v: V, x: Any) -> bool:
+def needs_guard(v: V, x: Any, name: str, at: int) -> bool:
   """Whether operand `v` (as `x`) takes the operand select of the double
-  select: an inexact per-token value whose cotangent no select guards yet."""
-  return v.kind != SHARED and not v.guarded and _inexact(x)
+  select: an inexact per-token value whose cotangent no select guards yet,
+  or a traced shared scalar (`jnp` leaves `g / x`, `x ** g` unbroadcast),
+  whose cotangent sums the op's derivative over every token, the tail's
+  too, where it may not be finite (`d(g / x)/dg` at x = 0); not where that
+  derivative is another operand, zero there (`g * x`), or `-x / g**2`,
+  finite at any `g` where each example's own is."""
+  if v.kind == SHARED:
+    return (isinstance(v.val, jc.Tracer) and _inexact(x)
+            and not (name == "mul" or (name == "div" and at == 1)))
+  return not v.guarded and _inexact(x)
 
 
 def _broadcast_in_dim(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
