@@ -6,7 +6,10 @@ the op itself. Its cotangent sums the op's derivative over every token, the
 unused tail's included, where the per-token operand is 0: `d(w / x)/dw =
 1 / x` and `d(x ** p)/dp = log(x) x ** p` (JAX's, at x = 0 and p < 0) are
 infinite or NaN there, and 0 times them was NaN in the gradient of `w` and
-`p`, where each example alone under `jax.jit` gives finite numbers.
+`p`, where each example alone under `jax.jit` gives finite numbers. So on
+values held one padded row per example (longer than the example: `jnp.pad`),
+for shared scalars and per-example ones (`jnp.mean(x)`), whose NaN reached
+the example's own tokens' gradient.
 """
 
 from __future__ import annotations
@@ -18,6 +21,10 @@ import pytest
 from test_packing import _check, _examples
 
 
+def _longer(x):
+  return jnp.abs(jnp.pad(x, ((1, 1), (0, 0)))) + 0.5
+
+
 def _scores(w, x):
   return (x @ w) @ jnp.tanh(x @ w).T
 
@@ -27,6 +34,11 @@ CASES = {
     "tokens_to_a_negative_power": lambda w, x: jnp.sum((jnp.abs(x) + 0.1) ** w[0, 0], axis=0),
     # on pairs of tokens: the zeros off each example's block
     "scores_to_a_negative_power": lambda w, x: ((jnp.abs(_scores(w, x)) + 0.1) ** w[0, 0]) @ x,
+    # one padded row per example (through the masking rules)
+    "scalar_over_a_longer_value": lambda w, x: jnp.sum(w[0, 0] / _longer(x), axis=0),
+    "a_longer_value_to_a_negative_power": lambda w, x: jnp.sum(_longer(x) ** w[0, 0], axis=0),
+    "per_example_scalar_over_a_longer_value": lambda w, x: jnp.sum(
+        jnp.mean(x) * w[0, 0] / _longer(x), axis=0),
 }
 
 

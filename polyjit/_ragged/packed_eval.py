@@ -512,13 +512,21 @@ def _relayout(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   out_axes = [_token_axis(o.aval, eqn) if _n_axes(o.aval) == 1 else None
               for o in eqn.outvars]
   elementwise = eqn.primitive.name in _ELEMENTWISE
+  # a scalar operand (shared, or one per example) next to padded ones: its
+  # cotangent sums the op's derivative over the padding too (`w / x` at 0),
+  # so it is broadcast and its padding filled as theirs is (`needs_guard`)
+  spread = [elementwise and v.kind in (SHARED, EXAMPLE) and not eqn.invars[i].aval.shape
+            and needs_guard(v, v.val, eqn.primitive.name, i) for i, v in enumerate(invals)]
 
   def one(n: Any, *xs: Any) -> list[Any]:
     env = MaskEnv((layout.name,), {layout.name: layout.row_length}, [n])
     ctx = RuleContext(env, eqn)
     if elementwise:
-      xs = tuple(ctx.fill_padding(x, aval, 0) if _inexact(x) else x
-                 for x, aval in zip(xs, ctx.in_avals, strict=True))
+      out = ctx.out_avals[0]
+      shape = next((np.shape(x) for x in xs if np.ndim(x)), ())
+      xs = tuple(ctx.fill_padding(jnp.broadcast_to(x, shape), out, 0) if wide
+                 else ctx.fill_padding(x, aval, 0) if _inexact(x) else x
+                 for x, aval, wide in zip(xs, ctx.in_avals, spread, strict=True))
     outs = rule(ctx, *xs, **eqn.params)
     return [ctx.fill_padding(o, aval, 0) for o, aval in zip(outs, ctx.out_avals, strict=True)]
 
