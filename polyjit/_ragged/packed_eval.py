@@ -54,7 +54,12 @@ gradient, and JAX differentiates the packed evaluation itself. An operand
 made by such a select (`V.guarded`) needs no second one: its cotangent's
 tail is zeroed where it was made, and the ops in between keep positions.
 Only the selects an op needs are written (`packed_selects.py`): an op whose
-derivative is bounded (`add`, `max`, ...) never selects its operands.
+derivative is bounded (`add`, `max`, ...) never selects its operands. A
+traced scalar operand (`jnp` leaves `w / x`, `x ** p` unbroadcast) sums the
+op's derivative over the tail into its cotangent: the double select
+broadcasts and selects it too (`needs_guard`). A value that leaves the
+interpreter as a bare array (a custom_jvp function's outputs, a loop's
+carries) leaves its `loose` flag behind, so it is selected first.
 """
 
 from __future__ import annotations
