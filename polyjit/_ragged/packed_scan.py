@@ -75,9 +75,9 @@ def _scan(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   row_real = row_owner < layout.examples
   donor = jnp.argmax(layout.lengths > 0)
   row_owner = jnp.where(row_real, row_owner, donor)
-  row_length = layout.lengths[row_owner]
+  owner_length = layout.lengths[row_owner]   # (rows,)
   if p["reverse"]:
-    source = jnp.where(row_real, row_first, layout.starts[donor]) + row_length - 1
+    source = jnp.where(row_real, row_first, layout.starts[donor]) + owner_length - 1
   else:
     source = jnp.where(row_real, row_first, layout.starts[donor])
   source = jnp.clip(source, 0, tokens - 1)   # (every example empty: any token)
