@@ -54,7 +54,8 @@ def _custom_jvp_call(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
 
   def forward(*arrays: Any) -> list[Any]:
     inner, vs = rebuild(arrays)
-    # (a loose pair out: selected, the V made of it below holds no flags)
+    # (a loose pair or token out, `x @ w` inside: selected, the V made of it
+    # below holds no flags)
     outs = [tight(inner, o) for o in eval_packed(call_jaxpr.jaxpr, call_jaxpr.consts, vs, inner)]
     kinds[:] = [(o.kind, o.axis, o.dim, o.axis2) for o in outs]
     return [o.val for o in outs]

@@ -54,7 +54,12 @@ gradient, and JAX differentiates the packed evaluation itself. An operand
 made by such a select (`V.guarded`) needs no second one: its cotangent's
 tail is zeroed where it was made, and the ops in between keep positions.
 Only the selects an op needs are written (`packed_selects.py`): an op whose
-derivative is bounded (`add`, `max`, ...) never selects its operands.
+derivative is bounded (`add`, `max`, ...) never selects its operands. A
+traced scalar operand (`jnp` leaves `w / x`, `x ** p` unbroadcast) sums the
+op's derivative over the tail into its cotangent: the double select
+broadcasts and selects it too (`needs_guard`). A value that leaves the
+interpreter as a bare array (a custom_jvp function's outputs, a loop's
+carries) leaves its `loose` flag behind, so it is selected first.
 """
 
 from __future__ import annotations
@@ -311,18 +316,27 @@ def _elementwise(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     # (one operand: its select guards the result's cotangent too)
     return [V(TOKEN, o, axis, dim, guarded=len(args) == 1) for o in _bind(eqn, args, layout)]
   if select_in:   # the double select: no NaN derivative on the tail reaches anything
-    args = [layout.select(x, axis, dim) if needs_guard(v, x) else x
-            for v, x in zip(invals, args, strict=True)]
+    args = [layout.select(jnp.broadcast_to(x, shape), axis, dim)
+            if needs_guard(v, x, eqn.primitive.name, i) else x
+            for i, (v, x) in enumerate(zip(invals, args, strict=True))]
   outs = _bind(eqn, args, layout)
   if select_out:
     outs = [layout.select(o, axis, dim) for o in outs]
   return [V(TOKEN, o, axis, dim, guarded=select_out) for o in outs]
 
 
-def needs_guard(v: V, x: Any) -> bool:
+def needs_guard(v: V, x: Any, name: str, at: int) -> bool:
   """Whether operand `v` (as `x`) takes the operand select of the double
-  select: an inexact per-token value whose cotangent no select guards yet."""
-  return v.kind != SHARED and not v.guarded and _inexact(x)
+  select: an inexact per-token value whose cotangent no select guards yet,
+  or a traced shared scalar (`jnp` leaves `g / x`, `x ** g` unbroadcast),
+  whose cotangent sums the op's derivative over every token, the tail's
+  too, where it may not be finite (`d(g / x)/dg` at x = 0); not where that
+  derivative is another operand, zero there (`g * x`), or `-x / g**2`,
+  finite at any `g` where each example's own is."""
+  if v.kind == SHARED:
+    return (isinstance(v.val, jc.Tracer) and _inexact(x)
+            and not (name == "mul" or (name == "div" and at == 1)))
+  return not v.guarded and _inexact(x)
 
 
 def _broadcast_in_dim(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
@@ -517,13 +531,21 @@ def _relayout(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   out_axes = [_token_axis(o.aval, eqn) if _n_axes(o.aval) == 1 else None
               for o in eqn.outvars]
   elementwise = eqn.primitive.name in _ELEMENTWISE
+  # a scalar operand (shared, or one per example) next to padded ones: its
+  # cotangent sums the op's derivative over the padding too (`w / x` at 0),
+  # so it is broadcast and its padding filled as theirs is (`needs_guard`)
+  spread = [elementwise and v.kind in (SHARED, EXAMPLE) and not eqn.invars[i].aval.shape
+            and needs_guard(v, v.val, eqn.primitive.name, i) for i, v in enumerate(invals)]
 
   def one(n: Any, *xs: Any) -> list[Any]:
     env = MaskEnv((layout.name,), {layout.name: layout.row_length}, [n])
     ctx = RuleContext(env, eqn)
     if elementwise:
-      xs = tuple(ctx.fill_padding(x, aval, 0) if _inexact(x) else x
-                 for x, aval in zip(xs, ctx.in_avals, strict=True))
+      out = ctx.out_avals[0]
+      shape = next((np.shape(x) for x in xs if np.ndim(x)), ())
+      xs = tuple(ctx.fill_padding(jnp.broadcast_to(x, shape), out, 0) if wide
+                 else ctx.fill_padding(x, aval, 0) if _inexact(x) else x
+                 for x, aval, wide in zip(xs, ctx.in_avals, spread, strict=True))
     outs = rule(ctx, *xs, **eqn.params)
     return [ctx.fill_padding(o, aval, 0) for o, aval in zip(outs, ctx.out_avals, strict=True)]
 

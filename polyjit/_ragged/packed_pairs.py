@@ -44,7 +44,8 @@ from jax import lax
 from .. import _jax as jc
 from .._masking.rules.reductions import _extremum
 from .packed_eval import (EXAMPLE, NoPairRule, PAIR, SHARED, TOKEN, Unpackable, V, _bind,
-                          _inexact, _n_axes, _PAIR_RULES, _token_axis, producer)
+                          _inexact, _n_axes, _PAIR_RULES, _token_axis, needs_guard, producer,
+                          tight_token)
 from .packed_selects import BOUNDED_DERIVATIVE, finite_constant, fill, selects
 from .packed_layout import Layout, identity as _identity
 from .._masking.rules.elementwise import ELEMENTWISE
@@ -84,7 +85,11 @@ def _select(layout: Layout, x: Any, axis: int, axis2: int) -> Any:
 
 
 def tight(layout: Layout, v: V) -> V:
-  """`v` zero off the block diagonal (a loose PAIR selected)."""
+  """`v` zero off the block diagonal (a loose PAIR selected), or on the tail
+  (a loose TOKEN selected): a value that leaves the flags behind (a custom
+  derivative rule's, a loop's carry) must hold that invariant itself."""
+  if v.kind == TOKEN:
+    return tight_token(layout, v)
   if v.kind != PAIR or not v.loose:
     return v
   return V(PAIR, _select(layout, v.val, v.axis, v.axis2), v.axis, v.dim, v.axis2,
@@ -220,11 +225,12 @@ def _elementwise(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     args[i] = lax.select(_valid_like(layout, shape, axis, axis2), x, lax.full_like(x, value))
     outs = _bind(eqn, [jnp.broadcast_to(x, shape) if np.ndim(x) else x for x in args], layout)
     return [V(PAIR, o, axis, dim, axis2, guarded=len(args) == 1) for o in outs]
-  if operands:
+  if operands:   # (a traced shared scalar as on tokens: `needs_guard`)
     args = [_select(layout, jnp.broadcast_to(x, shape), axis, axis2)
-            if (v.kind in (TOKEN, EXAMPLE) or (v.kind == PAIR and not v.guarded))
-            and _inexact(x) else x
-            for v, x in zip(invals, args, strict=True)]
+            if ((v.kind in (TOKEN, EXAMPLE) or (v.kind == PAIR and not v.guarded))
+                and _inexact(x))
+            or (v.kind == SHARED and needs_guard(v, x, name, i)) else x
+            for i, (v, x) in enumerate(zip(invals, args, strict=True))]
   outs = _bind(eqn, [jnp.broadcast_to(x, shape) if np.ndim(x) else x for x in args], layout)
   if result and name in BOUNDED_DERIVATIVE:
     # (`scores - max`: no derivative to guard) a loose result, selected where

@@ -3,9 +3,10 @@
 One scan runs over the positions of every row at once (`row_length` steps,
 `rows` wide), the carry restarted from its initial value at each example's
 first token (its last, in reverse), and each example's final carry is read
-at its last token. Tail steps see the inputs of their row's first step, so
-their derivatives are as finite as a real step's, and their outputs are
-discarded.
+at its last token. A tail step is the first step of an example with tokens
+(the initial carry and that example's first token, its last in reverse), a
+step the example takes itself, so its derivatives are as finite as that
+example's, and its outputs are discarded.
 
 A step may read a per-token value whole, one token at a time (`x[i]` in a
 `fori_loop(0, n, ...)`, any index: `x[n - 1 - i]`, `x[i // 2]`), and use
@@ -31,7 +32,8 @@ from jax import lax
 
 from .. import _jax as jc
 from .._masking.core import eqn_is_symbolic, jaxpr_is_symbolic
-from .packed_eval import EXAMPLE, SHARED, TOKEN, Unpackable, V, _RULES, eval_packed, is_read
+from .packed_eval import (EXAMPLE, SHARED, TOKEN, Unpackable, V, _RULES, eval_packed, is_read,
+                          tight_token)
 from .packed_layout import Layout
 
 
@@ -39,9 +41,9 @@ def _scan(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   """`lax.scan` over the example's axis: one scan over the positions of every
   row at once, the carry restarted from its initial value at each example's
   first token (its last, in reverse), each example's final carry read at its
-  last token. A step on the tail runs on the inputs of its row's first step
-  (the same values a real step sees, so its derivative is as finite as the
-  example's own), and its outputs are discarded."""
+  last token. A step on the tail runs as the first step of an example with
+  tokens (the same values that example's first step sees, so its derivative
+  is as finite as the example's own), and its outputs are discarded."""
   p = eqn.params
   nc, nk = jc.scan_counts(p)   # (named in params up to JAX 0.11, in `ft_in` after)
   consts, init, xs = invals[:nc], invals[nc:nc + nk], invals[nc + nk:]
@@ -60,12 +62,27 @@ def _scan(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     raise Unpackable(eqn, "a scan with no per-token inputs")
   rows, length, tokens = layout.rows, layout.row_length, layout.tokens
   valid = layout.valid(xs[0].dim)
-  first = (jnp.arange(tokens, dtype=np.int32) // length) * length   # its row's first token
-  owner = jnp.where(valid, layout.segments, layout.segments[first])
-  # a row all tail (the row count's bucket adds them) steps as example 0 does:
-  # an out-of-range take would fill its carry with NaN, and NaN times the zero
-  # cotangent there is NaN in the shared parameters' gradient
-  owner = jnp.where(owner < layout.examples, owner, 0)
+  # a tail step runs as the first step of an example that has tokens (its
+  # row's first one; in a row all tail, which the row count's bucket adds, the
+  # first non-empty example): the initial carry and the inputs at that
+  # example's first token (its last, in reverse), a step the example takes
+  # itself, so that its derivatives are as finite as that example's. (Another
+  # step, on the tail's zeros or on the first token in reverse, may have an
+  # infinite derivative, `sqrt(|c + x|)` at 0, and 0 times it is NaN in the
+  # shared parameters' gradient and in that token's.)
+  row_first = jnp.arange(rows, dtype=np.int32) * length
+  row_owner = layout.segments[row_first]   # (its first example starts there)
+  row_real = row_owner < layout.examples
+  donor = jnp.argmax(layout.lengths > 0)
+  row_owner = jnp.where(row_real, row_owner, donor)
+  owner_length = layout.lengths[row_owner]   # (rows,)
+  if p["reverse"]:
+    source = jnp.where(row_real, row_first, layout.starts[donor]) + owner_length - 1
+  else:
+    source = jnp.where(row_real, row_first, layout.starts[donor])
+  source = jnp.clip(source, 0, tokens - 1)   # (every example empty: any token)
+  owner = jnp.where(valid, layout.segments, jnp.repeat(row_owner, length,
+                                                       total_repeat_length=tokens))
   own_length = jnp.take(layout.lengths, owner)
   edge = (layout.positions == 0) if not p["reverse"] else (layout.positions == own_length - 1)
   restart = edge | ~valid
@@ -80,7 +97,10 @@ def _scan(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   def pick(mask: Any, a: Any, b: Any) -> Any:
     return lax.select(lax.broadcast_in_dim(mask, a.shape, (0,)), a, b)
 
-  safe_xs = [pick(valid, x.val, jnp.take(x.val, first, axis=0)) for x in xs]
+  def at_source(x: Any) -> Any:   # each row's source token, on each of its tokens
+    return jnp.repeat(jnp.take(x, source, axis=0), length, axis=0, total_repeat_length=tokens)
+
+  safe_xs = [pick(valid, x.val, at_source(x.val)) for x in xs]
   step_consts = [per_token(v) for v in consts if v.kind == EXAMPLE]
   # a per-example initial carry streams in at each token; a shared one (the
   # usual zeros) is a constant of the step
@@ -119,10 +139,9 @@ def _scan(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     outs = jax.vmap(run_body, in_axes=(None, 0, 0, 0, 0))(shared, c_example, carry, x, who)
     return outs[:nk], (outs[:nk] if finals_used else [], outs[nk:])
 
-  # a row all tail steps as a non-empty example does (`off_empty`'s): an
-  # empty one's length 0 in a step that reads `x[i]` has no token to read
-  who = jnp.where(valid | (layout.segments[first] < layout.examples), owner,
-                  jnp.argmax(layout.lengths > 0))
+  # (a row all tail steps as a non-empty example does, `owner`: an empty
+  # one's length 0 in a step that reads `x[i]` has no token to read)
+  who = owner
   c0 = [jnp.zeros((rows, *np.shape(v.val)[1 if v.kind == EXAMPLE else 0:]),
                   jnp.result_type(v.val)) for v in init]
   _, (carries, ys) = lax.scan(
@@ -162,7 +181,10 @@ def _scan_of_fixed_length(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
 
   def one_step(carry: list[V], x: list[Any]) -> list[V]:
     args = [*consts, *carry, *[V(SHARED, a) for a in x]]
-    return eval_packed(body.jaxpr, body.consts, args, layout.fresh())
+    inner = layout.fresh()
+    # a carry or output goes on as an array (its V's flags stay behind): a
+    # loose one (`x @ w`, maybe not zero on the tail) is selected first
+    return [tight_token(inner, o) for o in eval_packed(body.jaxpr, body.consts, args, inner)]
 
   def shape_of(v: V) -> tuple[Any, ...]:
     return (v.kind, v.axis, str(v.dim)) if v.kind == TOKEN else (v.kind,)
