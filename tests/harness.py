@@ -19,6 +19,11 @@ Eager, jit and vmap also draw one empty size (issue 33: the first size of the
 case's first sizes at 0, where the case declares no constraints): where `fun`
 works on the empty arrays the results must match; where JAX raises there, an
 eager call must raise too and a traced one must return no plausible number.
+
+The references (`fun`'s values, VJPs and JVPs on the unpadded arguments) run
+under jax.jit, one program per case and sizes that every mode shares, where
+`fun` traces there; op by op, eager JAX compiles each op at each size. Only
+the masked side is what a mode checks (eagerly, under jit, ...).
 """
 
 from __future__ import annotations
@@ -49,9 +54,13 @@ class Case:
   modes: Sequence[str] = MODES
   rtol: float = 2e-5
   atol: float = 2e-5
-  #: Run the reference, the vmap check and the grad check under jax.jit: for
-  #: large functions, whose op-by-op dispatch compiles every op at every size.
+  #: Run the vmap check and the grad check of the masked function under
+  #: jax.jit: for large functions, whose op-by-op dispatch compiles every op at
+  #: every size. (The reference always runs under jax.jit where `fun` traces:
+  #: `reference`.)
   compiled: bool = False
+  #: The reference's jitted programs, built once per case (`_program`).
+  programs: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
   def __str__(self):
     return self.name
@@ -269,11 +278,54 @@ def table_test(cases: Sequence[Case]):
 
 def reference(case: Case, unpadded):
   """`fun` on the unpadded arguments, as JAX arrays (NumPy indexing differs)."""
-  return _fun(case)(*jax.tree.map(jnp.asarray, unpadded))
+  args = jax.tree.map(jnp.asarray, unpadded)
+  return _unpadded(case, lambda: _program(case, "value", lambda: case.fun)(*args),
+                   lambda: case.fun(*args))
+
+
+def _unpadded(case: Case, jitted: Callable, eager: Callable):
+  """The reference computation `jitted()`, one compiled program per case and
+  sizes, or `eager()` (the same computation op by op) where `fun` does not
+  trace under jax.jit (x[x > 0], jnp.unique: shapes that depend on values).
+
+  Eager JAX compiles every op at every size it meets (op-by-op dispatch): a
+  case's references cost dozens of compiles where one program per size does.
+  Either way it is `fun` on the unpadded arguments; where JAX raises eagerly
+  it raises under jit too (shapes, dtypes), and the eager call then decides.
+  A `compiled` case's reference was always jitted: its errors are kept."""
+  if case.compiled:
+    return jitted()
+  try:
+    return jitted()
+  except Exception:
+    return eager()
+
+
+def _program(case: Case, kind: str, make_fun: Callable, *static):
+  """`jax.jit(make_fun())`, built once per case, `kind` and `static` values:
+  one wrapper, so that JAX's dispatch and compile caches serve every mode's
+  call at the same sizes."""
+  key = (kind, *static)
+  program = case.programs.get(key)
+  if program is None:
+    program = case.programs[key] = jax.jit(make_fun())
+  return program
 
 
 def _fun(case: Case):
   return jax.jit(case.fun) if case.compiled else case.fun
+
+
+def _reference_vjp(case: Case, args, ref_cts):
+  """(outputs, input cotangents) of `fun` on the unpadded `args` with output
+  cotangents `ref_cts` (a flat list, float0 for integer outputs)."""
+  def vjp(fun):
+    def run(args, cts):
+      outs, pullback = jax.vjp(fun, *args)
+      return outs, pullback(jax.tree.unflatten(jax.tree.structure(outs), cts))
+    return run
+  return _unpadded(case, lambda: _program(case, "vjp", lambda: vjp(case.fun))(args, ref_cts),
+                   lambda: vjp(_fun(case))(args, ref_cts))
 
 
 def _shape_leaves(shapes, like):
@@ -327,10 +379,9 @@ def _check_grad(case: Case, masked, unpadded, padded, sizes, rng):
   shape_leaves = tree.flatten_up_to(shapes)
   cts = [_cotangent(o, s, rng) for o, s in zip(out_leaves, shape_leaves)]
   grads = pullback(jax.tree.unflatten(tree, cts))
-  expected_outs, ref_pullback = jax.vjp(_fun(case), *jax.tree.map(jnp.asarray, unpadded))
   ref_cts = [valid(c, s) if c.dtype != jax.dtypes.float0
              else np.zeros(s, jax.dtypes.float0) for c, s in zip(cts, shape_leaves)]
-  expected = ref_pullback(jax.tree.unflatten(jax.tree.structure(expected_outs), ref_cts))
+  _, expected = _reference_vjp(case, jax.tree.map(jnp.asarray, tuple(unpadded)), ref_cts)
   for i, (g, e, p) in enumerate(zip(jax.tree.leaves(grads), jax.tree.leaves(expected),
                                     jax.tree.leaves(padded))):
     g = np.asarray(g)
@@ -356,19 +407,26 @@ def _check_jvp(case: Case, masked, unpadded, padded, sizes, rng):
   tangents = [_cotangent(padded_leaves[i], np.shape(unpadded_leaves[i]), rng) for i in diff]
 
   def on_diff(leaves, *values):
-    full = list(leaves)
-    for i, v in zip(diff, values, strict=True):
-      full[i] = v
-    return jax.tree.unflatten(in_tree, full)
+    return jax.tree.unflatten(in_tree, _with(leaves, diff, values))
 
   ref_tangents = [valid(t, np.shape(unpadded_leaves[i])) for t, i in zip(tangents, diff)]
   ref_leaves = [jnp.asarray(x) for x in unpadded_leaves]
   masked_jvp = lambda: jax.jvp(lambda *v: run(on_diff(padded_leaves, *v), sizes),  # noqa: E731
                                tuple(padded_leaves[i] for i in diff), tuple(tangents))
+
+  def reference_jvp(fun):
+    def run_jvp(leaves, ref_tangents):   # every leaf an argument: no constants baked in
+      return jax.jvp(lambda *v: fun(*on_diff(leaves, *v)),
+                     tuple(leaves[i] for i in diff), tuple(ref_tangents))
+    return run_jvp
+
+  ref_tangents = [jnp.asarray(t) for t in ref_tangents]
   try:
-    expected, expected_t = jax.jvp(
-        lambda *v: _fun(case)(*on_diff(ref_leaves, *v)),
-        tuple(ref_leaves[i] for i in diff), tuple(jnp.asarray(t) for t in ref_tangents))
+    expected, expected_t = _unpadded(
+        case,
+        lambda: _program(case, "jvp", lambda: reference_jvp(case.fun), in_tree, tuple(diff))(
+            ref_leaves, ref_tangents),
+        lambda: reference_jvp(_fun(case))(ref_leaves, ref_tangents))
   except Exception:   # JAX refuses forward mode here (a custom_vjp): polyjit too
     with pytest.raises(pj.MaskingError):
       masked_jvp()
@@ -388,6 +446,14 @@ def _check_jvp(case: Case, masked, unpadded, padded, sizes, rng):
     what = f"{case.name} jvp sizes={sizes} output {k}"
     np.testing.assert_allclose(valid(t, s), e, rtol=max(case.rtol, 1e-4),
                                atol=max(case.atol, 1e-4), equal_nan=True, err_msg=what)
+
+
+def _with(leaves, positions, values):
+  """`leaves` with those at `positions` replaced by `values`."""
+  full = list(leaves)
+  for i, v in zip(positions, values, strict=True):
+    full[i] = v
+  return full
 
 
 def nan_padded(x, padded):
