@@ -15,7 +15,7 @@ import pytest
 
 import polyjit as pj
 from polyjit import _jax as jc
-from polyjit._jax import frames
+from polyjit._jax import frames, size_class
 
 BRANCHY = '''
 import jax.numpy as jnp
@@ -38,9 +38,16 @@ def fake_jax_dir(tmp_path, monkeypatch):
   tmp_path/jax_md_fake/ is what `site-packages/jax_md/` is to the real one."""
   fake = str(tmp_path / "jax")
   monkeypatch.setattr(frames, "_JAX_DIR", fake)
-  frames.is_user_path.cache_clear()
+  _forget_user_paths()
   yield fake
+  # (what was decided while JAX's files passed for the user's: a later test in
+  # this process would otherwise take JAX's own `x.shape[0]` for user code's)
+  _forget_user_paths()
+
+
+def _forget_user_paths():
   frames.is_user_path.cache_clear()
+  size_class._user_file.clear()
 
 
 def test_a_package_whose_name_starts_with_jax_is_user_code(tmp_path, fake_jax_dir):
