@@ -97,6 +97,13 @@ def _examples(rng, lengths=LENGTHS):
   return [rng.normal(size=(n, 3)).astype(np.float32) for n in lengths]
 
 
+def with_data(packed, data):
+  """`packed`'s layout around other data: a poisoned copy, or a gradient with
+  respect to `packed.data` to read per example with `.to_list()`."""
+  return pj.PackedRagged(data, packed.lengths, packed.starts, packed.segments,
+                         packed.positions, packed.nonempty)
+
+
 def _poison(packed):
   """The packed batch with NaN and inf in the unused tail of every row."""
   valid = np.asarray(packed.valid())
@@ -105,8 +112,7 @@ def _poison(packed):
     bad = np.where(np.arange(x[~valid].size).reshape(x[~valid].shape) % 2, np.nan, np.inf)
     x[~valid] = bad.astype(x.dtype) if np.issubdtype(x.dtype, np.floating) else 7
     return jnp.asarray(x)
-  return pj.PackedRagged(jax.tree.map(fill, packed.data), packed.lengths, packed.starts,
-                         packed.segments, packed.positions, packed.nonempty)
+  return with_data(packed, jax.tree.map(fill, packed.data))
 
 
 def _loss(out):

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import polyjit as pj
-from test_packing import _check, _examples, _poison
+from test_packing import _check, _examples, _poison, with_data
 
 
 def _mixed_heads(w, x):
@@ -87,11 +87,8 @@ def test_a_nan_row_of_one_example_stays_in_that_example():
   packed = _poison(pj.Ragged.from_list(xs, packing=pj.Packing(row_length=16)))
   assert packed.rows == 1
   # the gradient of the total with respect to every token
-  grad = jax.jit(jax.grad(lambda d: jnp.sum(pj.vmap(attend)(pj.PackedRagged(
-      d, packed.lengths, packed.starts, packed.segments, packed.positions,
-      packed.nonempty)))))(packed.data)
-  grads = pj.PackedRagged(grad, packed.lengths, packed.starts, packed.segments,
-                          packed.positions, packed.nonempty).to_list()
+  grad = jax.jit(jax.grad(lambda d: jnp.sum(pj.vmap(attend)(with_data(packed, d)))))(packed.data)
+  grads = with_data(packed, grad).to_list()
   for i in (0, 2):   # the neighbours: finite alone, and the same here
     np.testing.assert_allclose(grads[i], jax.jit(jax.grad(attend))(xs[i]), rtol=1e-4,
                                atol=1e-4)

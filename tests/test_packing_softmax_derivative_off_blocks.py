@@ -22,12 +22,7 @@ import numpy as np
 import pytest
 
 import polyjit as pj
-from test_packing import _poison
-
-
-def _with_data(packed, data):
-  return pj.PackedRagged(data, packed.lengths, packed.starts, packed.segments,
-                         packed.positions, packed.nonempty)
+from test_packing import _poison, with_data
 
 
 # (`jax.nn.softmax` as JAX's custom_jvp function too: its rule's `y` is the quotient)
@@ -78,10 +73,10 @@ def test_an_overflowing_cotangent_between_two_examples_stays_out(custom_jvp):
   packed = _poison(pj.Ragged.from_list([a, b], packing=pj.Packing(row_length=16)))
   assert packed.rows == 1
   with jax.softmax_custom_jvp(custom_jvp):
-    grad = jax.jit(jax.grad(lambda d: jnp.sum(pj.vmap(attend)(_with_data(packed, d)))))(
+    grad = jax.jit(jax.grad(lambda d: jnp.sum(pj.vmap(attend)(with_data(packed, d)))))(
         packed.data)
     want = jax.jit(jax.grad(attend))(a)
-  got = _with_data(packed, grad).to_list()
+  got = with_data(packed, grad).to_list()
   assert np.isfinite(want).all()
   # (example 1's own gradient is a difference of terms near 1e20: compared
   # only where it is not rounding)

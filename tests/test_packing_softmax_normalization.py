@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import polyjit as pj
-from test_packing import _eqns, _poison
+from test_packing import _eqns, _poison, with_data
 
 LENGTHS = [5, 3, 9, 13, 2, 7, 4]
 MARKED = 2   # the example whose marked queries make degenerate rows
@@ -71,11 +71,6 @@ def _batch(rng):
   return xs
 
 
-def _with_data(packed, data):
-  return pj.PackedRagged(data, packed.lengths, packed.starts, packed.segments,
-                         packed.positions, packed.nonempty)
-
-
 @pytest.mark.parametrize("name", sorted(FUNCTIONS))
 def test_degenerate_rows_stay_in_their_example(name):
   """Each example's value, and the gradient of the batch's total with respect
@@ -89,10 +84,10 @@ def test_degenerate_rows_stay_in_their_example(name):
   packed = _poison(pj.Ragged.from_list(xs, packing=pj.Packing(row_length=16)))
   assert packed.rows < len(xs)   # several examples share a row
   per_example = pj.vmap(fun, in_axes=(None, 0))
-  values = jax.jit(lambda data: per_example(w, _with_data(packed, data)))(packed.data)
-  grad = jax.jit(jax.grad(lambda data: jnp.sum(per_example(w, _with_data(packed, data)))))(
+  values = jax.jit(lambda data: per_example(w, with_data(packed, data)))(packed.data)
+  grad = jax.jit(jax.grad(lambda data: jnp.sum(per_example(w, with_data(packed, data)))))(
       packed.data)
-  grads = _with_data(packed, grad).to_list()
+  grads = with_data(packed, grad).to_list()
   alone = jax.jit(lambda w, xs: [(fun(w, x), jax.grad(fun, argnums=1)(w, x)) for x in xs])(
       w, xs)
   for i, (value, want) in enumerate(alone):
