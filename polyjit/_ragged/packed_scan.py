@@ -8,6 +8,14 @@ at its last token. A tail step is the first step of an example with tokens
 step the example takes itself, so its derivatives are as finite as that
 example's, and its outputs are discarded.
 
+The step is the user's step and nothing more: the inputs stream in
+time-major with the tail's source token already selected in (one pass per
+input outside the loop, its transpose fused in), and the outputs' tail is
+zeroed time-major after it, where a select in the step costs a select, a
+stacked residual and its mask at every step. The source token is held off
+the derivative (a tail step's cotangent is 0 times finite derivatives), so
+the backward pass scatters nothing back onto the tokens.
+
 A step may read a per-token value whole, one token at a time (`x[i]` in a
 `fori_loop(0, n, ...)`, any index: `x[n - 1 - i]`, `x[i // 2]`), and use
 the length as a value: each row's step is evaluated for its example
@@ -81,11 +89,28 @@ def _scan(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   else:
     source = jnp.where(row_real, row_first, layout.starts[donor])
   source = jnp.clip(source, 0, tokens - 1)   # (every example empty: any token)
-  owner = jnp.where(valid, layout.segments, jnp.repeat(row_owner, length,
-                                                       total_repeat_length=tokens))
-  own_length = jnp.take(layout.lengths, owner)
-  edge = (layout.positions == 0) if not p["reverse"] else (layout.positions == own_length - 1)
+  if p["reverse"]:   # (a tail token restarts whatever its edge)
+    own_length = jnp.take(layout.lengths, layout.segments, mode="fill", fill_value=0)
+    edge = layout.positions == own_length - 1
+  else:
+    edge = layout.positions == 0
   restart = edge | ~valid
+
+  def by_step(x: Any) -> Any:     # (tokens, ...) -> (row_length, rows, ...)
+    return jnp.swapaxes(x.reshape(rows, length, *x.shape[1:]), 0, 1)
+
+  def by_token(x: Any) -> Any:    # the inverse
+    return jnp.swapaxes(x, 0, 1).reshape(tokens, *x.shape[2:])
+
+  def pick(mask: Any, a: Any, b: Any) -> Any:   # `mask` on a's leading axes
+    return lax.select(lax.broadcast_in_dim(mask, a.shape, tuple(range(mask.ndim))), a, b)
+
+  # each token's example, a tail token its row's source example's (only where
+  # a per-example value streams in, or a step reads `x[i]` or the length)
+  owner = None
+  if symbolic or any(v.kind == EXAMPLE for v in [*consts, *init]):
+    owner = jnp.where(valid, layout.segments, jnp.broadcast_to(
+        row_owner[:, None], (rows, length)).reshape(tokens))
 
   def per_token(v: V) -> Any:     # a per-example or shared value at each token
     # (a tail step may run as an empty example: with a non-empty one's values,
@@ -94,13 +119,19 @@ def _scan(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
       return jnp.take(layout.off_empty(v.val), owner, axis=0)
     return jnp.broadcast_to(layout.off_all_empty(v.val), (tokens, *np.shape(v.val)))
 
-  def pick(mask: Any, a: Any, b: Any) -> Any:
-    return lax.select(lax.broadcast_in_dim(mask, a.shape, (0,)), a, b)
+  # the inputs stream time-major with each row's source token on its tail:
+  # selected there (one pass per input, the transpose fused in), where a
+  # select in the step costs a select, a stacked residual and its mask at
+  # every step. The source token takes no cotangent from the tail (the tail
+  # step's outputs are discarded and the next step restarts the carry: 0
+  # times its finite derivatives), so it is held off the derivative: no
+  # scatter of zeros back onto it
+  step_valid = by_step(valid)     # (row_length, rows)
 
-  def at_source(x: Any) -> Any:   # each row's source token, on each of its tokens
-    return jnp.repeat(jnp.take(x, source, axis=0), length, axis=0, total_repeat_length=tokens)
+  def streamed(x: Any) -> Any:
+    at = lax.stop_gradient(jnp.take(x, source, axis=0))   # (rows, ...)
+    return pick(step_valid, by_step(x), jnp.broadcast_to(at, (length, *at.shape)))
 
-  safe_xs = [pick(valid, x.val, at_source(x.val)) for x in xs]
   step_consts = [per_token(v) for v in consts if v.kind == EXAMPLE]
   # a per-example initial carry streams in at each token; a shared one (the
   # usual zeros) is a constant of the step
@@ -112,12 +143,6 @@ def _scan(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   # the final carries stack every step's carry (read at each example's last
   # token): only where the function uses them
   finals_used = any(is_read(v) for v in eqn.outvars[:nk])
-
-  def by_step(x: Any) -> Any:     # (tokens, ...) -> (row_length, rows, ...)
-    return jnp.swapaxes(x.reshape(rows, length, *x.shape[1:]), 0, 1)
-
-  def by_token(x: Any) -> Any:    # the inverse
-    return jnp.swapaxes(x, 0, 1).reshape(tokens, *x.shape[2:])
 
   def run_body(c_shared: list[Any], c_example: list[Any], carry: list[Any],
                x: list[Any], who: Any) -> list[Any]:
@@ -136,18 +161,18 @@ def _scan(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
               else jnp.broadcast_to(next(constants), c.shape) for v, c in
               zip(init, carry, strict=True)]
     carry = [pick(flag, s, c) for s, c in zip(starts, carry, strict=True)]
-    outs = jax.vmap(run_body, in_axes=(None, 0, 0, 0, 0))(shared, c_example, carry, x, who)
+    outs = jax.vmap(run_body, in_axes=(None, 0, 0, 0, 0 if symbolic else None))(
+        shared, c_example, carry, x, who)
     return outs[:nk], (outs[:nk] if finals_used else [], outs[nk:])
 
   # (a row all tail steps as a non-empty example does, `owner`: an empty
   # one's length 0 in a step that reads `x[i]` has no token to read)
-  who = owner
+  who = by_step(owner) if symbolic else None
   c0 = [jnp.zeros((rows, *np.shape(v.val)[1 if v.kind == EXAMPLE else 0:]),
                   jnp.result_type(v.val)) for v in init]
   _, (carries, ys) = lax.scan(
       step, c0, (by_step(restart), [by_step(i) for i in init_tokens],
-                 [by_step(x) for x in safe_xs], [by_step(c) for c in step_consts],
-                 by_step(who)),
+                 [streamed(x.val) for x in xs], [by_step(c) for c in step_consts], who),
       reverse=p["reverse"])
   last = layout.starts if p["reverse"] else layout.starts + layout.lengths - 1
   finals = [V(EXAMPLE, None) for _ in init]   # (dropped: never read)
@@ -159,8 +184,12 @@ def _scan(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
                           jnp.broadcast_to(i.val, f.shape).astype(f.dtype), f)
                for f, i in zip(lasts, init, strict=True)]
     finals = [V(EXAMPLE, f) for f in lasts]
-  outs = [V(TOKEN, layout.select(by_token(y), 0, xs[0].dim), 0, xs[0].dim, guarded=True)
-          for y in ys]
+  # the outputs' tail set to 0 time-major, before the transpose back: its
+  # transpose, the cotangent's, then ends in the select and streams in as
+  # it is made (with the transpose last, XLA lays it out as a bitcast and
+  # copies it again before the loop)
+  outs = [V(TOKEN, by_token(pick(step_valid, y, lax.full_like(y, 0))), 0, xs[0].dim,
+            guarded=True) for y in ys]
   return [*finals, *outs]
 
 
