@@ -69,7 +69,9 @@ class Layout:
       return x
     donor = jnp.argmax(self.lengths > 0)
     at = lax.broadcast_in_dim(self.empty(), jnp.shape(x), (0,))
-    return lax.select(at, lax.stop_gradient(jnp.broadcast_to(x[donor], jnp.shape(x))), x)
+    if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
+      return lax.select(at, jnp.broadcast_to(x[donor], jnp.shape(x)), x)
+    return _donor_rows(x, at, donor)
 
   def off_all_empty(self, w: Any) -> Any:
     """A shared value, without a derivative where every example is empty (then
@@ -77,7 +79,7 @@ class Layout:
     if (not self.may_be_empty or not isinstance(w, jc.Tracer)
         or not jnp.issubdtype(jnp.result_type(w), jnp.inexact)):
       return w
-    return jnp.where(jnp.all(self.empty()), lax.stop_gradient(w), w)
+    return _still_where(w, jnp.all(self.empty()))
 
   def is_base(self, d: Any) -> bool:
     return str(d) == self.name
@@ -156,6 +158,37 @@ class Layout:
     flat = y.reshape(self.examples * p, *y.shape[2:])
     out = jnp.take(flat, idx, axis=0, mode="fill", fill_value=0)
     return jnp.moveaxis(out, 0, axis)
+
+
+# `off_empty` and `off_all_empty` cut the derivative with a custom JVP, not
+# `lax.stop_gradient`: a `jax.custom_jvp` rule evaluated packed
+# (`packed_custom.py`) applies them to tangents too (`t[-1] * 2.0` is an op on
+# per-example values), and JAX cannot transpose a `stop_gradient` of a tangent
+# ("Transpose rule for 'stop_gradient' not implemented"); their values here
+# are linear in `x` (a gather and a select), which JAX transposes.
+
+@jax.custom_jvp
+def _donor_rows(x: Any, at: Any, donor: Any) -> Any:
+  """`x` with the rows `at` replaced by row `donor`; no derivative there."""
+  return lax.select(at, jnp.broadcast_to(x[donor], jnp.shape(x)), x)
+
+
+@_donor_rows.defjvp
+def _donor_rows_jvp(primals: Any, tangents: Any) -> Any:
+  x, at, donor = primals
+  return _donor_rows(x, at, donor), lax.select(at, jnp.zeros_like(tangents[0]), tangents[0])
+
+
+@jax.custom_jvp
+def _still_where(w: Any, flag: Any) -> Any:
+  """`w`, without a derivative where `flag`."""
+  return w
+
+
+@_still_where.defjvp
+def _still_where_jvp(primals: Any, tangents: Any) -> Any:
+  w, flag = primals
+  return w, jnp.where(flag, jnp.zeros_like(tangents[0]), tangents[0])
 
 
 def identity(kind: str, dtype: Any) -> Any:
