@@ -69,7 +69,9 @@ class Layout:
       return x
     donor = jnp.argmax(self.lengths > 0)
     at = lax.broadcast_in_dim(self.empty(), jnp.shape(x), (0,))
-    return lax.select(at, lax.stop_gradient(jnp.broadcast_to(x[donor], jnp.shape(x))), x)
+    if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
+      return lax.select(at, jnp.broadcast_to(x[donor], jnp.shape(x)), x)
+    return _donor_rows(x, at, donor)
 
   def off_all_empty(self, w: Any) -> Any:
     """A shared value, without a derivative where every example is empty (then
@@ -77,7 +79,7 @@ class Layout:
     if (not self.may_be_empty or not isinstance(w, jc.Tracer)
         or not jnp.issubdtype(jnp.result_type(w), jnp.inexact)):
       return w
-    return jnp.where(jnp.all(self.empty()), lax.stop_gradient(w), w)
+    return _still_where(w, jnp.all(self.empty()))
 
   def is_base(self, d: Any) -> bool:
     return str(d) == self.name
@@ -158,6 +160,37 @@ class Layout:
     return jnp.moveaxis(out, 0, axis)
 
 
+# `off_empty` and `off_all_empty` cut the derivative with a custom JVP, not
+# `lax.stop_gradient`: a `jax.custom_jvp` rule evaluated packed
+# (`packed_custom.py`) applies them to tangents too (`t[-1] * 2.0` is an op on
+# per-example values), and JAX cannot transpose a `stop_gradient` of a tangent
+# ("Transpose rule for 'stop_gradient' not implemented"); their values here
+# are linear in `x` (a gather and a select), which JAX transposes.
+
+@jax.custom_jvp
+def _donor_rows(x: Any, at: Any, donor: Any) -> Any:
+  """`x` with the rows `at` replaced by row `donor`; no derivative there."""
+  return lax.select(at, jnp.broadcast_to(x[donor], jnp.shape(x)), x)
+
+
+@_donor_rows.defjvp
+def _donor_rows_jvp(primals: Any, tangents: Any) -> Any:
+  x, at, donor = primals
+  return _donor_rows(x, at, donor), lax.select(at, jnp.zeros_like(tangents[0]), tangents[0])
+
+
+@jax.custom_jvp
+def _still_where(w: Any, flag: Any) -> Any:
+  """`w`, without a derivative where `flag`."""
+  return w
+
+
+@_still_where.defjvp
+def _still_where_jvp(primals: Any, tangents: Any) -> Any:
+  w, flag = primals
+  return w, jnp.where(flag, jnp.zeros_like(tangents[0]), tangents[0])
+
+
 def identity(kind: str, dtype: Any) -> Any:
   if jnp.issubdtype(dtype, jnp.inexact):
     return -np.inf if kind == "max" else np.inf
@@ -173,23 +206,61 @@ def segment_reduce(kind: str, x: Any, segments: Any, examples: int, valid: Any) 
   return op(filled, segments, examples)
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
 def segment_extremum(kind: str, examples: int, x: Any, valid: Any, segments: Any) -> Any:
-  """max/min per example; the derivative divided among the valid ties (as
-  JAX's `reduce_max`'s, and the masking rule's)."""
-  return segment_reduce(kind, x, segments, examples, valid)
+  """max/min per example of `x` (tokens first); see `segment_extremum_over`."""
+  return segment_extremum_over(kind, examples, (), x, valid, segments)
 
 
-@segment_extremum.defjvp
-def segment_extremum_jvp(kind: str, examples: int, primals: Any, tangents: Any) -> Any:
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2))
+def segment_extremum_over(kind: str, examples: int, rest: tuple[int, ...], x: Any, valid: Any,
+                          segments: Any) -> Any:
+  """max/min per example over the tokens (axis 0) and the axes `rest` of
+  `x` at once; the derivative divided among the valid ties of all those
+  positions (as JAX's `reduce_max`'s, and the masking rule's): 0/0 = NaN
+  where the extremum is NaN (it equals no position), as JAX's."""
+  filled = jnp.where(valid, x, jnp.asarray(identity(kind, x.dtype), x.dtype))
+  if rest:
+    filled = (lax.reduce_max if kind == "max" else lax.reduce_min)(filled, rest)
+  op = jax.ops.segment_max if kind == "max" else jax.ops.segment_min
+  return op(filled, segments, examples)
+
+
+@segment_extremum_over.defjvp
+def segment_extremum_jvp(kind: str, examples: int, rest: tuple[int, ...], primals: Any,
+                         tangents: Any) -> Any:
   x, valid, segments = primals
   t = tangents[0]
-  ans = segment_extremum(kind, examples, x, valid, segments)
-  back = jnp.take(ans, segments, axis=0, mode="fill", fill_value=0)
-  at = valid & (x == back)
-  count = jax.ops.segment_sum(at.astype(x.dtype), segments, examples)
-  count = jnp.where(count == 0, jnp.ones_like(count), count)
-  return ans, jax.ops.segment_sum(jnp.where(at, t, jnp.zeros_like(t)), segments, examples) / count
+  held = _held(x)
+  ans = segment_extremum_over(kind, examples, rest, held, valid, segments)
+  kept = tuple(a for a in range(x.ndim) if a not in rest)
+  back = lax.broadcast_in_dim(jnp.take(ans, segments, axis=0, mode="fill", fill_value=0),
+                              x.shape, kept)
+  at = valid & (held == back)
+  count = jax.ops.segment_sum(jnp.sum(at, axis=rest, dtype=x.dtype), segments, examples)
+  # no valid position (an empty example): 0, not 0/0; a NaN extremum equals
+  # no position, so its count is 0 and its tangent 0/0 = NaN, as JAX's
+  count = jnp.where((count == 0) & ~jnp.isnan(ans), jnp.ones_like(count), count)
+  # (t times the indicator, as JAX's rule: its transpose carries a NaN
+  # cotangent to the example's valid positions, never to the tail)
+  share = jnp.where(valid, t * at.astype(t.dtype), jnp.zeros_like(t))
+  return ans, jax.ops.segment_sum(jnp.sum(share, axis=rest), segments, examples) / count
+
+
+def _held(x: Any) -> Any:
+  """`x` as one buffer that every reader sees with the same bits.
+
+  XLA computes an elementwise value again inside each fused loop that reads
+  it, and may round it differently from one loop to another (XLA:CPU
+  contracts a multiply and an add into an FMA in some vectorised loops and
+  not in others), so `x == max` compared a value the maximum was not
+  computed from: positions that reach the maximum were missed, and the
+  gradient lost terms (`jnp.max(x[:, :, None] + x[:, None, :] * s, axis=0)`
+  in a jitted training step). An `optimization_barrier` does not hold
+  (XLA:CPU removes it before fusion), and a sort costs 15x the step of a
+  max-pooling model; a scatter's result is never recomputed by its readers,
+  so `x` is scattered onto itself (one pass over it)."""
+  order = jnp.arange(x.shape[0], dtype=np.int32)
+  return jnp.zeros_like(x).at[order].set(x, indices_are_sorted=True, unique_indices=True)
 
 
 def segment_arg(kind: str, layout: Layout, x: Any, valid: Any, index_dtype: Any) -> Any:
