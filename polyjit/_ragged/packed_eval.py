@@ -131,6 +131,13 @@ class V:
   # selects make the result zero there), every other rule selects it first
   # (`tight_token`, `packed_pairs.tight`)
   loose: bool = False
+  # PAIR, loose: softmax's steps along `axis2` (`packed_pairs._shift`), known
+  # off the blocks: "shifted" (`s - max`) -inf there, "exp" 0, both NaN in the
+  # rows whose scores have no finite maximum (the tail's, a query's all -inf)
+  softmax_step: str = ""
+  # PAIR: softmax's `e / z` (`packed_pairs._normalize`): (e, z on the rows) for
+  # a product with its second axis, which keeps `z`'s derivative per token
+  quotient: Any = None
 
 
 def _token_axis(aval: Any, eqn: Any) -> int | None:

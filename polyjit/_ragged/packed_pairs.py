@@ -30,6 +30,14 @@ values, reductions over other axes (the heads) pairs; a contraction of either ax
 (`softmax(scores) @ v`, `scores.T @ v`) is a batched product per row; `iota`
 along either axis is the token's position in its example.
 Anything else on a PAIR raises `Unpackable` (the call runs unpacked).
+
+Softmax along the second axis (`jax.nn.softmax`'s steps) is recognised in
+the jaxpr, so that it costs no more passes over the scores than on a batch
+of padded rows: its max shift selects the scores once, for the maximum and
+the `exp` both, which XLA then fuses (`_shift`); the quotient `e / sum(e)`
+keeps its denominator per token (`_normalize`); and its product with the
+values along that axis keeps the denominator's derivative per token, so
+that the backward pass sums no score-sized product (`_quotient_product`).
 """
 
 from __future__ import annotations
@@ -166,12 +174,47 @@ def _dot_general(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   pdn, tdn = (_up(pc), (0, *_up(pb))), (_up(tc), (0, *_up(tb)))
   dn = ((pdn[0], tdn[0]), (pdn[1], tdn[1])) if pair is lhs else \
       ((tdn[0], pdn[0]), (tdn[1], pdn[1]))
-  args = [pair.val, t] if pair is lhs else [t, pair.val]
-  out, = _bind(eqn, args, layout, **dict(eqn.params, dimension_numbers=dn))
+  if pair.quotient is not None and list(pc) == [pair.axis2]:
+    out = _quotient_product(eqn, pair, t, pair is lhs, dn, layout)
+  else:
+    args = [pair.val, t] if pair is lhs else [t, pair.val]
+    out, = _bind(eqn, args, layout, **dict(eqn.params, dimension_numbers=dn))
   out_axis = _token_axis(out_aval, eqn)
   if out_axis is None:
     raise NoPairRule()
   return [V(TOKEN, _from_rows(out, out_axis, layout), out_axis, pair.dim)]
+
+
+def _quotient_product(eqn: Any, pair: V, t: Any, left: bool, dn: Any, layout: Layout) -> Any:
+  """`softmax(s) @ v` along the second axis of the quotient `e / z`
+  (`_normalize`), per token of its first: `dot(e / stop_gradient(z), v)`
+  times a factor 1 whose derivative is `-dz / z`, the quotient's derivative
+  in `z` summed over the row (`-dz / z**2 * (e @ v)`). The same value and
+  derivative as `dot(e / z, v)`, but JAX's derivative of that sums the
+  product of the quotient's cotangent and `e` over each row: a pass over
+  every score tensor; this one's is a product per token with the result.
+  The factor is 1 with no derivative on a row whose `z` is 0, inf or NaN
+  (its values 0 / 0, or 0, and its derivative NaN, through `e / z` already)."""
+  e, z = pair.quotient
+  fixed = lax.stop_gradient(z)
+  valid = _valid_like(layout, e.shape, pair.axis, pair.axis2)
+  p = lax.select(valid, e / fixed, lax.full_like(e, 0))
+  out, = _bind(eqn, [p, t] if left else [t, p], layout,
+               **dict(eqn.params, dimension_numbers=dn))
+  ok = jnp.isfinite(z) & (z > 0)
+  factor = jnp.where(ok, fixed / jnp.where(ok, z, 1), 1)
+  # the factor's axes (the pair's but the second) where the product puts them:
+  # the batch axes first, then the free axes of the left operand, of the right
+  (pc, tc), (pb, tb) = dn if left else (dn[0][::-1], dn[1][::-1])
+  free = [a for a in range(e.ndim) if a not in pb and a not in pc]
+  before = 0 if left else t.ndim - len(tc) - len(tb)
+  where = {a: (pb.index(a) if a in pb else len(pb) + before + free.index(a))
+           for a in range(e.ndim) if a not in pc}
+  kept = sorted(where, key=where.get)
+  factor = lax.transpose(lax.squeeze(factor, tuple(pc)),
+                         [sorted(where).index(a) for a in kept])
+  factor = lax.broadcast_in_dim(factor, out.shape, [where[a] for a in kept])
+  return out * factor.astype(out.dtype)
 
 
 def _one(d: Any) -> bool:
@@ -210,6 +253,12 @@ def _elementwise(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   name = eqn.primitive.name
   if name == "div" and _normalizes(eqn, invals, axis):
     return _normalize(eqn, invals, layout, axis, axis2)
+  if name == "sub" and _shifts(eqn, invals, shape):
+    return [_shift(invals[0], layout)]
+  if name == "exp" and invals[0].softmax_step == "shifted":
+    # (no select: off the blocks `exp(-inf)`, 0, but in the rows `_shift` names)
+    return [V(PAIR, lax.exp(args[0]), axis, dim, axis2, guarded=True, loose=True,
+              softmax_step="exp")]
   # pairs are zero off the block diagonal, as tokens are on the tail: the same
   # refinement as there (`selects`); a loose pair, a token or a per-example
   # value broadcast along a row (its own value on the other examples' pairs of
@@ -253,13 +302,14 @@ def _only_adds_ones(eqn: Any) -> bool:
 
 def _normalizes(eqn: Any, invals: list[V], axis: int) -> bool:
   """`e / sum(e, axis2, keepdims=True)` with `e = exp(...)` held zero off the
-  blocks by the select its `exp` took (softmax's last step). Its denominator is
+  blocks by the select its `exp` took, or by `_shift`'s but in rows NaN on
+  their block too (softmax's last step). Its denominator is
   then a sum of non-negative terms over the valid pairs: 0 only where every
   valid `e` of the row is 0 (0 / 0: NaN there for the example alone too), so
   the pairs off the blocks need no guard of their own (`_normalize`)."""
   num, den = invals
-  if not (num.kind == PAIR and num.guarded and not num.loose and den.kind == TOKEN
-          and den.axis == axis):
+  if not (num.kind == PAIR and num.guarded and (not num.loose or num.softmax_step == "exp")
+          and den.kind == TOKEN and den.axis == axis):
     return False
   made = producer(eqn.invars[0])
   if made is None or made.primitive.name not in ("exp", "exp2"):
@@ -279,24 +329,69 @@ def _normalize(eqn: Any, invals: list[V], layout: Layout, axis: int, axis2: int)
   The general rule selects the broadcast denominator to 1 off the blocks, a
   pair-sized array that the division's derivative keeps (with its -2 power)
   for the backward pass: two more passes over every score tensor. Here off
-  the blocks `e` is exactly 0, so `0 / z` there is 0 but where `z` is 0 or NaN,
-  rows that the example alone makes NaN too; the result's select hides them
-  and zeroes the cotangent there, and the NaN that `0 / z` gives `e`'s
-  cotangent off the blocks stops at the select `e`'s `exp` took. A tail
-  token's `z` (a sum over no pair: 0) is divided as 1, on the tokens."""
+  the blocks `e` is exactly 0, so `0 / z` there is 0 but where `z` is 0 or NaN
+  (or `e` NaN, `_shift`'s), rows that the example alone makes NaN too; the
+  result's select hides them and zeroes the cotangent there, and the NaN
+  that `0 / z` gives `e`'s cotangent off the blocks stops at the select
+  `e`'s `exp` (or `_shift`) took. A tail token's `z` (a sum over no pair: 0)
+  is divided as 1, on the tokens. The result keeps `e` and `z` for a
+  product with the values (`_quotient_product`)."""
   num, den = invals
   _same_dims(den, layout)
   z = lax.select(layout.valid_like(den.val.shape, den.axis, den.dim), den.val,
                  lax.full_like(den.val, 1))
   # (the size-1 axis broadcast by the division itself, as in the jaxpr: the
   # derivative's `z ** -2` stays per token)
-  out, = _bind(eqn, [num.val, _to_rows(z, den.axis, layout)], layout)
+  zr = _to_rows(z, den.axis, layout)
+  out, = _bind(eqn, [num.val, zr], layout)
   # (a select of value and derivative both: off the blocks the quotient's
   # tangent is NaN in a row whose `z` is 0 or NaN, which a contraction along
   # the first axis, `P.T @ v`, would carry to the other examples of the row;
   # and a cotangent there that overflows, `dy_i . v_c` of two examples' large
   # finite numbers, times `e == 0` would be NaN in the token's own `z`)
-  return [V(PAIR, _select(layout, out, axis, axis2), axis, num.dim, axis2, guarded=True)]
+  return [V(PAIR, _select(layout, out, axis, axis2), axis, num.dim, axis2, guarded=True,
+            quotient=(num.val, zr))]
+
+
+def _shifts(eqn: Any, invals: list[V], shape: tuple[int, ...]) -> bool:
+  """`s - stop_gradient(max(s, axis2, keepdims=True))`: softmax's first step
+  (`jax.nn.softmax`'s, `jnp.max`'s `initial=-inf` included), along the
+  second axis of the scores, whose maximum has no derivative."""
+  s, top = invals
+  if not (s.kind == PAIR and top.kind == TOKEN and top.axis == s.axis
+          and np.shape(s.val) == shape and _inexact(s.val)):
+    return False
+  stopped, src = False, producer(eqn.invars[1])
+  while src is not None and src.primitive.name != "reduce_max":
+    name = src.primitive.name
+    if name == "stop_gradient":
+      stopped = True
+    elif not (_only_adds_ones(src) or (name == "max" and any(
+        isinstance(v, jc.Literal) and np.all(np.asarray(v.val) == -np.inf)
+        for v in src.invars))):
+      return False
+    src = producer(next(v for v in src.invars if not isinstance(v, jc.Literal)))
+  return (stopped and src is not None and src.invars[0] is eqn.invars[0]
+          and tuple(src.params["axes"]) == (s.axis2,))
+
+
+def _shift(s: V, layout: Layout) -> V:
+  """`s - max(s)` along the second axis (`_shifts`) with the scores off the
+  blocks -inf before the maximum and the difference both, the maximum a
+  plain reduction: XLA reads the scores once for the maximum and `exp`
+  (one loop, as for softmax on a batch), where `max` as a reduction on pairs
+  (`_reduce`) selects the tail's maximum and `exp` its operand, a loop each.
+  Off the blocks the difference is -inf (its `exp` 0) but in the rows whose
+  maximum is -inf or NaN, NaN: the tail's (summed along the row, its `z` is
+  selected as a token's) and a query's whose scores are all -inf or one NaN
+  (its row NaN on its block too, for the example alone as well). Its
+  cotangent off the blocks stops at the select of the scores; the maximum
+  has none."""
+  x = lax.select(_valid_like(layout, s.val.shape, s.axis, s.axis2), s.val,
+                 lax.full_like(s.val, -np.inf))
+  top = lax.stop_gradient(jnp.max(x, axis=s.axis2 + 1, keepdims=True))
+  return V(PAIR, x - top, s.axis, s.dim, s.axis2, guarded=True, loose=True,
+           softmax_step="shifted")
 
 
 def _example_on_rows(x: Any, rank: int, axis: int, dim: Any, layout: Layout) -> Any:
@@ -327,8 +422,12 @@ def _reduce(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   # along either axis (the layout is symmetric), the other one left: per token
   left = x.axis2 if paired[0] == x.axis else x.axis
   axis = left - sum(a < left for a in axes)
+  # (softmax's `sum(e)` along the second axis: its rows NaN off the blocks
+  # are the tail's, selected below, and queries NaN on their block too)
+  summed = name == "reduce_sum" and x.softmax_step == "exp" and axes == (x.axis2,)
   if name == "reduce_sum":   # (a max reads the valid pairs alone: a loose one as it is)
-    out, = _bind(eqn, [tight(layout, x).val], layout, **dict(eqn.params, axes=_up(axes)))
+    y = x if summed else tight(layout, x)
+    out, = _bind(eqn, [y.val], layout, **dict(eqn.params, axes=_up(axes)))
   else:
     kind = "max" if name == "reduce_max" else "min"
     valid = _valid_like(layout, x.val.shape, x.axis, x.axis2)
@@ -339,9 +438,9 @@ def _reduce(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
       filled = lax.select(valid, x.val, lax.full_like(x.val, _identity(kind, x.val.dtype)))
       out, = _bind(eqn, [filled], layout, **dict(eqn.params, axes=_up(axes)))
   out = _from_rows(out, axis, layout)
-  if name != "reduce_sum":   # (a tail token's maximum over no pair: -inf)
+  if name != "reduce_sum" or summed:   # (a tail token's maximum over no pair: -inf)
     out = layout.select(out, axis, x.dim)
-  return [V(TOKEN, out, axis, x.dim, guarded=name != "reduce_sum")]
+  return [V(TOKEN, out, axis, x.dim, guarded=name != "reduce_sum" or summed)]
 
 
 def _total(eqn: Any, x: V, axes: tuple[int, ...], layout: Layout) -> list[V]:
