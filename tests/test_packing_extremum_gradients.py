@@ -79,11 +79,6 @@ def test_a_nan_maximum_has_a_nan_gradient_as_jax():
   assert jax.grad(lambda w: pj.vmap(f, in_axes=(None, 0))(w, clean).sum())(w) == -3.0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "packed_eval._reduce reduces the other axes first (with JAX's reduce_max "
-    "derivative) and then the tokens per example, so ties are divided row by row; "
-    "packed_layout.segment_extremum_over reduces both at once: _reduce should call it "
-    "for an inexact max/min with other axes"))
 def test_ties_over_the_tokens_and_another_axis_share_the_derivative_equally():
   """`jnp.max` of an (n, 2) value: three tied positions, two in one token,
   with derivatives 0, 2 and 4 in `w`: JAX gives each a third (2.0); divided

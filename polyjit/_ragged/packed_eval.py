@@ -16,29 +16,29 @@ on the whole packed batch at once. Every value is one of three kinds:
   (`x[1:]`) stays in its example's slot, and the rest of the slot counts as
   tail.
 
-Ops then follow from the per-example jaxpr, primitive by primitive:
-elementwise ops run on the tokens as they are (per-example values gathered
-onto their tokens); an op with no `n` anywhere runs `jax.vmap`ped over the
-examples; reductions over `n` become segment reductions with the token's
-example as segment id; contractions whose contracted axes avoid `n` run
-straight on the packed rows (`x @ w`); a contraction over `n` of two
-per-token values (`softmax(scores) @ h`) sums each token's product per
-example, where that product is no wider than a few tokens; `iota` along `n`
-is the position in the example. An op that mixes positions along `n` and has no packed rule of
-its own (`cumsum`, `rev`, slices and shifts, concatenation, a contraction
-over `n`, sorting, convolutions, gathers) runs through the *masking rule*
-of its primitive (`_masking/rules/`, the same table `pj.mask` uses): its
-operands are gathered into one padded row per example, the masking rule runs
-`jax.vmap`ped over the examples with each example's length, and the result
-is gathered back into the packed layout. Only ops that are linear or order
-based take that path, so JAX's own derivative of the rule is exact there.
-Values with two axes along the example (attention scores) are held per row
-(PAIR, `packed_pairs.py`), or, where their sizes differ from the example's,
-one padded row per example (UNPACKED). A `lax.scan` over the tokens runs once
-over the positions of all rows, its carry restarted at each example
-(`_scan`; a step may read `x[i]`). Anything else that touches `n` (a loop
-whose step reads the whole sequence otherwise, a `custom_vjp`) raises
-`Unpackable`, and `pj.vmap` runs the call unpacked with a warning.
+Ops then follow from the per-example jaxpr, primitive by primitive: elementwise
+ops run on the tokens as they are (per-example values gathered onto their
+tokens); an op with no `n` anywhere runs `jax.vmap`ped over the examples;
+reductions over `n` become segment reductions with the token's example as
+segment id; contractions whose contracted axes avoid `n` run straight on the
+packed rows (`x @ w`); a contraction over `n` of two per-token values
+(`softmax(scores) @ h`) sums each token's product per example, where that
+product is no wider than a few tokens; `iota` along `n` is the position in the
+example. An op that mixes positions along `n` and has no packed rule of its own
+(`cumsum`, `rev`, slices and shifts, concatenation, a contraction over `n`,
+sorting, convolutions, gathers) runs through the *masking rule* of its
+primitive (`_masking/rules/`, the same table `pj.mask` uses): its operands are
+gathered into one padded row per example, the masking rule runs `jax.vmap`ped
+over the examples with each example's length, and the result is gathered back
+into the packed layout. Only ops that are linear or order based take that path,
+so JAX's own derivative of the rule is exact there. Values with two axes along
+the example (attention scores) are held per row (PAIR, `packed_pairs.py`), or,
+where their sizes differ from the example's, one padded row per example
+(UNPACKED). A `lax.scan` over the tokens runs once over the positions of all
+rows, its carry restarted at each example (`_scan`; a step may read `x[i]`).
+Anything else that touches `n` (a loop whose step reads the whole sequence
+otherwise, a `custom_vjp`) raises `Unpackable`, and `pj.vmap` runs the call
+unpacked with a warning.
 
 The tail invariant
 ------------------
@@ -77,7 +77,7 @@ from .. import _jax as jc
 from .._masking.core import (MaskEnv, RuleContext, _no_rule_error, eqn_is_symbolic,
                              masking_rules)
 from .._masking.rules.elementwise import ELEMENTWISE
-from .packed_layout import Layout, segment_arg, segment_extremum, segment_reduce
+from .packed_layout import Layout, segment_arg, segment_extremum_over, segment_reduce
 from .packed_selects import fill, foldable, selects
 
 TOKEN, EXAMPLE, SHARED, UNPACKED, PAIR = "token", "example", "shared", "unpacked", "pair"
@@ -131,12 +131,10 @@ class V:
   # selects make the result zero there), every other rule selects it first
   # (`tight_token`, `packed_pairs.tight`)
   loose: bool = False
-  # PAIR, loose: softmax's steps along `axis2` (`packed_pairs._shift`), known
-  # off the blocks: "shifted" (`s - max`) -inf there, "exp" 0, both NaN in the
-  # rows whose scores have no finite maximum (the tail's, a query's all -inf)
+  # PAIR, loose: softmax's steps along `axis2` (`packed_pairs._shift`): off the blocks "shifted"
+  # (`s - max`) is -inf, "exp" 0, both NaN in rows with no finite maximum (a query's all -inf)
   softmax_step: str = ""
-  # PAIR: softmax's `e / z` (`packed_pairs._normalize`): (e, z on the rows) for
-  # a product with its second axis, which keeps `z`'s derivative per token
+  # PAIR: softmax's `e / z` as (e, z per row) for a product along axis2 (`packed_pairs._normalize`)
   quotient: Any = None
 
 
@@ -454,6 +452,12 @@ def _reduce(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   kind = _SEGMENT[eqn.primitive.name]
   rest = tuple(a for a in axes if a != x.axis)
   val = x.val
+  if kind in ("max", "min") and _inexact(val):   # ties share over the tokens and `rest` at once
+    moved = jnp.moveaxis(val, x.axis, 0)
+    valid = lax.broadcast_in_dim(layout.valid(x.dim), moved.shape, (0,))
+    over = tuple(a + (a < x.axis) for a in rest)
+    out = segment_extremum_over(kind, layout.examples, over, moved, valid, layout.segments)
+    return [V(EXAMPLE, lax.convert_element_type(out, eqn.outvars[0].aval.dtype))]
   if rest:
     reduce = {"sum": lax.reduce_sum_p, "max": lax.reduce_max_p, "min": lax.reduce_min_p}
     if kind not in reduce:
@@ -466,8 +470,6 @@ def _reduce(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   valid = lax.broadcast_in_dim(valid, val.shape, (0,))
   if kind == "sum":
     out = jax.ops.segment_sum(val, layout.segments, layout.examples)
-  elif kind in ("max", "min") and _inexact(val):
-    out = segment_extremum(kind, layout.examples, val, valid, layout.segments)
   elif kind in ("max", "min"):   # (integers and bools: no derivative)
     out = segment_reduce(kind, val, layout.segments, layout.examples, valid)
   else:

@@ -206,11 +206,6 @@ def segment_reduce(kind: str, x: Any, segments: Any, examples: int, valid: Any) 
   return op(filled, segments, examples)
 
 
-def segment_extremum(kind: str, examples: int, x: Any, valid: Any, segments: Any) -> Any:
-  """max/min per example of `x` (tokens first); see `segment_extremum_over`."""
-  return segment_extremum_over(kind, examples, (), x, valid, segments)
-
-
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2))
 def segment_extremum_over(kind: str, examples: int, rest: tuple[int, ...], x: Any, valid: Any,
                           segments: Any) -> Any:
