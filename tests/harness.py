@@ -7,7 +7,9 @@ every output with `fun` on the unpadded arguments:
 
 * eager: one call per logical size;
 * jit: `jax.jit` of the masked function, one call per logical size;
-* vmap: one `jax.vmap` call over examples of different logical sizes;
+* vmap: one call of `jax.jit(jax.vmap(masked))` over examples of different
+  logical sizes; `jax.vmap(masked)` eagerly for each table's `eager_vmap`
+  sample (`table_test`);
 * grad: `jax.vjp` with cotangents that carry NaN in their padding; the valid
   region of every gradient must match the unpadded VJP, and the padding of
   gradients with respect to padded inputs must be exactly zero.
@@ -19,6 +21,13 @@ Eager, jit and vmap also draw one empty size (issue 33: the first size of the
 case's first sizes at 0, where the case declares no constraints): where `fun`
 works on the empty arrays the results must match; where JAX raises there, an
 eager call must raise too and a traced one must return no plausible number.
+
+Eager `jax.vmap` of the masked function dispatches every batched op by itself:
+JAX compiles each op at each batch shape, dozens of compiles per case, where
+the jitted vmap compiles one program (the same batching rules, the same masking
+rules, traced the same way). Eager masking is checked by the eager mode; eager
+vmap runs for a sample of rows that together reach every rule module that a
+row not `compiled` reaches (tests/test_coverage.py checks that).
 
 The references (`fun`'s values, VJPs and JVPs on the unpadded arguments) run
 under jax.jit, one program per case and sizes that every mode shares, where
@@ -54,11 +63,15 @@ class Case:
   modes: Sequence[str] = MODES
   rtol: float = 2e-5
   atol: float = 2e-5
-  #: Run the vmap check and the grad check of the masked function under
-  #: jax.jit: for large functions, whose op-by-op dispatch compiles every op at
-  #: every size. (The reference always runs under jax.jit where `fun` traces:
+  #: Run the grad and jvp checks of the masked function under jax.jit: for
+  #: large functions, whose op-by-op dispatch compiles every op at every size.
+  #: (The vmap check runs jitted for every row but a table's `eager_vmap`
+  #: sample; the reference always runs under jax.jit where `fun` traces:
   #: `reference`.)
   compiled: bool = False
+  #: Whether the vmap check runs `jax.vmap(masked)` eagerly (else under
+  #: jax.jit): set by `table_test` for its sample of the table's rows.
+  eager_vmap: bool = False
   #: The reference's jitted programs, built once per case (`_program`).
   programs: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
@@ -205,11 +218,13 @@ def _differentiable(case: Case, unpadded) -> bool:
   return True
 
 
-def check(case: Case, mode: str, seed: int = 0):
+def check(case: Case, mode: str, seed: int = 0, eager_vmap: bool = False):
+  """Checks `case` in `mode`; the vmap mode runs `jax.vmap(masked)` eagerly
+  where `eager_vmap`, else under jax.jit."""
   rng = np.random.default_rng(seed)
   masked = _masked(case)
   if mode == "vmap":
-    return _check_vmap(case, masked, rng)
+    return _check_vmap(case, masked, rng, eager_vmap)
   run = jax.jit(masked) if mode == "jit" else masked
   if mode in ("eager", "jit") and not _data_dependent_case(case, masked, rng):
     _check_empty(case, masked, run, mode, rng)
@@ -257,13 +272,24 @@ def _first_of_pair(pullback, shapes):
   return lambda cts: pullback((cts, zero_shapes))
 
 
-def table_test(cases: Sequence[Case]):
+def table_test(cases: Sequence[Case], eager_vmap: Sequence[str] | None = None):
   """A table's cases by name, and the test that checks each in every mode.
 
   In a test module: `CASES_BY_NAME, test_rule = table_test(CASES)`.
+
+  `eager_vmap` names the rows whose vmap check runs `jax.vmap(masked)`
+  eagerly (the others run it under jax.jit; `Case.eager_vmap`); by default
+  the table's first row that is not `compiled` and has a vmap mode
+  (tests/test_coverage.py: the samples reach every rule module that a row
+  not `compiled` reaches).
   """
   by_name = {c.name: c for c in cases}
   assert len(by_name) == len(cases), "case names must be unique"
+  if eager_vmap is None:
+    eager_vmap = [c.name for c in cases if not c.compiled and "vmap" in c.modes][:1]
+  for name in eager_vmap:
+    assert name in by_name and "vmap" in by_name[name].modes, f"no vmap row {name!r}"
+    by_name[name].eager_vmap = True
 
   @pytest.mark.parametrize("mode", MODES)
   @pytest.mark.parametrize("name", list(by_name))
@@ -271,7 +297,7 @@ def table_test(cases: Sequence[Case]):
     case = by_name[name]
     if mode not in case.modes:
       pytest.skip(f"{mode} does not apply to {name}")
-    check(case, mode)
+    check(case, mode, eager_vmap=case.eager_vmap)
 
   return by_name, test_rule
 
@@ -332,7 +358,7 @@ def _shape_leaves(shapes, like):
   return jax.tree.structure(like).flatten_up_to(shapes)
 
 
-def _check_vmap(case: Case, masked, rng):
+def _check_vmap(case: Case, masked, rng, eager: bool):
   all_sizes = list(case.sizes)
   empty = empty_sizes(case)
   if (empty is not None and not _data_dependent_case(case, masked, rng)
@@ -344,7 +370,7 @@ def _check_vmap(case: Case, masked, rng):
   stacked = jax.tree.map(lambda *xs: np.stack(xs), *padded)
   env = {k: np.array([s[k] for s in all_sizes], np.int32) for k in all_sizes[0]}
   batched = jax.vmap(masked)
-  outs = (jax.jit(batched) if case.compiled else batched)(stacked, env)
+  outs = (batched if eager else jax.jit(batched))(stacked, env)
   outs, all_shapes = _outputs_and_shapes(masked, outs, padded[0], None)
   for b, (u, sizes) in enumerate(zip(unpadded, all_sizes)):
     expected = reference(case, u)

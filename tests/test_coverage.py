@@ -83,6 +83,40 @@ def test_every_rule_has_a_row_in_a_test_table(tables):
                        "add rows (harness.Case) whose functions reach them")
 
 
+def _rule_module(prim) -> str:
+  """The module of a primitive's rule: polyjit._masking.rules.<family>, or the
+  module that holds it (data_dependent)."""
+  layer = rule_layers(prim)[0]
+  parts = layer.split(".")
+  return ".".join(parts[:4]) if layer.startswith("polyjit._masking.rules.") else layer.rsplit(".", 1)[0]
+
+
+def test_the_eager_vmap_samples_reach_every_rule_module_that_rows_reach(tables):
+  """harness.table_test runs the vmap check of most rows under jax.jit and
+  eager `jax.vmap` for a sample: the samples of all tables together reach
+  every rule module that a row reaches whose vmap check is not `compiled`
+  (random, linalg and the callbacks have only compiled rows)."""
+  module_of = {p.name: _rule_module(p) for p in masking_rules}
+  eager_cases, samples = {}, {}
+  for module, cases in case_tables().items():
+    eager_cases[module] = {c.name for c in cases if not c.compiled and "vmap" in c.modes}
+    samples[module] = {c.name for c in cases if c.eager_vmap}
+  reachable, sampled = set(), set()
+  for module, rows in tables.items():
+    sample = samples[module]
+    assert sample <= eager_cases[module], (module, sorted(sample - eager_cases[module]))
+    for name, prims in rows:
+      modules = {module_of[p] for p in prims if p in module_of}
+      if name in eager_cases[module]:
+        reachable |= modules
+      if name in sample:
+        sampled |= modules
+  assert len(reachable) >= 10, sorted(reachable)   # the test sees the tables
+  missing = sorted(reachable - sampled)
+  assert not missing, (f"rule modules that no eager_vmap row reaches: {missing}; name a row "
+                       "that reaches them in its table's table_test(..., eager_vmap=...)")
+
+
 def test_the_table_covers_every_public_primitive_once():
   names = [r.name for r in coverage.rows()]
   assert len(names) == len(set(names))
