@@ -210,7 +210,7 @@ def _quotient_product(eqn: Any, pair: V, t: Any, left: bool, dn: Any, layout: La
   before = 0 if left else t.ndim - len(tc) - len(tb)
   where = {a: (pb.index(a) if a in pb else len(pb) + before + free.index(a))
            for a in range(e.ndim) if a not in pc}
-  kept = sorted(where, key=where.get)
+  kept = sorted(where, key=lambda a: where[a])
   factor = lax.transpose(lax.squeeze(factor, tuple(pc)),
                          [sorted(where).index(a) for a in kept])
   factor = lax.broadcast_in_dim(factor, out.shape, [where[a] for a in kept])

@@ -116,6 +116,7 @@ def _scan(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     # (a tail step may run as an empty example: with a non-empty one's values,
     # `Layout.off_empty`, and a NaN there reaches no derivative)
     if v.kind == EXAMPLE:
+      assert owner is not None   # (built above whenever a value is per example)
       return jnp.take(layout.off_empty(v.val), owner, axis=0)
     return jnp.broadcast_to(layout.off_all_empty(v.val), (tokens, *np.shape(v.val)))
 
