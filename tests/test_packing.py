@@ -104,6 +104,30 @@ def with_data(packed, data):
                          packed.positions, packed.nonempty)
 
 
+def assert_each_example_as_alone(fun, w, xs, marked, row_length=16):
+  """`pj.vmap(fun, in_axes=(None, 0))` over `xs` packed (several per row, NaN
+  and inf in the tails): each example's value, and the gradient of the
+  batch's total with respect to each example's tokens, as that example alone
+  gives under `jax.jit` (NaN where it does: only the example `marked`). The
+  tokens' gradients are where a leak between examples shows: with respect to
+  a shared parameter the total's gradient is NaN once one example's is, with
+  `jax.vmap` too."""
+  packed = _poison(pj.Ragged.from_list(xs, packing=pj.Packing(row_length=row_length)))
+  assert packed.rows < len(xs)   # several examples share a row
+  per_example = pj.vmap(fun, in_axes=(None, 0))
+  values = jax.jit(lambda data: per_example(w, with_data(packed, data)))(packed.data)
+  grad = jax.jit(jax.grad(lambda data: jnp.sum(per_example(w, with_data(packed, data)))))(
+      packed.data)
+  grads = with_data(packed, grad).to_list()
+  alone = jax.jit(lambda w, xs: [(fun(w, x), jax.grad(fun, argnums=1)(w, x)) for x in xs])(
+      w, xs)
+  for i, (value, want) in enumerate(alone):
+    np.testing.assert_allclose(values[i], value, rtol=2e-5, atol=2e-5, err_msg=str(i))
+    np.testing.assert_allclose(grads[i], want, rtol=1e-4, atol=1e-4, err_msg=str(i))
+  assert all(np.isfinite(v) and np.isfinite(g).all()
+             for i, (v, g) in enumerate(alone) if i != marked)
+
+
 def _poison(packed):
   """The packed batch with NaN and inf in the unused tail of every row."""
   valid = np.asarray(packed.valid())

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import polyjit as pj
-from test_packing import _eqns, _poison, with_data
+from test_packing import _eqns, _poison, assert_each_example_as_alone
 
 LENGTHS = [5, 3, 9, 13, 2, 7, 4]
 MARKED = 2   # the example whose marked queries make degenerate rows
@@ -81,21 +81,7 @@ def test_degenerate_rows_stay_in_their_example(name):
   rng = np.random.default_rng(3)
   xs = _batch(rng)
   w = jnp.asarray(rng.normal(size=(3, 4)).astype(np.float32))
-  packed = _poison(pj.Ragged.from_list(xs, packing=pj.Packing(row_length=16)))
-  assert packed.rows < len(xs)   # several examples share a row
-  per_example = pj.vmap(fun, in_axes=(None, 0))
-  values = jax.jit(lambda data: per_example(w, with_data(packed, data)))(packed.data)
-  grad = jax.jit(jax.grad(lambda data: jnp.sum(per_example(w, with_data(packed, data)))))(
-      packed.data)
-  grads = with_data(packed, grad).to_list()
-  alone = jax.jit(lambda w, xs: [(fun(w, x), jax.grad(fun, argnums=1)(w, x)) for x in xs])(
-      w, xs)
-  for i, (value, want) in enumerate(alone):
-    # NaN where the example alone gives NaN (the marked one), equal elsewhere
-    np.testing.assert_allclose(values[i], value, rtol=2e-5, atol=2e-5, err_msg=str(i))
-    np.testing.assert_allclose(grads[i], want, rtol=1e-4, atol=1e-4, err_msg=str(i))
-  assert all(np.isfinite(v) and np.isfinite(g).all()
-             for i, (v, g) in enumerate(alone) if i != MARKED)
+  assert_each_example_as_alone(fun, w, xs, MARKED)
 
 
 def test_softmax_keeps_its_denominator_per_token():
