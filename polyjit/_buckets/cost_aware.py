@@ -42,7 +42,11 @@ Where the estimates come from (`estimates=`):
   call in the same bucket every time, and its results repeat bit for bit.
   (Masking is exact in every bucket, but a float reduction over another
   padded size may round differently in the last bit; a timing-dependent
-  choice would make results differ between runs.)
+  choice would make results differ between runs.) One thing outside this
+  policy is timed on purpose: a shape whose calls' overhead has paid for a
+  compile moves to `jax.jit`'s program at exactly its shapes
+  (`_jit/hot_shapes.py`); which call is its first there depends on the clock,
+  and its results are then `jax.jit`'s.
 * "measured": compile times as measured and run times sampled by blocking on
   a few calls of each program (the first `SAMPLES` new shapes that run in it,
   then every `SAMPLE_EVERY`-th, never a repeated shape); a tight bucket's run
