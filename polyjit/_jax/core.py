@@ -66,8 +66,12 @@ ARRAY_TYPE = _ArrayImpl
 
 # What `jax.jit` keys its caches on besides the arguments: every configuration
 # state that changes a trace (`jax_enable_x64`, `jax_numpy_dtype_promotion`,
-# `jax_default_matmul_precision`, `jax.disable_jit()`, mesh contexts, ...), as
-# one hashable tuple of the values in effect in this thread (C++, ~0.1 us).
+# `jax_numpy_rank_promotion`, `jax_default_matmul_precision`,
+# `jax_softmax_custom_jvp`, `jax.disable_jit()`, mesh contexts, ...), as one
+# hashable tuple of the values in effect in this thread (C++, ~0.1 us). Every
+# cache of polyjit's that holds a trace is keyed by it too: pj.jit's
+# structures and hot plans, pj.mask's traces (`Masked._structure`, which
+# pj.vmap's padded and packed paths trace through), pj.vmap's plans.
 trace_context: Callable[[], tuple[Any, ...]] = _config.trace_context
 
 

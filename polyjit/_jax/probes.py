@@ -359,6 +359,26 @@ def _call_path() -> None:
   assert not transfers_guarded()
 
 
+@internal("config.trace_context: jax_enable_x64, jax_numpy_rank_promotion, "
+          "jax_default_matmul_precision, jax_softmax_custom_jvp are part of it",
+          JAXPRS, "read",
+          "pj.mask's traces (which pj.vmap's padded and packed paths trace through) and "
+          "pj.vmap's plans are keyed by what jax.jit keys its traces on, so a trace made "
+          "under one configuration never serves a call under another",
+          versions="0.10.2, 0.12.0.1")
+def _trace_context_keys() -> None:
+  outside = _config.trace_context()
+  precision = _config.default_matmul_precision.value
+  for changed in (jax.enable_x64(not _config.enable_x64.value),
+                  _config.numpy_rank_promotion(
+                      "raise" if _config.numpy_rank_promotion.value != "raise" else "allow"),
+                  _config.default_matmul_precision("float32" if precision != "float32" else "bfloat16"),
+                  _config.softmax_custom_jvp(not _config.softmax_custom_jvp.value)):
+    with changed:
+      assert _config.trace_context() != outside
+  assert _config.trace_context() == outside and hash(outside) == hash(_config.trace_context())
+
+
 # --- spellings swapped during traces -----------------------------------------------
 
 @internal("numpy.util.promote_dtypes_inexact/promote_dtypes, jax.max_dim, jax.Tracer", SWAPS,

@@ -165,11 +165,16 @@ class Masked:
   # --- variants -------------------------------------------------------------
 
   def _structure(self, args: Sequence[Any], binding: _spec.Binding) -> tuple[Any, ...]:
-    """The key of everything a trace depends on: tree, symbolic shapes, dtypes."""
+    """The key of everything a trace depends on: tree, symbolic shapes, dtypes,
+    and JAX's configuration as `jax.jit` keys its traces on it
+    (`jc.trace_context()`: `jax_enable_x64`, dtype and rank promotion, matmul
+    precision, `jax_softmax_custom_jvp`, ...): a trace made under one
+    configuration never serves a call under another."""
     leaves, in_tree = jax.tree.flatten(tuple(args))
     return (in_tree, tuple((tuple(map(str, leaf.symbolic_shape)), jc.typeof(x).dtype,
                             jc.typeof(x).weak_type)
-                           for leaf, x in zip(binding.leaves, leaves, strict=True)))
+                           for leaf, x in zip(binding.leaves, leaves, strict=True)),
+            jc.trace_context())
 
   def _tracer(self, args: Sequence[Any], binding: _spec.Binding) -> _variants.TraceFn:
     """(constraints, oracle) -> SymbolicTrace: `fun` traced in the scope of those

@@ -249,11 +249,13 @@ class RaggedVmapped:
   def _plan(self, treedef: Any, leaves: list[Any], axes: list[Any],
             paths: list[str]) -> Plan:
     """Which Ragged arguments share their size variables (cached per argument
-    structure, shapes and dtypes): none, unless `fun` needs their lengths
+    structure, shapes, dtypes and trace context): none, unless `fun` needs their lengths
     equal (`sharing.py` says how that is found)."""
     ks = tuple(x.ragged_axes if is_ragged(x) else None for x in leaves)
     raggeds = [x for x in leaves if is_ragged(x)]
-    key = (treedef, ks, tuple(aval_key(x, a) for x, a in zip(leaves, axes, strict=True)))
+    # (and JAX's configuration, as jax.jit keys on it: the probes trace `fun`)
+    key = (treedef, ks, tuple(aval_key(x, a) for x, a in zip(leaves, axes, strict=True)),
+           jc.trace_context())
     plan = self._plans.get(key)
     if plan is not None:
       return plan
