@@ -4,7 +4,8 @@
     padded_outs = masked(args, logical_env)
 
 `fun` is traced once per argument structure with symbolic shapes (cached on
-the masked function, so a new padded size does not retrace `fun`), then the
+the masked function, so a new padded size does not retrace `fun`; keyed by
+JAX's configuration too, as `jax.jit`'s traces), then the
 jaxpr is evaluated on the padded arguments by the masking interpreter
 (`_masking/core.py`). Logical sizes are runtime values: under `jax.jit` one program
 serves every logical size up to the padded one, and `jax.vmap` over the
@@ -166,10 +167,7 @@ class Masked:
 
   def _structure(self, args: Sequence[Any], binding: _spec.Binding) -> tuple[Any, ...]:
     """The key of everything a trace depends on: tree, symbolic shapes, dtypes,
-    and JAX's configuration as `jax.jit` keys its traces on it
-    (`jc.trace_context()`: `jax_enable_x64`, dtype and rank promotion, matmul
-    precision, `jax_softmax_custom_jvp`, ...): a trace made under one
-    configuration never serves a call under another."""
+    and JAX's configuration (`jc.trace_context()`, as jax.jit keys its traces)."""
     leaves, in_tree = jax.tree.flatten(tuple(args))
     return (in_tree, tuple((tuple(map(str, leaf.symbolic_shape)), jc.typeof(x).dtype,
                             jc.typeof(x).weak_type)

@@ -15,8 +15,9 @@ arguments follow `in_axes` exactly as in `jax.vmap`. Each example therefore
 runs with its own logical size, and results and gradients are exact (see
 `_masking/mask.py`). Outputs whose symbolic shape mentions a size come back
 as `Ragged` (their lengths evaluated per example); the others are stacked. The
-masked function is cached per argument structure and the whole call is one
-`jax.jit`, so a new batch in the same buckets neither retraces nor compiles.
+masked function is cached per argument structure (and trace context, as
+`jax.jit`'s traces) and the whole call is one `jax.jit`, so a new batch in
+the same buckets neither retraces nor compiles.
 
 Which Ragged arguments share their size variables is decided once per
 argument structure from `fun` itself (`sharing.py`, which also checks the
