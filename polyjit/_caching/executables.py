@@ -7,6 +7,8 @@ Past `maxsize` entries the least recently used finished program is dropped
 (programs still compiling are never dropped). `submit` compiles in a thread
 pool instead, for `precompile` and for background compiles of tighter buckets;
 `wait` waits for such futures, with a progress bar when tqdm is installed.
+A submitted compile runs under the configuration of the thread that submitted
+it (a program traced under `with jax.enable_x64():` is lowered under it too).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any, Callable, Hashable, Iterator, Sequence
 
 import jax
 
+from .. import _jax as jc
 from . import disk as _disk_cache
 
 try:  # optional: a progress bar for precompile
@@ -70,10 +73,12 @@ class ExecutableCache:
     return fut.result()
 
   def submit(self, key: Hashable, build: Callable[[], Any]) -> concurrent.futures.Future[Any]:
-    """Starts compiling `key` in the pool unless it is cached or compiling."""
+    """Starts compiling `key` in the pool unless it is cached or compiling,
+    under this thread's configuration (a context manager's x64, promotion,
+    ...: JAX keeps those per thread; `jc.in_callers_config`)."""
     fut, owner = self._claim(key)
     if owner:
-      self._executor().submit(self._run, key, fut, build)
+      self._executor().submit(self._run, key, fut, jc.in_callers_config(build))
     return fut
 
   def _claim(self, key: Hashable) -> tuple[concurrent.futures.Future[Any], bool]:

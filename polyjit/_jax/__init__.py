@@ -43,7 +43,7 @@ from .core import (
     default_sharding as default_sharding, host_to_device as host_to_device,
     explicitly as explicitly, explicitly_read as explicitly_read,
     transfers_guarded as transfers_guarded, guard_user_uploads as guard_user_uploads,
-    jit_disabled as jit_disabled,
+    jit_disabled as jit_disabled, in_callers_config as in_callers_config,
     is_dropvar as is_dropvar, jaxpr_as_fun as jaxpr_as_fun,
     make_closed_jaxpr as make_closed_jaxpr, promote_dtypes_inexact as promote_dtypes_inexact,
     promote_dtypes as promote_dtypes,

@@ -66,9 +66,38 @@ ARRAY_TYPE = _ArrayImpl
 
 # What `jax.jit` keys its caches on besides the arguments: every configuration
 # state that changes a trace (`jax_enable_x64`, `jax_numpy_dtype_promotion`,
-# `jax_default_matmul_precision`, `jax.disable_jit()`, mesh contexts, ...), as
-# one hashable tuple of the values in effect in this thread (C++, ~0.1 us).
+# `jax_numpy_rank_promotion`, `jax_default_matmul_precision`,
+# `jax_softmax_custom_jvp`, `jax.disable_jit()`, mesh contexts, ...), as one
+# hashable tuple of the values in effect in this thread (C++, ~0.1 us). Every
+# cache of polyjit's that holds a trace is keyed by it too: pj.jit's
+# structures and hot plans, pj.mask's traces (`Masked._structure`, which
+# pj.vmap's padded and packed paths trace through), pj.vmap's plans.
 trace_context: Callable[[], tuple[Any, ...]] = _config.trace_context
+
+_UNSET = _config.config_ext.unset
+
+
+def in_callers_config(fun: Callable[[], Any]) -> Callable[[], Any]:
+  """`fun`, to be run in another thread under the configuration in effect in
+  this one now. JAX keeps a context manager's value (`with
+  jax.enable_x64():`, `jax.numpy_rank_promotion("raise")`, ...) per thread,
+  so a compile thread would otherwise lower a program under the global
+  values: another program than this thread's trace (or none: float64 leaves
+  under x64 off). `jax.config.update`'s values are global, seen by every
+  thread anyway. Read at submission (~10 us, once per background compile)."""
+  local = [(state, value) for state in _config.config_states.values()
+           if (value := state.get_local()) is not _UNSET]
+  if not local:
+    return fun
+
+  def run() -> Any:
+    previous = [(state, state.swap_local(value)) for state, value in local]
+    try:
+      return fun()
+    finally:
+      for state, value in reversed(previous):
+        state.set_local(value)
+  return run
 
 
 def jit_disabled() -> bool:

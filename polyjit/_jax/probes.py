@@ -14,6 +14,7 @@ import gc
 import importlib
 import inspect
 import math
+import threading
 from typing import Any
 
 import jax
@@ -33,6 +34,7 @@ from jax._src.interpreters import pxla as _pxla
 from jax._src.numpy import util as _np_util
 
 from .core import (InconclusiveDimensionOperation, Tracer, default_sharding, host_to_device,
+                   in_callers_config,
                    transfers_guarded,
                    is_dropvar, max_dim, replay_unsafe_effects, shaped, subjaxprs_in_params)
 from .messages import (inconclusive_comparison, needs_concrete_size, trace_refusal_unchecked,
@@ -357,6 +359,49 @@ def _call_path() -> None:
     else:
       raise AssertionError("an implicit transfer passed jax.transfer_guard('disallow')")
   assert not transfers_guarded()
+
+
+@internal("config.trace_context: jax_enable_x64, jax_numpy_rank_promotion, "
+          "jax_default_matmul_precision, jax_softmax_custom_jvp are part of it",
+          JAXPRS, "read",
+          "pj.mask's traces (which pj.vmap's padded and packed paths trace through) and "
+          "pj.vmap's plans are keyed by what jax.jit keys its traces on, so a trace made "
+          "under one configuration never serves a call under another",
+          versions="0.10.2, 0.12.0.1")
+def _trace_context_keys() -> None:
+  outside = _config.trace_context()
+  precision = _config.default_matmul_precision.value
+  for changed in (jax.enable_x64(not _config.enable_x64.value),
+                  _config.numpy_rank_promotion(
+                      "raise" if _config.numpy_rank_promotion.value != "raise" else "allow"),
+                  _config.default_matmul_precision("float32" if precision != "float32" else "bfloat16"),
+                  _config.softmax_custom_jvp(not _config.softmax_custom_jvp.value)):
+    with changed:
+      assert _config.trace_context() != outside
+  assert _config.trace_context() == outside and hash(outside) == hash(_config.trace_context())
+
+
+@internal("config.config_states, State.get_local/swap_local/set_local, config_ext.unset "
+          "(a context manager's value is the thread's own)", CALL, "read",
+          "a program compiled in a background thread (background_compile, a cost-aware "
+          "bucket compiled while calls go on, precompile, a hot shape's program) is "
+          "lowered under the configuration of the thread that asked for it",
+          versions="0.10.2, 0.12.0.1")
+def _caller_config() -> None:
+  state = _config.numpy_rank_promotion
+  other = "raise" if state.get_global() != "raise" else "allow"   # (what a new thread does not see)
+  seen: list[Any] = []
+
+  def read() -> None:
+    seen.append(state.value)
+  with state(other):
+    assert state.get_local() == other
+    wrapped = in_callers_config(read)
+    for target in (read, wrapped, read):
+      thread = threading.Thread(target=target)
+      thread.start()
+      thread.join()
+  assert seen[0] != other and seen[1] == other and seen[2] == seen[0], seen
 
 
 # --- spellings swapped during traces -----------------------------------------------

@@ -42,6 +42,7 @@ thousands of times buys one program, recorded in `pj.stats` with the cause
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import time
 from typing import Any, Callable
 
@@ -172,7 +173,9 @@ class HotShape:
     seconds = time.perf_counter() - t0
     shapes = tuple(tuple(getattr(a, "shape", ())) for a in args)
     try:
-      _executor().submit(self._compile, plan, lowered, shapes, seconds)
+      # (compiled under this thread's configuration, as jax.jit would compile it here)
+      _executor().submit(jc.in_callers_config(
+          functools.partial(self._compile, plan, lowered, shapes, seconds)))
     except RuntimeError:  # (the interpreter is shutting down, a call from an atexit
       return              # handler: no thread can start now; the bucket stays)
 

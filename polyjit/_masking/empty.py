@@ -312,7 +312,8 @@ def empty_path(masked: Any, binding: _spec.Binding, tree: Any, zero: frozenset[s
   def usable(xs: list[Any], env: dict[str, Any]) -> bool:
     structs = ([_struct(x) for x in xs], {k: _struct(v) for k, v in env.items()})
     key = (zero, tuple(sorted(env)), tuple((a.shape, str(a.dtype), a.weak_type)
-                                           for a in jax.tree.leaves(structs)))
+                                           for a in jax.tree.leaves(structs)),
+           jc.trace_context())   # (a trace: keyed as jax.jit keys its traces)
     assert masked.empty_paths is not None
     ok = masked.empty_paths.usable.get(key)
     if ok is None:

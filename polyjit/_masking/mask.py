@@ -4,7 +4,8 @@
     padded_outs = masked(args, logical_env)
 
 `fun` is traced once per argument structure with symbolic shapes (cached on
-the masked function, so a new padded size does not retrace `fun`), then the
+the masked function, so a new padded size does not retrace `fun`; keyed by
+JAX's configuration too, as `jax.jit`'s traces), then the
 jaxpr is evaluated on the padded arguments by the masking interpreter
 (`_masking/core.py`). Logical sizes are runtime values: under `jax.jit` one program
 serves every logical size up to the padded one, and `jax.vmap` over the
@@ -165,11 +166,13 @@ class Masked:
   # --- variants -------------------------------------------------------------
 
   def _structure(self, args: Sequence[Any], binding: _spec.Binding) -> tuple[Any, ...]:
-    """The key of everything a trace depends on: tree, symbolic shapes, dtypes."""
+    """The key of everything a trace depends on: tree, symbolic shapes, dtypes,
+    and JAX's configuration (`jc.trace_context()`, as jax.jit keys its traces)."""
     leaves, in_tree = jax.tree.flatten(tuple(args))
     return (in_tree, tuple((tuple(map(str, leaf.symbolic_shape)), jc.typeof(x).dtype,
                             jc.typeof(x).weak_type)
-                           for leaf, x in zip(binding.leaves, leaves, strict=True)))
+                           for leaf, x in zip(binding.leaves, leaves, strict=True)),
+            jc.trace_context())
 
   def _tracer(self, args: Sequence[Any], binding: _spec.Binding) -> _variants.TraceFn:
     """(constraints, oracle) -> SymbolicTrace: `fun` traced in the scope of those

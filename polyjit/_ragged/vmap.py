@@ -15,8 +15,9 @@ arguments follow `in_axes` exactly as in `jax.vmap`. Each example therefore
 runs with its own logical size, and results and gradients are exact (see
 `_masking/mask.py`). Outputs whose symbolic shape mentions a size come back
 as `Ragged` (their lengths evaluated per example); the others are stacked. The
-masked function is cached per argument structure and the whole call is one
-`jax.jit`, so a new batch in the same buckets neither retraces nor compiles.
+masked function is cached per argument structure (and trace context, as
+`jax.jit`'s traces) and the whole call is one `jax.jit`, so a new batch in
+the same buckets neither retraces nor compiles.
 
 Which Ragged arguments share their size variables is decided once per
 argument structure from `fun` itself (`sharing.py`, which also checks the
@@ -249,11 +250,13 @@ class RaggedVmapped:
   def _plan(self, treedef: Any, leaves: list[Any], axes: list[Any],
             paths: list[str]) -> Plan:
     """Which Ragged arguments share their size variables (cached per argument
-    structure, shapes and dtypes): none, unless `fun` needs their lengths
+    structure, shapes, dtypes and trace context): none, unless `fun` needs their lengths
     equal (`sharing.py` says how that is found)."""
     ks = tuple(x.ragged_axes if is_ragged(x) else None for x in leaves)
     raggeds = [x for x in leaves if is_ragged(x)]
-    key = (treedef, ks, tuple(aval_key(x, a) for x, a in zip(leaves, axes, strict=True)))
+    # (and JAX's configuration, as jax.jit keys on it: the probes trace `fun`)
+    key = (treedef, ks, tuple(aval_key(x, a) for x, a in zip(leaves, axes, strict=True)),
+           jc.trace_context())
     plan = self._plans.get(key)
     if plan is not None:
       return plan
