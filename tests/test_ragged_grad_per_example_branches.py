@@ -15,7 +15,8 @@ per-example values, the gradient of the total with respect to the shared
 weight (the sum of the per-example gradients) and to each example's tokens,
 eagerly and under `jax.jit`, over a padded batch with empty examples, a
 padded batch without, and a packed one (which runs these unpacked), with
-NaN and inf in all padding.
+NaN and inf in all padding; and as `jax.vmap` of `pj.mask`, a batch of
+batches, and a second derivative.
 """
 
 from __future__ import annotations
@@ -155,6 +156,47 @@ def test_packed_batch_with_empty_examples(name, jit):
   _check(FUNS[name], w, examples, packed, with_data, jit)
 
 
+def _summed_alone(fun, w, examples):
+  return sum(g[0] for _, g in _alone(fun, w, examples))
+
+
+@pytest.mark.parametrize("name", ["cond_tokens", "cond_pooled"])
+def test_jax_vmap_of_pj_mask(name):
+  """The same batch as `jax.vmap` of `pj.mask` over the lengths."""
+  fun = FUNS[name]
+  w, examples = _examples(WITH_EMPTY)
+  batch = _padded(examples)
+  masked = pj.mask(fun, [None, "(n, _)"])
+
+  def total(w):
+    return jnp.sum(jax.vmap(lambda x, n: masked([w, x], {"n": n}))(
+        batch.data, jnp.asarray(batch.lengths)))
+
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", pj.PerformanceWarning)
+    got = jax.jit(jax.grad(total))(w)
+  np.testing.assert_allclose(got, _summed_alone(fun, w, examples), rtol=1e-4, atol=1e-4)
+
+
+def test_batch_of_batches():
+  """`jax.vmap` over `pj.vmap` (a batched call batched again): two batches,
+  the second the first's examples in reverse order."""
+  fun = cond_pooled
+  w, examples = _examples(WITH_EMPTY)
+  batch = _padded(examples)
+  data = jnp.stack([batch.data, batch.data[::-1]])
+  lengths = jnp.stack([jnp.asarray(batch.lengths), jnp.asarray(batch.lengths)[::-1]])
+  per_example = pj.vmap(fun, in_axes=(None, 0))
+
+  def total(w):
+    return jnp.sum(jax.vmap(lambda d, n: per_example(w, pj.Ragged(d, n)))(data, lengths))
+
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", pj.PerformanceWarning)
+    got = jax.jit(jax.grad(total))(w)
+  np.testing.assert_allclose(got, 2 * _summed_alone(fun, w, examples), rtol=1e-4, atol=1e-4)
+
+
 def test_second_derivatives():
   """jax.hessian (jacfwd of jacrev) of the batch's total for the weight."""
   fun = cond_tokens
@@ -163,6 +205,6 @@ def test_second_derivatives():
   with warnings.catch_warnings():
     warnings.simplefilter("ignore", pj.PerformanceWarning)
     got = jax.jit(jax.hessian(lambda w: jnp.sum(pj.vmap(fun, in_axes=(None, 0))(w, batch))))(w)
-  one = jax.jit(jax.hessian(fun))
-  want = sum(one(w, jnp.asarray(x)) for x in examples)
+  one = jax.hessian(fun)
+  want = sum(jax.jit(lambda w, xs: [one(w, x) for x in xs])(w, [jnp.asarray(x) for x in examples]))
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
