@@ -17,13 +17,13 @@ a dynamic axis of a kind proven safe, recursively; no data-dependent size; no
 custom_vjp): the JVP of Call(traced) is `jax.jvp` of the masked evaluation in
 native mode, which masks tangents at the equations' outputs (and zeroes the
 padding of `dot_general`'s operands), so that no transpose meets 0 * NaN. Only
-the inputs with tangents are differentiated; the others are closed over. JAX
-then batches and transposes those tangent ops like any others: under `jax.vmap`
-(pj.vmap, Batched) the cotangent of an unbatched input is accumulated once for
-the whole batch (one scatter-add into an embedding table, one contraction over
-batch and time for a weight matrix), as for `jax.grad` of a `jax.vmap`, where
-the symbolic path below transposes each example and sums per-example
-cotangents. Higher derivatives are JAX's own of those ops.
+the inputs with tangents are differentiated; the others are closed over. Under
+`jax.vmap` (pj.vmap, Batched) JAX differentiates the batched evaluation, as
+`jax.grad` of a `jax.vmap`, and transposes its tangent ops like any others: the
+cotangent of an unbatched input is accumulated once for the whole batch (one
+scatter-add into an embedding table, one contraction over batch and time for a
+weight matrix), where the symbolic path below transposes each example and sums
+per-example cotangents. Higher derivatives are JAX's own of those ops.
 
 Symbolic, for everything else, by the same rule as the gradient in
 `_masking/mask.py` (never let JAX differentiate or transpose the ops the
@@ -45,6 +45,10 @@ interpreter emitted; always mask a symbolically traced derivative instead):
   Batched(node)            each rule is `jax.vmap` of `node`'s rule (for a
                            transpose: the inner per-example transpose, vmapped,
                            then summed over the batch for unbatched inputs).
+                           Except a native JVP: JAX differentiates the batched
+                           native evaluation, as it does `jax.vmap(f)` under
+                           `jax.grad` (`_native_fun`: batching rules run on
+                           values, never on tangents JAX will transpose).
 
 Forward mode is safe on the symbolic path for the same reason the backward
 pass is: the tangent computation is a traced jaxpr (JVP rules are forward ops)
@@ -203,21 +207,10 @@ class Call(Node):
 
   def _native_jvp(self, inputs: list[Any], logical: list[Any], tangents: list[Any | None]
                   ) -> tuple[list[Any], list[Any | None]]:
-    # JAX differentiates the native-mode evaluation: under `jax.vmap` its
-    # tangent ops are batched primitives, transposed with the whole batch in
-    # view. Only the inputs with tangents are differentiated; the rest
-    # (shared parameters held fixed) are closed over, no zeros made for them.
     live = [i for i in self.traced.diff_in if tangents[i] is not None]
-
-    def fun(*values: Any) -> list[Any]:
-      full = list(inputs)
-      for i, v in zip(live, values, strict=True):
-        full[i] = v
-      return _native_eval(self.traced, self.padded, full, logical, live)
-
-    outs, touts = jax.jvp(fun, [inputs[i] for i in live], [tangents[i] for i in live])
-    return list(outs), [t if _inexact(jc.typeof(o)) else None
-                        for o, t in zip(outs, touts, strict=True)]
+    made = _native_fun(self, live)
+    assert made is not None   # (the caller checked the gate and the tangents)
+    return _jvp_of(made, [*inputs, *logical], tangents)
 
   def transpose(self, cts: list[Any], args: list[Any | None]) -> list[Any | None]:
     # Only a linear function is transposed whole (`jax.linear_transpose`):
@@ -260,6 +253,65 @@ def _masked_vjp(traced: "SymbolicTrace", padded: dict[str, int], inputs: Sequenc
   # (a VJP that creates data-dependent sizes returns them after the gradients)
   return {i: env.fill_padding(g, traced.in_avals[i], np.zeros((), g.dtype)[()])
           for i, g in zip(diff_in, outs[:len(diff_in)], strict=True)}
+
+
+def _native_fun(node: Node, live: Sequence[int]) -> tuple[Any, list[int]] | None:
+  """(`node`'s function of the list of all its arguments in native mode, the
+  arguments of `live` it differentiates) for JAX to differentiate; None
+  where `node` is not (a batch of) a Call whose evaluation the native gate
+  admits, or where no live argument is differentiable. (A Lin's JVP is a
+  Call's of its tangent map, which holds the function's own equations, the
+  one the gate refused among them: not native either.)
+
+  A Batched node's function is `jax.vmap` of its inner node's, so that JAX
+  batches the evaluation first and differentiates the batched program, the
+  order of `jax.grad(jax.vmap(f))`. The other order, the inner node's JVP
+  rule vmapped, would run JAX's batching rules on tangents, which JAX's own
+  transforms never do to a tangent map they transpose: a `cond` on a
+  per-example predicate is batched into selects whose unselected side is
+  `stop_gradient(t)`, an op on the tangent with no transpose rule, and
+  `jax.grad` of the batch raised."""
+  if isinstance(node, Batched):
+    made = _native_fun(node.inner, live)
+    if made is None:
+      return None
+    inner, used = made
+    vmapped = node._vmap(inner, (list(node.dims),))
+    return (lambda args: vmapped(list(args))), used
+  if isinstance(node, Call):
+    return _call_fun(node.traced, node.padded, live)
+  return None
+
+
+def _call_fun(traced: "SymbolicTrace", padded: dict[str, int], live: Sequence[int]
+              ) -> tuple[Any, list[int]] | None:
+  """`_native_fun` of Call(traced) at `padded`."""
+  used = [i for i in traced.diff_in if i in live]
+  if not used or not traced.diff_out or _native.refusal(traced) is not None:
+    return None
+  n_in = len(traced.in_avals)
+  return (lambda args: _native_eval(traced, padded, args[:n_in], args[n_in:], used)), used
+
+
+def _jvp_of(made: tuple[Any, list[int]], primals: Sequence[Any], tangents: Sequence[Any | None]
+            ) -> tuple[list[Any], list[Any | None]]:
+  """JAX's JVP of a `_native_fun` with respect to the arguments it
+  differentiates; the others are closed over, no zeros made for them (shared
+  parameters held fixed). Under `jax.vmap` its tangent ops are batched
+  primitives, transposed with the whole batch in view: the cotangent of a
+  shared parameter is accumulated once for the batch."""
+  fun, live = made
+
+  def of_live(*values: Any) -> list[Any]:
+    full = list(primals)
+    for i, v in zip(live, values, strict=True):
+      full[i] = v
+    out: list[Any] = fun(full)
+    return out
+
+  outs, touts = jax.jvp(of_live, [primals[i] for i in live], [tangents[i] for i in live])
+  return list(outs), [t if _inexact(jc.typeof(o)) else None
+                      for o, t in zip(outs, touts, strict=True)]
 
 
 class Lin(Node):
@@ -343,6 +395,9 @@ class Batched(Node):
           ) -> tuple[list[Any], list[Any | None]]:
     if isinstance(self.inner, Call):
       _announce_per_example(self.inner.traced, self.dims, self.in_avals, tangents)
+    native = _native_fun(self, [i for i, t in enumerate(tangents) if t is not None])
+    if native is not None:   # (the batch differentiated, not each example: `_native_fun`)
+      return _jvp_of(native, primals, tangents)
 
     def rule(p: list[Any], t: list[Any | None]) -> tuple[list[Any], list[Any | None]]:
       outs, touts = self.inner.jvp(p, t)
