@@ -21,7 +21,10 @@ of 0. An empty size gets a trace in which it is the constant 0:
   a path that was not selected sends no gradient, NaN included). A path whose
   trace fails (JAX raises for those empty shapes, as `jnp.max` does) is
   *poisoned* where it is selected (`size_range.guard`), as any size outside
-  [0, padded]: never a plausible number.
+  [0, padded]: never a plausible number. A path JAX computes but cannot
+  reverse-differentiate (a `while_loop`) gives its values, exact, and NaN
+  derivatives (`size_range.without_derivative`): poisoning it whole made a
+  forward call NaN where the example alone gives a number.
 
 Not covered (poisoned at 0, as before): functions that create data-dependent
 sizes, more than `MAX_EMPTY_SIZES` sizes, a dimension expression mixing a size
@@ -38,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import dims as _dims, spec as _spec
+from . import dims as _dims, size_range as _size_range, spec as _spec
 from .. import _jax as jc
 from .errors import MaskingError, PerformanceWarning, warn_user_code
 
@@ -84,7 +87,8 @@ class EmptyPaths:
     self._masked = masked
     self._make = make   # pj.mask's class (mask.py imports this module, not the reverse)
     self._children: dict[Any, Any] = {}
-    self.usable: dict[Any, bool] = {}   # (sizes at 0, argument shapes) -> the path works
+    # (sizes at 0, argument shapes, config) -> what the path gives (`_usable`)
+    self.usable: dict[Any, str | None] = {}
 
   def child(self, binding: _spec.Binding, tree: Any, zero: frozenset[str]
             ) -> tuple[Any, list[tuple[int, ...]]] | None:
@@ -309,19 +313,41 @@ def empty_path(masked: Any, binding: _spec.Binding, tree: Any, zero: frozenset[s
     return ([pad_to(o, p) for o, p in zip(out_leaves, padded_shapes, strict=True)],
             shapes, jnp.bool_(True))
 
-  def usable(xs: list[Any], env: dict[str, Any]) -> bool:
+  def verdicts(xs: list[Any], env: dict[str, Any]) -> str | None:
     structs = ([_struct(x) for x in xs], {k: _struct(v) for k, v in env.items()})
     key = (zero, tuple(sorted(env)), tuple((a.shape, str(a.dtype), a.weak_type)
                                            for a in jax.tree.leaves(structs)),
            jc.trace_context())   # (a trace: keyed as jax.jit keys its traces)
     assert masked.empty_paths is not None
-    ok = masked.empty_paths.usable.get(key)
-    if ok is None:
-      ok = masked.empty_paths.usable[key] = _usable(run, structs)
-    return bool(ok)
+    cache = masked.empty_paths.usable
+    if key not in cache:
+      cache[key] = _usable(run, structs)
+    verdict: str | None = cache[key]
+    return verdict
+
+  def usable(xs: list[Any], env: dict[str, Any]) -> bool:
+    return verdicts(xs, env) is not None
+
+  def value_only(xs: list[Any], env: dict[str, Any]) -> tuple[list[Any], list[Any], Any]:
+    # JAX computes this path but cannot differentiate it (a while_loop, a
+    # gather's VJP at size 0): its values, with NaN derivatives
+    inexact = [jnp.issubdtype(jnp.result_type(x), jnp.inexact) for x in xs]
+    outs, shapes, ok = run([jax.lax.stop_gradient(x) if f else x
+                            for x, f in zip(xs, inexact, strict=True)], env)
+    floats = [i for i, o in enumerate(outs) if jnp.issubdtype(o.dtype, jnp.inexact)]
+    inputs = [x for x, f in zip(xs, inexact, strict=True) if f and isinstance(x, jc.Tracer)]
+    if floats and inputs:
+      kept = _size_range.without_derivative([outs[i] for i in floats], inputs)
+      outs = list(outs)
+      for i, o in zip(floats, kept, strict=True):
+        outs[i] = o
+    return outs, shapes, ok
 
   def checked(xs: list[Any], env: dict[str, Any]) -> tuple[list[Any], list[Any], Any]:
-    return run(xs, env) if usable(xs, env) else failed(xs, env)
+    verdict = verdicts(xs, env)
+    if verdict == ALL:
+      return run(xs, env)
+    return value_only(xs, env) if verdict == VALUES else failed(xs, env)
   return checked, usable
 
 
@@ -331,12 +357,19 @@ def _struct(x: Any) -> Any:
                               weak_type=aval.weak_type)
 
 
-def _usable(run: Callable[..., Any], structs: tuple[Any, Any]) -> bool:
-  """Whether an empty path traces, lowers and differentiates (JAX refuses
-  `jnp.max` of an empty array when tracing, an FFT of one when lowering, a
-  gather's derivative of one: JAX raises there too) and has no effect that
-  must not run twice (an io_callback would run on the
-  empty arrays, and cannot be selected under vmap)."""
+#: What an empty path gives (`_usable`): its values and derivatives, or its
+#: values with NaN derivatives (None: neither, poisoned).
+ALL, VALUES = "values and derivatives", "values"
+
+
+def _usable(run: Callable[..., Any], structs: tuple[Any, Any]) -> str | None:
+  """Whether an empty path traces and lowers (JAX refuses `jnp.max` of an
+  empty array when tracing, an FFT of one when lowering: JAX raises there
+  too) and has no effect that must not run twice (an io_callback would run on
+  the empty arrays, and cannot be selected under vmap): then whether its VJP
+  traces too (ALL; the program's derivatives transpose this path) or not
+  (VALUES: a while_loop, a gather's derivative at size 0: its values are
+  still exact, its derivatives NaN)."""
   def derivative(xs: list[Any], env: dict[str, Any]) -> Any:
     # (the program's derivatives transpose this path too: its VJP must trace)
     outs, pullback = jax.vjp(lambda *a: run(list(a), env)[0], *xs)
@@ -346,14 +379,19 @@ def _usable(run: Callable[..., Any], structs: tuple[Any, Any]) -> bool:
   try:
     traced = jax.jit(run).trace(*structs)
     if jc.replay_unsafe_effects(traced.jaxpr.jaxpr):
-      return False
+      return None
     traced.lower()
+  except jc.JaxBoundaryError:
+    raise
+  except Exception:
+    return None
+  try:
     jax.eval_shape(derivative, *structs)
   except jc.JaxBoundaryError:
     raise
   except Exception:
-    return False
-  return True
+    return VALUES
+  return ALL
 
 
 class _Unfit(Exception):

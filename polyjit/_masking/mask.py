@@ -5,9 +5,8 @@
 
 `fun` is traced once per argument structure with symbolic shapes (cached on
 the masked function, so a new padded size does not retrace `fun`; keyed by
-JAX's configuration too, as `jax.jit`'s traces), then the
-jaxpr is evaluated on the padded arguments by the masking interpreter
-(`_masking/core.py`). Logical sizes are runtime values: under `jax.jit` one program
+JAX's configuration too, as `jax.jit`'s traces), then the jaxpr is evaluated
+on the padded arguments by the masking interpreter (`_masking/core.py`). Logical sizes are runtime values: under `jax.jit` one program
 serves every logical size up to the padded one, and `jax.vmap` over the
 logical sizes gives ragged batching.
 
@@ -152,10 +151,8 @@ class Masked:
     return getattr(self.fun, "__name__", None) or repr(self.fun)
 
   def bind(self, args: Sequence[Any]) -> _spec.Binding:
-    """Binds the specs to padded `args`: padded sizes and symbolic shapes.
-
-    Cached per argument structure and shapes: the specs are parsed once.
-    """
+    """Binds the specs to padded `args`: padded sizes and symbolic shapes
+    (cached per argument structure and shapes: the specs are parsed once)."""
     leaves, tree = jax.tree.flatten(tuple(args))
     key = (tree, tuple(np.shape(x) for x in leaves))
     binding = self._bindings.get(key)
@@ -166,8 +163,7 @@ class Masked:
   # --- variants -------------------------------------------------------------
 
   def _structure(self, args: Sequence[Any], binding: _spec.Binding) -> tuple[Any, ...]:
-    """The key of everything a trace depends on: tree, symbolic shapes, dtypes,
-    and JAX's configuration (`jc.trace_context()`, as jax.jit keys its traces)."""
+    """What a trace depends on: tree, shapes, dtypes, JAX's config (as jax.jit)."""
     leaves, in_tree = jax.tree.flatten(tuple(args))
     return (in_tree, tuple((tuple(map(str, leaf.symbolic_shape)), jc.typeof(x).dtype,
                             jc.typeof(x).weak_type)
@@ -202,10 +198,8 @@ class Masked:
 
   def variant_for(self, args: Sequence[Any], sizes: dict[str, int],
                   binding: _spec.Binding | None = None) -> _variants.Variant:
-    """The variant that concrete logical `sizes` select (traced once).
-
-    Raises the error `fun` gives on that side of its comparisons.
-    """
+    """The variant that concrete logical `sizes` select (traced once); raises
+    the error `fun` gives on that side of its comparisons."""
     binding = binding or self.bind(args)
     key = self._structure(args, binding)
     variant = self._known_variant(key, sizes)

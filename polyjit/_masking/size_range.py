@@ -207,6 +207,32 @@ def _poisoned_outputs_jvp(primals: Any, tangents: Any) -> tuple[list[Any], list[
   return _poisoned_outputs(ok, outs, inputs), out_tangents
 
 
+@jax.custom_jvp
+def without_derivative(outs: list[Any], inputs: list[Any]) -> list[Any]:
+  """`outs` as they are, their derivative with respect to `inputs` NaN: for
+  values JAX computes but cannot differentiate (an empty path whose VJP JAX
+  refuses, `empty.py`), where a derivative is asked for. `outs` must not
+  depend on `inputs` through JAX (computed from them under stop_gradient)."""
+  return list(outs)
+
+
+@without_derivative.defjvp
+def _without_derivative_jvp(primals: Any, tangents: Any) -> tuple[list[Any], list[Any]]:
+  outs, inputs = primals
+  t_outs, t_inputs = tangents
+  # NaN times the inputs' tangents: linear, so reverse mode transposes it and
+  # sends the inputs NaN, whatever the tangents hold (0 * NaN is NaN)
+  total: Any = np.float32(0)
+  for t in t_inputs:
+    total = total + jnp.sum(_real_parts(t), dtype=np.float32)
+  gate = np.float32(np.nan) * total
+  out_tangents = []
+  for o, t in zip(outs, t_outs, strict=True):
+    real = jnp.finfo(o.dtype).dtype  # type: ignore[no-untyped-call, unused-ignore]
+    out_tangents.append(_added_to_real(t, gate.astype(real)))
+  return list(outs), out_tangents
+
+
 def _real_parts(t: Any) -> Any:
   return lax.real(t) + lax.imag(t) if jnp.issubdtype(t.dtype, jnp.complexfloating) else t
 
