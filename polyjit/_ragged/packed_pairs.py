@@ -75,11 +75,16 @@ def _pair_shape(aval: Any, layout: Layout) -> tuple[int, ...]:
 
 def _pair_valid(layout: Layout) -> Any:
   """`(rows, row_length, row_length)`: tokens i and c of a row are in one
-  example (symmetric: a tail token is in none)."""
+  example (symmetric: a tail token is in none).
+
+  One comparison per pair: the tail's ids (`examples` and up) compared with
+  the keys' ids with their tail's set to -1 (no example's), so a tail token
+  is in no pair, where `inside_i & (id_i == id_c)` took two ops per pair in
+  every loop that reads the mask."""
   def make() -> Any:
     rows = layout.segments.reshape(layout.rows, layout.row_length)
-    inside = rows < layout.examples
-    return inside[:, :, None] & (rows[:, :, None] == rows[:, None, :])
+    keys = jnp.where(rows < layout.examples, rows, -1)
+    return rows[:, :, None] == keys[:, None, :]
   return layout._cached(("pairs",), make)
 
 
