@@ -74,24 +74,24 @@ ARRAY_TYPE = _ArrayImpl
 # pj.vmap's padded and packed paths trace through), pj.vmap's plans.
 trace_context: Callable[[], tuple[Any, ...]] = _config.trace_context
 
-_UNSET = _config.config_ext.unset
-
-
 def in_callers_config(fun: Callable[[], Any]) -> Callable[[], Any]:
   """`fun`, to be run in another thread under the configuration in effect in
   this one now. JAX keeps a context manager's value (`with
   jax.enable_x64():`, `jax.numpy_rank_promotion("raise")`, ...) per thread,
   so a compile thread would otherwise lower a program under the global
   values: another program than this thread's trace (or none: float64 leaves
-  under x64 off). `jax.config.update`'s values are global, seen by every
-  thread anyway. Read at submission (~10 us, once per background compile)."""
-  local = [(state, value) for state in _config.config_states.values()
-           if (value := state.get_local()) is not _UNSET]
-  if not local:
-    return fun
+  under x64 off). `jax.config.update`'s values are global, and read when the
+  compile starts they may no longer be the submitter's: a compile queued
+  behind others, then `jax.config.update("jax_enable_x64", True)`, lowered
+  an x64 program under the key of the call that asked for it under x64 off
+  (its next call raised JAX's TypeError). So every state's value in effect
+  now, thread-local or global, is set as the compile thread's own for the
+  run of `fun`, and put back after. Read at submission (~10 us, once per
+  background compile)."""
+  values = [(state, state.value) for state in _config.config_states.values()]
 
   def run() -> Any:
-    previous = [(state, state.swap_local(value)) for state, value in local]
+    previous = [(state, state.swap_local(value)) for state, value in values]
     try:
       return fun()
     finally:
