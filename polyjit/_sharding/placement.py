@@ -145,8 +145,9 @@ def _own_sharding(x: Any) -> Sharding | None:
   if kind == _PADDED:
     return _own_sharding(x.data)
   sharding: Sharding | None = x.sharding
-  if not isinstance(sharding, Sharding):  # (a struct's: none, or only a layout)
+  if kind == _STRUCT and not isinstance(sharding, Sharding):  # (none, or only a layout)
     return None
+  assert sharding is not None
   if type(sharding) is SingleDeviceSharding or sharding.num_devices == 1:
     return None
   return sharding
