@@ -16,6 +16,7 @@ under the same context manager and counts compiles with `jax.monitoring`
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -54,4 +55,35 @@ def test_background_compile_under_x64_context_manager():
     assert_like_jax_jit(f(X[:100]), 100)   # runs on 512 while 128 compiles in a thread
     concurrent.futures.wait([f._cache.peek(k) for k in f._cache.keys()])
     assert_like_jax_jit(f(X[:100]), 100)
+  assert pj.stats(f).buckets.get((("n", 128),)) == 1   # the last call ran in its own bucket
+
+
+def test_background_compile_queued_before_a_global_config_update():
+  # A compile that starts after `jax.config.update` changed a global option
+  # is still lowered under the options of the call that queued it: its key
+  # holds that call's trace context. (It was lowered under x64 on for a call
+  # under x64 off, and the next call under x64 off raised JAX's TypeError,
+  # "Argument types differ from the types for which this computation was
+  # compiled".) The pool's threads are held busy so that the compile starts
+  # after the update, as it does behind other compiles.
+  f = pj.jit(scaled_cumsum, polymorphic_shapes=["n"], buckets=[128, 512],
+             background_compile=True)
+  x = X.astype(np.float32)
+  f(x)   # 512, compiled here
+  gate = threading.Event()
+  pool = f._cache._executor()
+  busy = [pool.submit(gate.wait) for _ in range(pool._max_workers)]
+  try:
+    f(x[:100])   # runs on 512; 128 is queued behind the busy threads
+    jax.config.update("jax_enable_x64", True)
+  finally:
+    gate.set()
+  try:
+    concurrent.futures.wait(busy + [f._cache.peek(k) for k in f._cache.keys()])
+  finally:
+    jax.config.update("jax_enable_x64", False)
+  got = f(x[:100])
+  want = jax.jit(scaled_cumsum)(x[:100])
+  assert got.dtype == want.dtype == np.float32
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5)
   assert pj.stats(f).buckets.get((("n", 128),)) == 1   # the last call ran in its own bucket

@@ -17,6 +17,7 @@ from jax._src.interpreters import pxla as _pxla
 from jax._src import config as _config
 from jax._src import core as _core
 from jax._src import effects as _effects
+from jax._src import mesh as _mesh
 from jax._src.lib import guard_lib as _guard_lib
 from jax._src.numpy import util as _np_util
 from jax._src.interpreters import batching as _batching_internal
@@ -74,24 +75,38 @@ ARRAY_TYPE = _ArrayImpl
 # pj.vmap's padded and packed paths trace through), pj.vmap's plans.
 trace_context: Callable[[], tuple[Any, ...]] = _config.trace_context
 
-_UNSET = _config.config_ext.unset
+# The thread-local contexts JAX keeps outside `config_states`, each in its
+# trace context or jit key: `with mesh:`, `jax.set_mesh` (its abstract mesh
+# and devices), `compute_on`, `set_xla_metadata`. A program lowered in a
+# thread without `jax.set_mesh`'s raised "Please enter your `jit` into a mesh
+# context". (`jax._src.mesh` on JAX 0.12, `jax._src.config` before.)
+_CONTEXTS: tuple[Any, ...] = tuple(
+    {id(c): c for c in (getattr(module, name, None) for module in (_config, _mesh)
+                        for name in ("mesh_context_manager", "abstract_mesh_context_manager",
+                                     "device_context", "compute_on_context_manager",
+                                     "xla_metadata_context_manager"))
+     if c is not None}.values())
 
 
 def in_callers_config(fun: Callable[[], Any]) -> Callable[[], Any]:
   """`fun`, to be run in another thread under the configuration in effect in
   this one now. JAX keeps a context manager's value (`with
-  jax.enable_x64():`, `jax.numpy_rank_promotion("raise")`, ...) per thread,
-  so a compile thread would otherwise lower a program under the global
-  values: another program than this thread's trace (or none: float64 leaves
-  under x64 off). `jax.config.update`'s values are global, seen by every
-  thread anyway. Read at submission (~10 us, once per background compile)."""
-  local = [(state, value) for state in _config.config_states.values()
-           if (value := state.get_local()) is not _UNSET]
-  if not local:
-    return fun
+  jax.enable_x64():`, `jax.numpy_rank_promotion("raise")`, `jax.set_mesh`,
+  ...) per thread, so a compile thread would otherwise lower a program under
+  the global values: another program than this thread's trace (or none:
+  float64 leaves under x64 off). `jax.config.update`'s values are global, and
+  read when the compile starts they may no longer be the submitter's: a
+  compile queued behind others, then `jax.config.update("jax_enable_x64",
+  True)`, lowered an x64 program under the key of the call that asked for it
+  under x64 off (its next call raised JAX's TypeError). So every option's
+  value in effect now, thread-local or global, is set as the compile
+  thread's own for the run of `fun`, and put back after: in that thread
+  `trace_context()` is this one's (the probe checks it). Read at submission
+  (~10 us, once per background compile)."""
+  values = [(state, state.value) for state in (*_config.config_states.values(), *_CONTEXTS)]
 
   def run() -> Any:
-    previous = [(state, state.swap_local(value)) for state, value in local]
+    previous = [(state, state.swap_local(value)) for state, value in values]
     try:
       return fun()
     finally:

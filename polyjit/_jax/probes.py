@@ -381,7 +381,9 @@ def _trace_context_keys() -> None:
   assert _config.trace_context() == outside and hash(outside) == hash(_config.trace_context())
 
 
-@internal("config.config_states, State.get_local/swap_local/set_local, config_ext.unset "
+@internal("config.config_states, State.value/get_local/swap_local/set_local, config_ext.unset, "
+          "the mesh contexts (config or mesh: mesh_context_manager, "
+          "abstract_mesh_context_manager, device_context, ...) outside config_states "
           "(a context manager's value is the thread's own)", CALL, "read",
           "a program compiled in a background thread (background_compile, a cost-aware "
           "bucket compiled while calls go on, precompile, a hot shape's program) is "
@@ -394,14 +396,31 @@ def _caller_config() -> None:
 
   def read() -> None:
     seen.append(state.value)
+  unset: list[bool] = []
+
+  def wrapped_then_unset() -> None:
+    wrapped()
+    unset.append(state.get_local() is _config.config_ext.unset)   # (put back after)
   with state(other):
     assert state.get_local() == other
     wrapped = in_callers_config(read)
-    for target in (read, wrapped, read):
+    for target in (read, wrapped_then_unset, read):
       thread = threading.Thread(target=target)
       thread.start()
       thread.join()
   assert seen[0] != other and seen[1] == other and seen[2] == seen[0], seen
+  assert unset == [True], unset
+  # every thread-local context JAX keys traces on is carried over: the
+  # thread's trace context is the submitter's (`jax.set_mesh` is kept outside
+  # config_states)
+  contexts: list[Any] = []
+  with jax.set_mesh(jax.make_mesh((1,), ("polyjit_probe",))), state(other):
+    here = _config.trace_context()
+    thread = threading.Thread(target=in_callers_config(
+        lambda: contexts.append(_config.trace_context())))
+    thread.start()
+    thread.join()
+  assert contexts == [here]
 
 
 # --- spellings swapped during traces -----------------------------------------------

@@ -377,9 +377,17 @@ class JitFunction:
     (the spec names, or in automatic mode `<argument>_<axis>`) to the logical
     sizes to serve. Returns the padded sizes compiled.
     """
-    # jax.ShapeDtypeStruct's constructor carries no annotations (strict only)
-    examples = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jax.typeof(x).dtype)  # type: ignore[no-untyped-call, unused-ignore]
-                            if not isinstance(x, jax.ShapeDtypeStruct) else x, (args, kwargs))
+    def example(x: Any) -> Any:
+      # (an array's sharding and weak type kept: they are part of the call's
+      # structure, and a program precompiled without them serves no call)
+      if isinstance(x, jax.ShapeDtypeStruct):
+        return x
+      aval = jax.typeof(x)
+      sharding = x.sharding if isinstance(x, jax.Array) else None
+      # jax.ShapeDtypeStruct's constructor carries no annotations (strict only)
+      return jax.ShapeDtypeStruct(np.shape(x), aval.dtype, sharding=sharding,  # type: ignore[no-untyped-call, unused-ignore]
+                                  weak_type=aval.weak_type)
+    examples = jax.tree.map(example, (args, kwargs))
     return self._planner.precompile(examples, sizes, progress)
 
 

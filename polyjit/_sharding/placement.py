@@ -123,7 +123,7 @@ class ShardingLayout:
     return given
 
 
-_ARRAY, _PADDED, _OTHER = 1, 2, 0
+_ARRAY, _PADDED, _STRUCT, _OTHER = 1, 2, 3, 0
 _kinds: dict[type, int] = {}   # type -> kind, so the per-call check is a dict lookup
 
 
@@ -131,18 +131,23 @@ def _kind(t: type) -> int:
   kind = _kinds.get(t)
   if kind is None:
     array = issubclass(t, jax.Array) and not issubclass(t, jc.Tracer)
-    kind = _kinds[t] = _PADDED if issubclass(t, Padded) else _ARRAY if array else _OTHER
+    kind = _kinds[t] = (_PADDED if issubclass(t, Padded) else _ARRAY if array
+                        else _STRUCT if issubclass(t, jax.ShapeDtypeStruct) else _OTHER)
   return kind
 
 
 def _own_sharding(x: Any) -> Sharding | None:
-  """The sharding of an array (or `pj.Padded`'s data) on several devices."""
+  """The sharding of an array (or `pj.Padded`'s data, or a
+  `jax.ShapeDtypeStruct`'s: `precompile`'s examples) on several devices."""
   kind = _kind(type(x))
   if kind == _OTHER:
     return None
   if kind == _PADDED:
     return _own_sharding(x.data)
-  sharding: Sharding = x.sharding
+  sharding: Sharding | None = x.sharding
+  if kind == _STRUCT and not isinstance(sharding, Sharding):  # (none, or only a layout)
+    return None
+  assert sharding is not None
   if type(sharding) is SingleDeviceSharding or sharding.num_devices == 1:
     return None
   return sharding
