@@ -43,10 +43,21 @@ MODELS = {
 }
 
 
-@pytest.fixture(params=sorted(MODELS))
+@pytest.fixture(scope="module", params=sorted(MODELS))
 def model(request):
+  """A model and its parameters, built once per module (no test changes them)."""
   m = MODELS[request.param]()
   return m, m.init(jax.random.key(0), jnp.ones((3, D)))
+
+
+@pytest.fixture(scope="module")
+def losses_by_length(model):
+  """`jax.jit(loss)` on the unpadded sequence of each length, computed once
+  for both modes of test_rnn_under_pj_jit_compiles_once_per_bucket (a compile
+  per length)."""
+  m, params = model
+  fun = jax.jit(lambda p, x: loss(m.apply, p, x))
+  return [fun(params, sequence(n, 3)) for n in LENGTHS]
 
 
 def loss(apply, params, x):
@@ -93,12 +104,12 @@ def test_rnn_under_jit_of_mask_with_a_traced_length(model):
 
 
 @pytest.mark.parametrize("mode", ["auto", "explicit"])
-def test_rnn_under_pj_jit_compiles_once_per_bucket(model, mode):
+def test_rnn_under_pj_jit_compiles_once_per_bucket(model, losses_by_length, mode):
   m, params = model
   fun = lambda p, x: loss(m.apply, p, x)
   shapes = None if mode == "auto" else [None, "(n, _)"]
   f = pj.jit(fun, polymorphic_shapes=shapes, fallback="error")
-  refs = [jax.jit(fun)(params, sequence(n, 3)) for n in LENGTHS]
+  refs = losses_by_length
   with warnings.catch_warnings():
     warnings.simplefilter("error", pj.FallbackWarning)
     with pj.diagnostics.count_compiles() as compiles:

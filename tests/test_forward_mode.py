@@ -5,6 +5,14 @@
 of a loss built on `pj.vmap` over a `pj.Ragged` batch, against JAX on the
 unpadded data. Every padding holds NaN and inf: results must be exact, finite,
 and zero in the padding (as reverse mode always was).
+
+Each function's `jax.jvp` of pj.mask runs eagerly (as every rule table row's
+jvp mode does: tests/harness.py); its linearize, jacfwd, Hessian and
+jacrev-of-jacrev run under `jax.jit` with the same concrete sizes (eager JAX
+dispatched each op of a Hessian by itself, compiling every op at every shape:
+most of this module's time). The eager Hessian of pj.mask is checked by
+test_forward_over_forward_and_hessian_of_parameters and
+test_hessian_of_a_loss_on_pj_vmap_over_ragged. References run under jax.jit.
 """
 import jax
 import jax.numpy as jnp
@@ -53,21 +61,20 @@ def test_jvp_jacfwd_linearize_hessian_of_pj_mask(name):
   m = pj.mask(f, ["n"])
   g = lambda xp: m([xp], {"n": N})  # noqa: E731
   x, t = _padded(X), _padded(T)
-  y, ty = jax.jvp(g, (x,), (t,))
-  want_y, want_ty = jax.jvp(f, (X,), (T,))
+  y, ty = jax.jvp(g, (x,), (t,))   # eagerly
+  want_y, want_ty = jax.jit(lambda x, t: jax.jvp(f, (x,), (t,)))(X, T)
   _close(y, want_y)
   _close(ty, want_ty)
-  y_lin, lin = jax.linearize(g, x)
-  _close(lin(t), want_ty)
-  jac = np.asarray(jax.jacfwd(g)(x))
-  _close(jac[:N], jax.grad(f)(X))
+  _close(jax.jit(lambda x, t: jax.linearize(g, x)[1](t))(x, t), want_ty)
+  jac = np.asarray(jax.jit(jax.jacfwd(g))(x))
+  _close(jac[:N], jax.jit(jax.grad(f))(X))
   assert np.all(jac[N:] == 0)
-  hess = np.asarray(jax.hessian(g)(x))
+  hess = np.asarray(jax.jit(jax.hessian(g))(x))
   assert np.all(np.isfinite(hess))
   _close(hess[:N, :N], jax.jit(jax.hessian(f))(X), rtol=1e-3, atol=1e-4)
   assert np.all(hess[N:] == 0) and np.all(hess[:, N:] == 0)
   # reverse over reverse, the spelling that always worked, agrees
-  _close(jax.jacrev(jax.jacrev(g))(x), hess, rtol=1e-3, atol=1e-4)
+  _close(jax.jit(jax.jacrev(jax.jacrev(g)))(x), hess, rtol=1e-3, atol=1e-4)
 
 
 def test_hessian_under_jax_jit_of_pj_mask_with_traced_sizes():
@@ -91,10 +98,10 @@ def test_forward_over_forward_and_hessian_of_parameters():
   m = pj.mask(loglik, ["n", None])
   theta = np.array([0.3, -0.2], np.float32)
   g = lambda th: m([_padded(X), th], {"n": N})  # noqa: E731
-  want = jax.hessian(loglik, argnums=1)(X, theta)
-  _close(jax.hessian(g)(theta), want, rtol=1e-4, atol=1e-4)
-  _close(jax.jacfwd(jax.jacfwd(g))(theta), want, rtol=1e-4, atol=1e-4)
-  _close(jax.jacrev(jax.jacfwd(g))(theta), want, rtol=1e-4, atol=1e-4)
+  want = jax.jit(jax.hessian(loglik, argnums=1))(X, theta)
+  _close(jax.hessian(g)(theta), want, rtol=1e-4, atol=1e-4)   # eagerly
+  _close(jax.jit(jax.jacfwd(jax.jacfwd(g)))(theta), want, rtol=1e-4, atol=1e-4)
+  _close(jax.jit(jax.jacrev(jax.jacfwd(g)))(theta), want, rtol=1e-4, atol=1e-4)
 
 
 def test_hessian_of_a_loss_on_pj_vmap_over_ragged():
@@ -106,12 +113,12 @@ def test_hessian_of_a_loss_on_pj_vmap_over_ragged():
   theta = np.array([0.7, -0.1], np.float32)
   loss = lambda th: pj.vmap(loss_one, in_axes=(None, 0))(th, batch).sum()  # noqa: E731
   ref = jax.jit(jax.hessian(lambda th: sum(loss_one(th, r) for r in rows)))(theta)
-  _close(jax.hessian(loss)(theta), ref, rtol=1e-4, atol=1e-4)
-  _close(jax.jacfwd(jax.grad(loss))(theta), ref, rtol=1e-4, atol=1e-4)
-  # jvp of the whole batch
+  _close(jax.hessian(loss)(theta), ref, rtol=1e-4, atol=1e-4)   # eagerly
+  _close(jax.jit(jax.jacfwd(jax.grad(loss)))(theta), ref, rtol=1e-4, atol=1e-4)
+  # jvp of the whole batch (eagerly)
   _, t = jax.jvp(loss, (theta,), (np.array([1.0, 0.5], np.float32),))
-  _, want_t = jax.jvp(lambda th: sum(loss_one(th, r) for r in rows), (theta,),
-                      (np.array([1.0, 0.5], np.float32),))
+  _, want_t = jax.jit(lambda th, t: jax.jvp(lambda th: sum(loss_one(th, r) for r in rows),
+                                            (th,), (t,)))(theta, np.array([1.0, 0.5], np.float32))
   _close(t, want_t)
 
 
@@ -125,7 +132,7 @@ def test_hessian_through_ragged_data_itself():
                    else np.linspace(-1, 1, 8).astype(np.float32) for n in sizes])
   out = np.asarray(jax.jit(jax.vmap(jax.hessian(lambda xp, n: m([xp], {"n": n}))))(data, sizes))
   for row, n in zip(out, sizes, strict=True):
-    _close(row[:n, :n], jax.hessian(f)(np.linspace(-1, 1, n).astype(np.float32)),
+    _close(row[:n, :n], jax.jit(jax.hessian(f))(np.linspace(-1, 1, n).astype(np.float32)),
            rtol=1e-3, atol=1e-4)
     assert np.all(row[n:] == 0) and np.all(row[:, n:] == 0)
 
