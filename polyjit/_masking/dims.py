@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 from typing import Any, TypeAlias
 
+import jax.numpy as jnp
 import numpy as np
 
 from .. import _jax as jc
@@ -46,6 +47,11 @@ def evaluate_dim(d: Dim, env: dict[str, Any]) -> Any:
     return int(d)
   if all(isinstance(v, int) for v in env.values()):
     return _evaluate_int(d, env)  # Python ints: no int32 overflow, no tracing
+  if not any(jc.is_symbolic_dim(v) for v in env.values()):
+    try:
+      return _evaluate_values(d, env)
+    except KeyError:   # (a variable JAX normalizes away: its own evaluation)
+      pass
   res = jc.evaluate_symbolic(d, env)
   if isinstance(res, (int, np.integer)):
     return int(res)
@@ -62,6 +68,44 @@ def _evaluate_int(d: Dim, env: dict[str, int]) -> int:
       value *= _factor_int(factor, env) ** exp
     total += value
   return total
+
+
+def _evaluate_values(d: Dim, env: dict[str, Any]) -> Any:
+  """`d` on traced (or mixed) sizes, as JAX's evaluation computes it (a
+  value of `jc.dim_value_dtype()`, floor division and modulo as `divmod`'s),
+  without JAX's: that asks `operator.index` of each traced operand whether it
+  is a constant 0 or 1, and each refusal builds an error message that walks
+  the whole trace so far (quadratic in the size of the function: most of the
+  trace time of a function with many data-dependent slices)."""
+  if not jc.is_symbolic_dim(d):
+    return int(d)
+  dtype = jc.dim_value_dtype()
+  total: Any = None
+  for factors, k in jc.dim_terms(d):
+    value: Any = None
+    for factor, exp in factors:
+      f = _factor_value(factor, env)
+      for _ in range(exp):
+        value = f if value is None else value * f
+    term = np.asarray(k, dtype) if value is None else value if k == 1 else value * np.asarray(k, dtype)
+    total = term if total is None else total + term
+  return np.asarray(0, dtype) if total is None else total
+
+
+def _factor_value(f: Any, env: dict[str, Any]) -> Any:
+  var, operation, operands = jc.factor_parts(f)
+  if var is not None:
+    return env[var]
+  a, b = (_evaluate_values(o, env) for o in operands)
+  if operation == "floordiv":
+    return divmod(a, b)[0]
+  if operation == "mod":
+    return divmod(a, b)[1]
+  if operation in ("max", "min"):
+    if isinstance(a, int) and isinstance(b, int):
+      return max(a, b) if operation == "max" else min(a, b)
+    return (jnp.maximum if operation == "max" else jnp.minimum)(a, b)
+  raise KeyError(operation)   # (an operation polyjit does not know: JAX's evaluation)
 
 
 def _factor_int(f: Any, env: dict[str, int]) -> int:
