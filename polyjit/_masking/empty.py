@@ -313,7 +313,7 @@ def empty_path(masked: Any, binding: _spec.Binding, tree: Any, zero: frozenset[s
     return ([pad_to(o, p) for o, p in zip(out_leaves, padded_shapes, strict=True)],
             shapes, jnp.bool_(True))
 
-  def verdicts(xs: list[Any], env: dict[str, Any]) -> str | None:
+  def verdict_at(xs: list[Any], env: dict[str, Any]) -> str | None:
     structs = ([_struct(x) for x in xs], {k: _struct(v) for k, v in env.items()})
     key = (zero, tuple(sorted(env)), tuple((a.shape, str(a.dtype), a.weak_type)
                                            for a in jax.tree.leaves(structs)),
@@ -326,7 +326,7 @@ def empty_path(masked: Any, binding: _spec.Binding, tree: Any, zero: frozenset[s
     return verdict
 
   def usable(xs: list[Any], env: dict[str, Any]) -> bool:
-    return verdicts(xs, env) is not None
+    return verdict_at(xs, env) is not None
 
   def value_only(xs: list[Any], env: dict[str, Any]) -> tuple[list[Any], list[Any], Any]:
     # JAX computes this path but cannot differentiate it (a while_loop, a
@@ -344,7 +344,7 @@ def empty_path(masked: Any, binding: _spec.Binding, tree: Any, zero: frozenset[s
     return outs, shapes, ok
 
   def checked(xs: list[Any], env: dict[str, Any]) -> tuple[list[Any], list[Any], Any]:
-    verdict = verdicts(xs, env)
+    verdict = verdict_at(xs, env)
     if verdict == ALL:
       return run(xs, env)
     return value_only(xs, env) if verdict == VALUES else failed(xs, env)
