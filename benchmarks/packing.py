@@ -18,12 +18,17 @@ ids random). Per model, in one run and on the same batches and parameters:
              block-diagonal attention masks from the segment ids, positions
              per segment, LSTM carries reset at segment starts, pooling with
              `jax.ops.segment_sum`), fed the planner's layout
+  hand_again the hand-packed step compiled a second time: a control, its
+             ratio to `hand` is what the machine's noise alone makes of two
+             identical programs (`hand_again_over_hand_*`)
 
 A step is `jax.jit(value_and_grad(mean loss))` plus an SGD update. Each
 approach first runs every batch once (compiling its programs), then
 `--repeats` timed passes over all batches run, the contenders' passes
-interleaved (so a change of load on a shared machine reaches all of them);
-the per-step time is the fastest pass's mean (wall and CPU apart).
+interleaved, each pass in a rotated order (so a change of load on a shared
+machine reaches all of them); the per-step time is the fastest pass's mean
+(wall and CPU apart). Paired figures (`*_paired_median`): the ratio of two
+contenders within each pass, its median over the passes.
 The losses and gradients of packed and unpacked are compared on the first
 batch (they must agree). Also reported: efficiency (real tokens over stored
 tokens) and the host time to build a batch (the packing planner included),
@@ -188,6 +193,10 @@ def run_model(name: str, batches: list[list[int]], repeats: int = 3) -> dict:
     inputs = [(b.data[0], shape(b, b.segments), shape(b, b.positions), y)
               for b, y in zip(packed, labels, strict=True)]
     contenders["hand"] = (hand_step, inputs)
+    # the same hand-packed step compiled a second time: its ratio to `hand`
+    # is what the machine's noise alone makes of two identical programs
+    contenders["hand_again"] = (jax.jit(lambda p, *x: (lambda lg: (sgd(p, lg[1]), lg[0]))(
+        jax.value_and_grad(hand)(p, *x))), inputs)
     lh, gh = jax.jit(jax.value_and_grad(hand))(params, *inputs[0])
     result["hand_loss_difference"] = float(abs(lh - lp))
     result["hand_grad_max_difference"] = float(max(
@@ -204,18 +213,29 @@ def run_model(name: str, batches: list[list[int]], repeats: int = 3) -> dict:
         cost = cost[0] if isinstance(cost, list) else cost
         result[f"flops_{key}"] = float(cost.get("flops", np.nan))
         result[f"bytes_{key}"] = float(cost.get("bytes accessed", np.nan))
-    best: dict[str, tuple[float, float]] = {}
-    for _ in range(repeats):   # passes interleaved: load changes reach every contender
-      for key, (fun, inputs) in contenders.items():
-        wall, cpu = timed(fun, params, inputs)
-        old = best.get(key, (np.inf, np.inf))
-        best[key] = (min(old[0], wall), min(old[1], cpu))
-    for key, (wall, cpu) in best.items():
+    passes: dict[str, list[tuple[float, float]]] = {key: [] for key in contenders}
+    order = list(contenders)
+    for r in range(repeats):   # passes interleaved, each pass in a rotated order:
+      for key in order[r % len(order):] + order[:r % len(order)]:   # load reaches all
+        fun, inputs = contenders[key]
+        passes[key].append(timed(fun, params, inputs))
+    for key, times in passes.items():
+      wall, cpu = np.min(np.array(times), axis=0)
       result[f"step_ms_{key}"], result[f"step_cpu_ms_{key}"] = wall * 1e3, cpu * 1e3
+    # paired: the ratio within each pass (the contenders ran in the same
+    # minute), then its median over the passes: steadier than min over min
+    for num, den in (("packed", "hand"), ("hand_again", "hand")):
+      if den in passes:
+        ratios = np.array(passes[num]) / np.array(passes[den])
+        result[f"{num}_over_{den}_paired_median"] = float(np.median(ratios[:, 0]))
+        result[f"{num}_over_{den}_paired_median_cpu"] = float(np.median(ratios[:, 1]))
   if "bytes_hand" in result:
     for c in ("flops", "bytes"):
       result[f"packed_over_hand_{c}"] = result[f"{c}_packed"] / result[f"{c}_hand"]
   for t in ("ms", "cpu_ms"):
+    if f"step_{t}_hand_again" in result:
+      result[f"hand_again_over_hand_{t}"] = (result[f"step_{t}_hand_again"]
+                                             / result[f"step_{t}_hand"])
     for other in ("unpacked", "hand", "groups"):
       if f"step_{t}_{other}" in result:
         result[f"packed_over_{other}_{t}"] = (result[f"step_{t}_packed"]
