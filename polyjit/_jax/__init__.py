@@ -40,7 +40,7 @@ from .core import (
     Jaxpr as Jaxpr, JaxprEqn as JaxprEqn, Literal as Literal, Primitive as Primitive,
     Tracer as Tracer, max_dim as max_dim, min_dim as min_dim,
     convert_constvars_jaxpr as convert_constvars_jaxpr,
-    default_sharding as default_sharding, host_to_device as host_to_device,
+    default_device as default_device, default_sharding as default_sharding, host_to_device as host_to_device,
     explicitly as explicitly, explicitly_read as explicitly_read,
     transfers_guarded as transfers_guarded, guard_user_uploads as guard_user_uploads,
     jit_disabled as jit_disabled, in_callers_config as in_callers_config,

@@ -121,11 +121,31 @@ def jit_disabled() -> bool:
   return bool(getattr(jax.config, "jax_disable_jit"))  # (the stub lacks the flag)
 
 
+def default_device() -> Any:
+  """The device `jax.jit` runs a call of uncommitted arguments on:
+  `jax_default_device`'s (`jax.default_device(...)` sets it) where it names
+  one, else the first device."""
+  chosen = getattr(jax.config, "jax_default_device")   # (a setting mypy's stubs lack)
+  if chosen is None:
+    return _first_device()
+  return jax.devices(chosen)[0] if isinstance(chosen, str) else chosen
+
+
 @functools.lru_cache(maxsize=None)
+def _first_device() -> Any:
+  return jax.devices()[0]
+
+
 def default_sharding() -> jax.sharding.SingleDeviceSharding:
+  """Where `jax.jit` puts an uncommitted argument (a NumPy array)."""
+  return _sharding_on(default_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _sharding_on(device: Any) -> jax.sharding.SingleDeviceSharding:
   from .registry import CALL, require  # (the call path's probes, at its first use)
   require(CALL)
-  return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  return jax.sharding.SingleDeviceSharding(device)
 
 
 def host_to_device(host: np.ndarray[Any, Any], sharding: jax.sharding.Sharding,

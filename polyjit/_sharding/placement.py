@@ -109,6 +109,8 @@ class ShardingLayout:
     if self.one_device():
       return None
     own = [_own_sharding(x) for x in leaves]
+    if any(type(o) is SingleDeviceSharding for o in own):   # committed off the default
+      own = _committed_where_they_are(leaves, own)
     if self.in_shardings is None:
       if self.out_shardings is None and not any(own):  # the common, fast case
         return None
@@ -149,8 +151,28 @@ def _own_sharding(x: Any) -> Sharding | None:
     return None
   assert sharding is not None
   if type(sharding) is SingleDeviceSharding or sharding.num_devices == 1:
-    return None
+    # on the default device: the one-device path. On another one (committed
+    # there, `jax.device_put(x, jax.devices()[1])`), `jax.jit` runs there, and
+    # so do the programs compiled for this placement (the structure key holds it)
+    if kind == _ARRAY and not x.committed:   # (`jax.jit` moves it to the default)
+      return None
+    return None if next(iter(sharding.device_set)) == jc.default_device() else sharding
   return sharding
+
+
+def _committed_where_they_are(leaves: Sequence[Any],
+                              own: list[Sharding | None]) -> list[Sharding | None]:
+  """With a leaf committed to a device other than the default, every committed
+  leaf keeps its own device (one committed to the default one too), so that
+  leaves committed to different devices fail as `jax.jit` fails them
+  ("incompatible devices"), not as a program compiled for the other device."""
+  def placed(x: Any, o: Sharding | None) -> Sharding | None:
+    data = x.data if _kind(type(x)) == _PADDED else x
+    if o is None and _kind(type(data)) == _ARRAY and data.committed:
+      sharding: Sharding = data.sharding
+      return sharding
+    return o
+  return [placed(x, o) for x, o in zip(leaves, own, strict=True)]
 
 
 def _is_sharding_leaf(x: Any) -> bool:
