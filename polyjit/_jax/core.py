@@ -128,6 +128,7 @@ def default_device() -> Any:
   chosen = getattr(jax.config, "jax_default_device")   # (a setting mypy's stubs lack)
   if chosen is None:
     return _first_device()
+  # (devices are one object each: callers compare them with `is`)
   return jax.devices(chosen)[0] if isinstance(chosen, str) else chosen
 
 

@@ -146,6 +146,8 @@ def _own_sharding(x: Any) -> Sharding | None:
     return None
   if kind == _PADDED:
     return _own_sharding(x.data)
+  if kind == _ARRAY and not x.committed:   # one device; `jax.jit` moves it to the default
+    return None
   sharding: Sharding | None = x.sharding
   if kind == _STRUCT and not isinstance(sharding, Sharding):  # (none, or only a layout)
     return None
@@ -154,10 +156,18 @@ def _own_sharding(x: Any) -> Sharding | None:
     # on the default device: the one-device path. On another one (committed
     # there, `jax.device_put(x, jax.devices()[1])`), `jax.jit` runs there, and
     # so do the programs compiled for this placement (the structure key holds it)
-    if kind == _ARRAY and not x.committed:   # (`jax.jit` moves it to the default)
-      return None
-    return None if next(iter(sharding.device_set)) == jc.default_device() else sharding
+    return None if _device_of(sharding) is jc.default_device() else sharding
   return sharding
+
+
+_devices: dict[Sharding, Any] = {}   # a one-device sharding -> its device
+
+
+def _device_of(sharding: Sharding) -> Any:
+  device = _devices.get(sharding)
+  if device is None:
+    device = _devices[sharding] = next(iter(sharding.device_set))
+  return device
 
 
 def _committed_where_they_are(leaves: Sequence[Any],
