@@ -100,12 +100,15 @@ def test_float64_ragged_called_without_x64_is_jax_jit(packing, fun):
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")   # (and JAX's truncation warning)
     want = [jax.jit(fun)(a) for a in arrays]
+    # (jax.jit(jax.vmap(fun)) over a stack of examples makes the same dtype)
+    stacked = jax.jit(jax.vmap(fun))(jnp.stack([arrays[0]] * 2))
     got = _outputs(pj.vmap(fun)(batch))
     jitted = _outputs(jax.jit(pj.vmap(fun))(batch))
   # A packed batch of `keeps` runs unpacked, and says so: the packed segment sum
   # would compute in float32 (`packed_eval._uncanonical_in_rule`).
   unpacked = [w for w in caught if issubclass(w.category, pj.PerformanceWarning)]
   assert bool(unpacked) == (packing is not None and fun is keeps), unpacked
+  assert stacked.dtype == want[0].dtype
   _assert_as_jax_jit(got, want)
   _assert_as_jax_jit(jitted, want)
 
