@@ -48,6 +48,7 @@ from .core import (
     make_closed_jaxpr as make_closed_jaxpr, promote_dtypes_inexact as promote_dtypes_inexact,
     promote_dtypes as promote_dtypes,
     replay_unsafe_effects as replay_unsafe_effects, shaped as shaped,
+    uncanonical as uncanonical, canonical_dtype as canonical_dtype, zeros as zeros,
     convert_weak as convert_weak,
     subjaxprs_in_params as subjaxprs_in_params, trace_context as trace_context,
     typeof as typeof, custom_jvp_rule_jaxpr as custom_jvp_rule_jaxpr,

@@ -8,6 +8,7 @@ from typing import Any, Callable, Iterable
 
 import jax
 import jax.extend.core as jex_core
+import jax.numpy as jnp
 # (an import, not an assignment: on JAX 0.12 it names `Jaxpr` under another
 # name, which mypy accepts as a type only when imported)
 from jax.extend.core import ClosedJaxpr as ClosedJaxpr  # type: ignore[attr-defined, unused-ignore]
@@ -253,17 +254,60 @@ def is_dropvar(v: Any) -> bool:
 
 
 def typeof(x: Any) -> Any:
-  """The abstract value (shape, dtype, weak type) of a concrete argument."""
+  """The abstract value (shape, dtype, weak type) of a concrete argument, or
+  of an example made by `shaped` (kept as it is: see `make_closed_jaxpr`)."""
+  if isinstance(x, _core.ShapedArray):
+    return x
   return jax.typeof(x)
 
 
 def make_closed_jaxpr(fun: Callable[..., Any], avals: list[Any]) -> ClosedJaxpr:
-  """Traces `fun(*flat_args) -> list` to a ClosedJaxpr at the given avals."""
+  """Traces `fun(*flat_args) -> list` to a ClosedJaxpr at the given avals.
+
+  An aval of a dtype that this x64 mode would not make (float64 or int64 with
+  x64 off: a `jax.Array` made under `jax.enable_x64()`) is traced as it is,
+  as jax.jit traces such an array: the jaxpr takes the float64 value and
+  converts it where JAX's own functions would (`jnp.sum`, `x * 0.1`) or
+  keeps it (`lax.add`, `x * x`). A `jax.ShapeDtypeStruct` would make it
+  float32, and the masked program would then take float32 where the data
+  holds float64. Every other aval goes through `jax.ShapeDtypeStruct` (a
+  symbolic shape, a weak type)."""
   # jax.ShapeDtypeStruct's __init__ is unannotated in JAX (a stub gap).
-  specs = [jax.ShapeDtypeStruct(  # type: ignore[no-untyped-call, unused-ignore]
+  specs = [shaped(a.shape, a.dtype, a.weak_type) if uncanonical(a.dtype) else
+           jax.ShapeDtypeStruct(  # type: ignore[no-untyped-call, unused-ignore]
                a.shape, a.dtype, weak_type=a.weak_type)
            for a in avals]
+  # (jax.make_jaxpr takes an abstract value as it is: `core.shaped_abstractify`)
   return jax.make_jaxpr(fun)(*specs)
+
+
+_canonical_dtypes: dict[tuple[Any, bool], np.dtype[Any]] = {}
+
+
+def canonical_dtype(dtype: Any) -> np.dtype[Any]:
+  """JAX's dtype for a NumPy dtype (float64 -> float32 without x64), cached
+  per x64 mode (`jax.enable_x64()` may change it between calls): the hot
+  path of every pj.jit call (`_jit/args.aval_key`)."""
+  key = (dtype, bool(jax.config.jax_enable_x64))  # type: ignore[attr-defined, unused-ignore]
+  out = _canonical_dtypes.get(key)
+  if out is None:
+    out = _canonical_dtypes[key] = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
+  return out
+
+
+def uncanonical(dtype: Any) -> bool:
+  """Whether `dtype` is one that this x64 mode would not make: a 64-bit
+  NumPy dtype with x64 off (an array made under `jax.enable_x64()`; with x64
+  on every NumPy dtype is its own canonical one)."""
+  return isinstance(dtype, np.dtype) and dtype != canonical_dtype(dtype)
+
+
+def zeros(shape: Any, dtype: Any) -> Any:
+  """Zeros of `dtype` as it is: float64 with x64 off too (a jaxpr traced at a
+  `jax.Array` made under `jax.enable_x64()`: `make_closed_jaxpr`), where
+  `jnp.zeros` makes float32."""
+  z = jnp.zeros(shape, dtype)
+  return convert_weak(z, dtype, False) if uncanonical(dtype) else z
 
 
 def convert_weak(x: Any, dtype: Any, weak_type: bool) -> Any:

@@ -298,6 +298,24 @@ def _weak_convert() -> None:
     assert (out.dtype, out.weak_type) == (np.int32, weak), out
 
 
+@internal("core.shaped_abstractify returns a core.ShapedArray argument as it is "
+          "(jax.make_jaxpr, jax.jit(f).trace, jax.eval_shape), its dtype not "
+          "canonicalized; lax._convert_element_type to float64 with x64 off", JAXPRS, "read",
+          "a float64 jax.Array made under jax.enable_x64() is traced as float64 with x64 "
+          "off, as jax.jit traces it (`make_closed_jaxpr`, `jc.zeros`)",
+          versions="0.9.2, 0.10.2, 0.11.0, main (cec06d1), 0.12.0.1")
+def _abstract_values_as_given() -> None:
+  from .core import convert_weak, make_closed_jaxpr, uncanonical
+  with jax.enable_x64(False):
+    f64 = np.dtype(np.float64)
+    assert uncanonical(f64)
+    closed = make_closed_jaxpr(lambda x: [x * x], [shaped((2,), f64)])
+    assert closed.jaxpr.invars[0].aval.dtype == f64, closed
+    assert closed.jaxpr.outvars[0].aval.dtype == f64, closed
+    out = jax.eval_shape(lambda v: convert_weak(v, f64, False), np.float32(1))
+    assert out.dtype == f64, out
+
+
 @internal("call_hi_primitive's `_prim` (expand, in_tree, out_tree), Jaxpr.is_high, "
           "pe.lower_jaxpr2 (JAX 0.12 and later; absent before)", JAXPRS, "read",
           "JAX's hi primitives (searchsorted, nonzero) are masked through their "

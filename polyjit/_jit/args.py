@@ -300,27 +300,13 @@ def split_signature(key: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[tuple[
 
 # --- leaves --------------------------------------------------------------------
 
-_canonical_dtypes: dict[tuple[Any, bool], np.dtype[Any]] = {}
-
-
-def _canonical(dtype: Any) -> np.dtype[Any]:
-  """JAX's dtype for a NumPy dtype (float64 -> float32 without x64), cached
-  per x64 mode (`jax.enable_x64()` may change it between calls)."""
-  key = (dtype, bool(jax.config.jax_enable_x64))  # type: ignore[attr-defined, unused-ignore]
-  out = _canonical_dtypes.get(key)
-  if out is None:
-    out = _canonical_dtypes[key] = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
-  return out
-
-
 def uncanonical_array(leaves: Sequence[Any]) -> int | None:
   """The position of the first `jax.Array` whose dtype the x64 mode of this
   call would not make (a float64 array made under `jax.enable_x64(True)`,
   passed with x64 off), or None. jax.jit keeps such an array's dtype; a
   padded copy of it (made on the host in the canonical dtype) could not."""
   for i, x in enumerate(leaves):
-    if type(x) is jc.ARRAY_TYPE and isinstance(x.dtype, np.dtype) \
-        and x.dtype != _canonical(x.dtype):
+    if type(x) is jc.ARRAY_TYPE and jc.uncanonical(x.dtype):
       return i
   return None
 
@@ -332,7 +318,7 @@ def aval_key(x: Any) -> tuple[np.dtype[Any], bool] | None:
   an abstract value.
   """
   if isinstance(x, np.ndarray) or isinstance(x, np.generic):
-    return (_canonical(x.dtype), False)
+    return (jc.canonical_dtype(x.dtype), False)
   if isinstance(x, jc.Tracer):
     return None
   if type(x) is jc.ARRAY_TYPE:

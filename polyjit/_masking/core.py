@@ -47,7 +47,7 @@ from jax import lax
 from . import dims as _dims
 from .. import _jax as jc
 from .errors import MaskingError, no_rule_message
-from .refusals import why_unsupported
+from .refusals import narrowed_error, narrowed_input, narrowed_output, why_unsupported
 from . import lapack_order as _lapack_order
 
 Rule = Callable[..., list[Any]]
@@ -407,10 +407,19 @@ def eval_jaxpr_masked(jaxpr: jc.Jaxpr, consts: Sequence[Any],
         rule = masking_rules.get(eqn.primitive)
         if rule is None:
           raise _no_rule_error(eqn)
-        if env.native is not None:
-          outs = env.native(RuleContext(env, eqn), rule, invals, jaxpr)
-        else:
-          outs = rule(RuleContext(env, eqn), *invals, **eqn.params)
+        try:
+          if env.native is not None:
+            outs = env.native(RuleContext(env, eqn), rule, invals, jaxpr)
+          else:
+            outs = rule(RuleContext(env, eqn), *invals, **eqn.params)
+        except TypeError as e:   # (`lax.pad requires ... same dtype`: a float32 fill)
+          narrowed = narrowed_input(eqn)
+          if narrowed is None:
+            raise
+          raise narrowed_error(eqn, *narrowed) from e
+        narrowed = narrowed_output(eqn, outs)
+        if narrowed:
+          raise narrowed_error(eqn, *narrowed)
       else:
         # JAX's Primitive.bind carries no annotations
         outs = eqn.primitive.bind(*invals, **jc.bind_params(eqn))  # type: ignore[no-untyped-call, unused-ignore]

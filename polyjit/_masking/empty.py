@@ -283,7 +283,7 @@ def empty_path(masked: Any, binding: _spec.Binding, tree: Any, zero: frozenset[s
   dtype = jc.dim_value_dtype()
 
   def failed(xs: list[Any], env: dict[str, Any]) -> tuple[list[Any], list[Any], Any]:
-    outs = [jnp.zeros(s, a.dtype) for s, a in zip(padded_shapes, out_avals, strict=True)]
+    outs = [jc.zeros(s, a.dtype) for s, a in zip(padded_shapes, out_avals, strict=True)]
     shapes = [jnp.zeros((len(a.shape),), dtype) for a in out_avals]
     return outs, shapes, jnp.bool_(False)
 
@@ -352,9 +352,10 @@ def empty_path(masked: Any, binding: _spec.Binding, tree: Any, zero: frozenset[s
 
 
 def _struct(x: Any) -> Any:
+  """`x`'s abstract value, its dtype as it is (a `jax.ShapeDtypeStruct` would
+  make a float64 one float32 with x64 off: `jc.make_closed_jaxpr`)."""
   aval = jc.typeof(x)
-  return jax.ShapeDtypeStruct(np.shape(x), aval.dtype,  # type: ignore[no-untyped-call, unused-ignore]
-                              weak_type=aval.weak_type)
+  return jc.shaped(np.shape(x), aval.dtype, aval.weak_type)
 
 
 #: What an empty path gives (`_usable`): its values and derivatives, or its

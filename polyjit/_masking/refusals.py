@@ -8,6 +8,8 @@ rule, `_mask` when tracing fails).
 
 from __future__ import annotations
 
+from typing import Any, Sequence
+
 from .. import _jax as jc
 from .errors import MaskingError
 
@@ -87,3 +89,41 @@ def jax_refusal(e: NotImplementedError) -> MaskingError:
       f"JAX cannot trace the masked function with symbolic sizes: {e}\n"
       "What to do: declare the axis involved fixed (\"_\" in the spec, or None "
       "for the whole argument), or compute this step outside the masked function.")
+
+
+def narrowed_output(eqn: jc.JaxprEqn, outs: Sequence[Any]) -> tuple[Any, Any] | None:
+  """(the dtype a rule made, the equation's) where they differ, or None.
+
+  With x64 off, a jaxpr traced at a float64 `jax.Array` (made under
+  `jax.enable_x64()`) holds float64 values, as jax.jit's does
+  (`jc.make_closed_jaxpr`); a rule that builds a value with JAX's functions
+  makes float32 there (they canonicalize every dtype they are given), and
+  would silently compute in float32 where jax.jit computes in float64."""
+  for v, o in zip(eqn.outvars, outs, strict=True):
+    want = getattr(v.aval, "dtype", None)
+    got = getattr(o, "dtype", want)
+    if got != want and jc.uncanonical(want):
+      return got, want
+  return None
+
+
+def narrowed_input(eqn: jc.JaxprEqn) -> tuple[Any, Any] | None:
+  """(the canonical dtype, an operand's) for the first operand of a dtype that
+  this x64 mode does not make, or None: a rule that fails on such operands
+  (`narrowed_output`) says why."""
+  for v in eqn.invars:
+    dtype = getattr(v.aval, "dtype", None)
+    if jc.uncanonical(dtype):
+      return jc.canonical_dtype(dtype), dtype
+  return None
+
+
+def narrowed_error(eqn: jc.JaxprEqn, got: Any, want: Any) -> MaskingError:
+  source = jc.source_line(eqn)
+  return MaskingError(
+      f"polyjit's rule for '{eqn.primitive.name}' {source} computes in {got} where "
+      f"jax.jit computes in {want}: its operands hold {want} values while "
+      "jax_enable_x64 is off (an array made under jax.enable_x64()), and the rule "
+      "cannot make such values with x64 off.\nWhat to do: convert that array "
+      f"(x.astype(jnp.{got})) before the call, or set jax_enable_x64 for the whole "
+      "program.", primitive=eqn.primitive.name, source=source)

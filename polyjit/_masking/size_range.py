@@ -200,8 +200,8 @@ def _poisoned_outputs_jvp(primals: Any, tangents: Any) -> tuple[list[Any], list[
   for t in t_outs:
     # (the real dtype of a complex one)
     real = jnp.finfo(t.dtype).dtype  # type: ignore[no-untyped-call, unused-ignore]
-    scaled = _scaled(t, one.astype(real))
-    out_tangents.append(_added_to_real(scaled, gate.astype(real)))
+    scaled = _scaled(t, _as(one, real))
+    out_tangents.append(_added_to_real(scaled, _as(gate, real)))
   return _poisoned_outputs(ok, outs, inputs), out_tangents
 
 
@@ -224,8 +224,15 @@ def _without_derivative_jvp(primals: Any, tangents: Any) -> tuple[list[Any], lis
   out_tangents = []
   for o, t in zip(outs, t_outs, strict=True):
     real = jnp.finfo(o.dtype).dtype  # type: ignore[no-untyped-call, unused-ignore]
-    out_tangents.append(_added_to_real(t, gate.astype(real)))
+    out_tangents.append(_added_to_real(t, _as(gate, real)))
   return list(outs), out_tangents
+
+
+def _as(x: Any, dtype: Any) -> Any:
+  """`x` in `dtype` as it is: float64 with x64 off too, the tangent dtype of
+  an output traced at a `jax.Array` made under `jax.enable_x64()`
+  (`jc.make_closed_jaxpr`), where `astype` would make float32."""
+  return jc.convert_weak(x, dtype, False)
 
 
 def _tangent_total(tangents: Sequence[Any]) -> Any:

@@ -134,11 +134,13 @@ def aval_key(x: Any, axis: Any) -> tuple[Any, ...]:
 
 
 def example_struct(x: Any, axis: int | None, padded: Any) -> Any:
-  """The abstract value of one example of a flat argument (for tracing)."""
-  def struct(shape: Sequence[int], a: Any) -> jax.ShapeDtypeStruct:
+  """The abstract value of one example of a flat argument (for tracing): its
+  dtype as JAX sees the argument (a float64 `jax.Array` made under
+  `jax.enable_x64()` stays float64 with x64 off, as in jax.jit's trace; a
+  `jax.ShapeDtypeStruct` would make it float32: `jc.make_closed_jaxpr`)."""
+  def struct(shape: Sequence[int], a: Any) -> Any:
     t = jc.typeof(a)
-    # jax.ShapeDtypeStruct's constructor carries no annotations (strict only)
-    return jax.ShapeDtypeStruct(tuple(shape), t.dtype, weak_type=t.weak_type)  # type: ignore[no-untyped-call, unused-ignore]
+    return jc.shaped(shape, t.dtype, t.weak_type)
   if is_ragged(x):
     k = x.ragged_axes
     return jax.tree.map(lambda a: struct((*padded, *np.shape(a)[1 + k:]), a), x.data)

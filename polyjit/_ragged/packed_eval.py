@@ -76,6 +76,7 @@ from jax import lax
 from .. import _jax as jc
 from .._masking.core import (MaskEnv, RuleContext, _no_rule_error, eqn_is_symbolic,
                              masking_rules)
+from .._masking.refusals import narrowed_output
 from .._masking.rules.elementwise import ELEMENTWISE
 from .packed_layout import Layout, segment_arg, segment_extremum_over, segment_reduce
 from .packed_selects import fill, foldable, selects
@@ -224,12 +225,33 @@ def _eval_packed(jaxpr: Any, consts: Sequence[Any], args: Sequence[V], layout: L
     vals[v] = x
   for eqn in jaxpr.eqns:
     invals = [read(v) for v in eqn.invars]
+    if _uncanonical_in_rule(eqn):
+      raise Unpackable(eqn, "a float64 (or int64) value while jax_enable_x64 is off (an "
+                       "array made under jax.enable_x64()): the packed rules compute in "
+                       "float32 there, where jax.jit computes in float64")
     with jc.eqn_context(eqn):
       outs = _eval_eqn(eqn, invals, layout)
+    narrowed = narrowed_output(eqn, [o.val for o in outs])
+    if narrowed:   # (unpacked, the masking rule may keep the dtype)
+      raise Unpackable(eqn, "its packed rule computes in {} where jax.jit computes in {} "
+                       "(an array made under jax.enable_x64(), x64 off)".format(*narrowed))
     for v, o in zip(eqn.outvars, outs, strict=True):
       if not jc.is_dropvar(v):
         vals[v] = o
   return [read(v) for v in jaxpr.outvars]
+
+
+def _uncanonical_in_rule(eqn: Any) -> bool:
+  """Whether a packed rule that mixes positions (a segment sum, a relayout)
+  would see a dtype that this x64 mode does not make (`jc.make_closed_jaxpr`
+  traces a float64 `jax.Array` as it is, as jax.jit does): those rules build
+  their values with JAX's functions, which make float32 there (and a
+  float32 scatter of float64 tangents fails)."""
+  name = eqn.primitive.name
+  if name in _ELEMENTWISE or name in _CALLS or not eqn_is_symbolic(eqn):
+    return False   # (bound as they are, or evaluated equation by equation)
+  return any(jc.uncanonical(getattr(v.aval, "dtype", None))
+             for v in (*eqn.invars, *eqn.outvars))
 
 
 def _eval_eqn(eqn: Any, invals: list[V], layout: Layout) -> list[V]:

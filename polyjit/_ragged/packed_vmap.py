@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .. import _jax as jc
 from .._masking import empty as _empty, size_range as _size_range
 from .._masking.errors import PerformanceWarning, warn_user_code
 from .._masking.mask import Masked
@@ -101,9 +102,9 @@ class PackedRunner:
               ) -> Any:
     masked = self._masked_for(treedef, tuple(is_packed(x) for x in flat))
     row_length = batch.row_length
-    def struct(a: Any) -> Any:
-      # jax.ShapeDtypeStruct's constructor carries no annotations (strict only)
-      return jax.ShapeDtypeStruct((row_length, *a.shape[2:]), a.dtype)  # type: ignore[no-untyped-call, unused-ignore]
+    def struct(a: Any) -> Any:   # (its dtype as it is: `arguments.example_struct`)
+      t = jc.typeof(a)
+      return jc.shaped((row_length, *a.shape[2:]), t.dtype, t.weak_type)
     example = [jax.tree.map(struct, x.data) if is_packed(x)
                else example_struct(x, a, None) for x, a in zip(flat, axes, strict=True)]
     example_args = list(treedef.unflatten(example))
