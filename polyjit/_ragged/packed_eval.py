@@ -350,6 +350,8 @@ def _broadcast_in_dim(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   if axis is None:
     raise Unpackable(eqn, "a broadcast with sizes in its parameters only")
   dim, shape = aval.shape[axis], _token_shape(aval, layout)
+  if x.kind != TOKEN and not layout.fits(dim):   # `jnp.ones(n + 1)`: longer than the slot
+    return _relayout(eqn, invals, layout)
   dims = tuple(eqn.params["broadcast_dimensions"])
   if x.kind == TOKEN:
     out, = _bind(eqn, [x.val], layout)
@@ -374,6 +376,8 @@ def _iota(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   if axis is None:
     raise Unpackable(eqn, "an iota with sizes in its parameters only")
   dim, shape = aval.shape[axis], _token_shape(aval, layout)
+  if not layout.fits(dim):   # `jnp.arange(n + 1)`: no slot in the row holds it
+    return _relayout(eqn, invals, layout)
   if eqn.params["dimension"] == axis:   # positions within the example
     pos = lax.convert_element_type(layout.positions, aval.dtype)
     out = lax.broadcast_in_dim(pos, shape, (axis,))

@@ -107,8 +107,9 @@ class Layout:
     # from 1: an empty example has no slot, and its outputs come from `fun` at
     # size 0 (`packed_vmap.py`); a size such as `jnp.roll`'s `k mod n` has no
     # value at n = 0
-    return all(_dims.evaluate_dim(d, {self.name: m}) <= m
-               for m in range(1, self.row_length + 1))
+    fits: bool = self._cached(("fits", str(d)), lambda: all(
+        _dims.evaluate_dim(d, {self.name: m}) <= m for m in range(1, self.row_length + 1)))
+    return fits
 
   def valid(self, d: Any) -> Any:
     """`(tokens,)` bool: the tokens a value of size `d` holds."""
