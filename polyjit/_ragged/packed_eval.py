@@ -77,7 +77,8 @@ from .. import _jax as jc
 from .._masking.core import (MaskEnv, RuleContext, _no_rule_error, eqn_is_symbolic,
                              masking_rules)
 from .._masking.rules.elementwise import ELEMENTWISE
-from .packed_layout import Layout, segment_arg, segment_extremum_over, segment_reduce
+from .packed_layout import (Layout, segment_arg, segment_extremum_over, segment_reduce,
+                            segment_sum)
 from .packed_selects import fill, foldable, selects
 
 TOKEN, EXAMPLE, SHARED, UNPACKED, PAIR = "token", "example", "shared", "unpacked", "pair"
@@ -473,7 +474,7 @@ def _reduce(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   valid = layout.valid(x.dim)
   valid = lax.broadcast_in_dim(valid, val.shape, (0,))
   if kind == "sum":
-    out = jax.ops.segment_sum(val, layout.segments, layout.examples)
+    out = segment_sum(val, layout.segments, layout.examples)
   elif kind in ("max", "min"):   # (integers and bools: no derivative)
     out = segment_reduce(kind, val, layout.segments, layout.examples, valid)
   else:
