@@ -101,7 +101,7 @@ class Unpackable(Exception):
     self.primitive = eqn.primitive.name if eqn is not None else None
     self.source = jc.source_line(eqn) if eqn is not None else ""
     self.why = why
-    super().__init__(f"'{self.primitive}' {self.source}: {why}")
+    super().__init__(_message(self.primitive, self.source, why))
 
   def called_from(self, call: Any) -> "Unpackable":
     """Where JAX kept no user frame for the equation (inside a library's
@@ -109,9 +109,17 @@ class Unpackable(Exception):
     if self.source.startswith("at ") and self.source != "at an unknown location":
       return self
     outer = Unpackable(call, self.why)
-    outer.primitive = self.primitive
-    outer.args = (f"'{self.primitive}' {outer.source}: {self.why}",)
+    outer.primitive = self.primitive or outer.primitive
+    outer.args = (_message(outer.primitive, outer.source, self.why),)
     return outer
+
+
+def _message(primitive: str | None, source: str, why: str) -> str:
+  """"'cumsum' at f.py:3: why"; without a primitive (a whole output, a
+  scan's carry), the source and the reason only, not "'None'"."""
+  if primitive is None:
+    return f"{source}: {why}" if source else why
+  return f"'{primitive}' {source}: {why}"
 
 
 @dataclasses.dataclass
