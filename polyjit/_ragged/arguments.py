@@ -22,12 +22,13 @@ from .._masking.errors import ShapeError
 from .ragged import Ragged, is_concrete, is_ragged
 
 
-def describe(path: tuple[Any, ...]) -> str:
-  """'argument 1', 'argument 0 at ['x']' from a path into the args tuple."""
+def describe(path: tuple[Any, ...], what: str = "argument") -> str:
+  """'argument 1', 'argument 0 at ['x']' from a path into the args tuple
+  ('output 1' with `what="output"`, a path into the outputs)."""
   if not path:
     return "the output"
   head, rest = path[0], path[1:]
-  name = f"argument {head.idx}" if hasattr(head, "idx") else jax.tree_util.keystr((head,))
+  name = f"{what} {head.idx}" if hasattr(head, "idx") else jax.tree_util.keystr((head,))
   return name + (f" at {jax.tree_util.keystr(rest)}" if rest else "")
 
 

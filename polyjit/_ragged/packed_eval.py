@@ -78,7 +78,8 @@ from .._masking.core import (MaskEnv, RuleContext, _no_rule_error, eqn_is_symbol
                              masking_rules)
 from .._masking.refusals import narrowed_output
 from .._masking.rules.elementwise import ELEMENTWISE
-from .packed_layout import Layout, segment_arg, segment_extremum_over, segment_reduce
+from .packed_layout import (Layout, segment_arg, segment_extremum_over, segment_reduce,
+                            segment_sum)
 from .packed_selects import fill, foldable, selects
 
 TOKEN, EXAMPLE, SHARED, UNPACKED, PAIR = "token", "example", "shared", "unpacked", "pair"
@@ -101,7 +102,7 @@ class Unpackable(Exception):
     self.primitive = eqn.primitive.name if eqn is not None else None
     self.source = jc.source_line(eqn) if eqn is not None else ""
     self.why = why
-    super().__init__(f"'{self.primitive}' {self.source}: {why}")
+    super().__init__(_message(self.primitive, self.source, why))
 
   def called_from(self, call: Any) -> "Unpackable":
     """Where JAX kept no user frame for the equation (inside a library's
@@ -109,9 +110,17 @@ class Unpackable(Exception):
     if self.source.startswith("at ") and self.source != "at an unknown location":
       return self
     outer = Unpackable(call, self.why)
-    outer.primitive = self.primitive
-    outer.args = (f"'{self.primitive}' {outer.source}: {self.why}",)
+    outer.primitive = self.primitive or outer.primitive
+    outer.args = (_message(outer.primitive, outer.source, self.why),)
     return outer
+
+
+def _message(primitive: str | None, source: str, why: str) -> str:
+  """"'cumsum' at f.py:3: why"; without a primitive (a whole output, a
+  scan's carry), the source and the reason only, not "'None'"."""
+  if primitive is None:
+    return f"{source}: {why}" if source else why
+  return f"'{primitive}' {source}: {why}"
 
 
 @dataclasses.dataclass
@@ -372,6 +381,8 @@ def _broadcast_in_dim(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   if axis is None:
     raise Unpackable(eqn, "a broadcast with sizes in its parameters only")
   dim, shape = aval.shape[axis], _token_shape(aval, layout)
+  if x.kind != TOKEN and not layout.fits(dim):   # `jnp.ones(n + 1)`: longer than the slot
+    return _relayout(eqn, invals, layout)
   dims = tuple(eqn.params["broadcast_dimensions"])
   if x.kind == TOKEN:
     out, = _bind(eqn, [x.val], layout)
@@ -396,6 +407,8 @@ def _iota(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   if axis is None:
     raise Unpackable(eqn, "an iota with sizes in its parameters only")
   dim, shape = aval.shape[axis], _token_shape(aval, layout)
+  if not layout.fits(dim):   # `jnp.arange(n + 1)`: no slot in the row holds it
+    return _relayout(eqn, invals, layout)
   if eqn.params["dimension"] == axis:   # positions within the example
     pos = lax.convert_element_type(layout.positions, aval.dtype)
     out = lax.broadcast_in_dim(pos, shape, (axis,))
@@ -491,7 +504,7 @@ def _reduce(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   valid = layout.valid(x.dim)
   valid = lax.broadcast_in_dim(valid, val.shape, (0,))
   if kind == "sum":
-    out = jax.ops.segment_sum(val, layout.segments, layout.examples)
+    out = segment_sum(val, layout.segments, layout.examples)
   elif kind in ("max", "min"):   # (integers and bools: no derivative)
     out = segment_reduce(kind, val, layout.segments, layout.examples, valid)
   else:

@@ -107,8 +107,9 @@ class Layout:
     # from 1: an empty example has no slot, and its outputs come from `fun` at
     # size 0 (`packed_vmap.py`); a size such as `jnp.roll`'s `k mod n` has no
     # value at n = 0
-    return all(_dims.evaluate_dim(d, {self.name: m}) <= m
-               for m in range(1, self.row_length + 1))
+    fits: bool = self._cached(("fits", str(d)), lambda: all(
+        _dims.evaluate_dim(d, {self.name: m}) <= m for m in range(1, self.row_length + 1)))
+    return fits
 
   def valid(self, d: Any) -> Any:
     """`(tokens,)` bool: the tokens a value of size `d` holds."""
@@ -130,8 +131,12 @@ class Layout:
 
   def onto_tokens(self, x: Any, d: Any) -> Any:
     """Per-example `x` `(examples, ...)` repeated on each token `(tokens, ...)`,
-    0 on the tail."""
-    out = jnp.take(x, self.segments, axis=0, mode="fill", fill_value=0)
+    0 on the tail. (Gathered in float32 where `x` is float16 or bfloat16: the
+    gather's transpose, a scatter-add of every token's cotangent, then
+    accumulates in float32, as JAX's reduction of a broadcast's cotangent
+    does, not one token at a time in the narrow type.)"""
+    out = jnp.take(widened(x), self.segments, axis=0, mode="fill", fill_value=0)
+    out = out.astype(jnp.result_type(x))
     return out if self.is_base(d) else self.select(out, 0, d)
 
   def unpack(self, x: Any, axis: int, d: Any) -> Any:
@@ -191,6 +196,24 @@ def _still_where_jvp(primals: Any, tangents: Any) -> Any:
   return w, jnp.where(flag, jnp.zeros_like(tangents[0]), tangents[0])
 
 
+def widened(x: Any) -> Any:
+  """`x` in float32 where it is float16 or bfloat16, for a sum over tokens.
+
+  A segment sum is a scatter-add, which adds one token at a time in its own
+  type: in bfloat16 a running sum of ones stops growing at 256 (the sum of
+  1,500 ones is 256), where JAX's reduction (XLA's) accumulates in float32
+  and rounds once. Every segment sum of a narrow float runs on this, and its
+  result is rounded back to the narrow type once."""
+  if jnp.result_type(x) in (jnp.float16, jnp.bfloat16):
+    return jnp.asarray(x).astype(np.float32)
+  return x
+
+
+def segment_sum(x: Any, segments: Any, examples: int) -> Any:
+  """`jax.ops.segment_sum`, accumulated in float32 for narrow floats (`widened`)."""
+  return jax.ops.segment_sum(widened(x), segments, examples).astype(jnp.result_type(x))
+
+
 def identity(kind: str, dtype: Any) -> Any:
   if jnp.issubdtype(dtype, jnp.inexact):
     return -np.inf if kind == "max" else np.inf
@@ -231,14 +254,14 @@ def segment_extremum_jvp(kind: str, examples: int, rest: tuple[int, ...], primal
   back = lax.broadcast_in_dim(jnp.take(ans, segments, axis=0, mode="fill", fill_value=0),
                               x.shape, kept)
   at = valid & (held == back)
-  count = jax.ops.segment_sum(jnp.sum(at, axis=rest, dtype=x.dtype), segments, examples)
+  count = segment_sum(jnp.sum(at, axis=rest, dtype=x.dtype), segments, examples)
   # no valid position (an empty example): 0, not 0/0; a NaN extremum equals
   # no position, so its count is 0 and its tangent 0/0 = NaN, as JAX's
   count = jnp.where((count == 0) & ~jnp.isnan(ans), jnp.ones_like(count), count)
   # (t times the indicator, as JAX's rule: its transpose carries a NaN
   # cotangent to the example's valid positions, never to the tail)
   share = jnp.where(valid, t * at.astype(t.dtype), jnp.zeros_like(t))
-  return ans, jax.ops.segment_sum(jnp.sum(share, axis=rest), segments, examples) / count
+  return ans, segment_sum(jnp.sum(share, axis=rest), segments, examples) / count
 
 
 def _held(x: Any) -> Any:

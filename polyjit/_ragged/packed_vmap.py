@@ -188,6 +188,7 @@ def _empty_examples(masked: Masked, example_args: list[Any], flat: list[Any],
   first_empty = jnp.argmax(empty)
   # the arguments as leaves of `example_args` (the packed one: empty, (0, ...))
   kinds: list[tuple[str, Any]] = []
+  own: list[Any] = []   # the per-example arguments, each example's own
   for x, a in zip(flat, axes, strict=True):
     if is_packed(x):
       kinds += [("empty", jnp.zeros((0, *leaf.shape[2:]), leaf.dtype))
@@ -196,6 +197,7 @@ def _empty_examples(masked: Masked, example_args: list[Any], flat: list[Any],
       kinds += [("shared", leaf) for leaf in jax.tree.leaves(x)]
     else:
       moved = jnp.moveaxis(jnp.asarray(x), a, 0)
+      own.append(moved)
       at = lax.broadcast_in_dim(empty, moved.shape, (0,))
       kinds.append(("example", lax.select(at, moved, jnp.broadcast_to(
           moved[first_empty], moved.shape))))
@@ -221,8 +223,10 @@ def _empty_examples(masked: Masked, example_args: list[Any], flat: list[Any],
     data = o.data if isinstance(o, Ragged) else o
     at = lax.broadcast_in_dim(empty, data.shape, (0,))
     data = lax.select(at, p.astype(data.dtype), data)
-    if not traced_ok[0]:   # JAX refuses `fun` at size 0: poisoned where empty
-      data, = jax.vmap(lambda ok, d: _size_range.poison([d], ok, shared))(~empty, data)
+    if not traced_ok[0]:   # JAX refuses `fun` at size 0: poisoned where empty, with
+      # NaN derivatives for the shared arguments and the example's own
+      data, = jax.vmap(lambda ok, d, *mine: _size_range.poison([d], ok, [*shared, *mine]))(
+          ~empty, data, *own)
     if isinstance(o, Ragged):
       lengths = jnp.where(empty, shape[:, 0].astype(o.lengths.dtype), o.lengths)
       result.append(Ragged._make(data, lengths, None, 1))

@@ -210,7 +210,8 @@ class RaggedVmapped:
                                                        may_be_empty=not nonempty)
       env = env if computed is None else computed   # with data-dependent sizes
       traced = masked.trace(list(example))
-      out_paths = [describe(p) for p, _ in jax.tree_util.tree_flatten_with_path(outs)[0]]
+      out_paths = [describe(p, "output")
+                   for p, _ in jax.tree_util.tree_flatten_with_path(outs)[0]]
       lengths = [_out_lengths(a, env, p)
                  for a, p in zip(traced.out_avals, out_paths, strict=True)]
       if shapes is not None:   # sizes that may be 0: each path's own (`_masking/empty.py`)
