@@ -12,9 +12,10 @@ Modules (each imports only those above it):
              and the `pj.vmap` that also runs them
   packing    `pj.Packing`, the first-fit-decreasing planner, `PackedRagged`
              (imported by ragged: it builds on host alone)
-  packed_layout, packed_eval, packed_pairs, packed_pair_shapes, packed_scan,
-  packed_custom
-             the per-example jaxpr evaluated on packed rows
+  packed_layout, packed_values, packed_eval, packed_pairs, packed_pair_shapes,
+  packed_scan, packed_custom
+             the per-example jaxpr evaluated on packed rows (packed_values:
+             its values and its refusal, `Unpackable`)
   packed_vmap `pj.vmap` over a `PackedRagged` (packed, or unpacked with a
              PerformanceWarning)
 """

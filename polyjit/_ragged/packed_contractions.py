@@ -19,7 +19,8 @@ import jax
 import numpy as np
 from jax import lax
 
-from .packed_eval import EXAMPLE, SHARED, TOKEN, V, _RULES, _bind, _relayout, _token_axis
+from .packed_eval import _RULES, _relayout
+from .packed_values import EXAMPLE, SHARED, TOKEN, V, _bind, _token_axis
 from .packed_layout import Layout
 from .packed_selects import finite_constant
 

@@ -22,8 +22,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from .._masking import native as _native
-from .packed_eval import (EXAMPLE, PAIR, SHARED, TOKEN, UNPACKED, Unpackable, V, _RULES,
-                          eval_packed)
+from .packed_eval import _RULES, eval_packed
+from .packed_values import EXAMPLE, PAIR, SHARED, TOKEN, UNPACKED, Unpackable, V
 from .packed_pairs import _select as _select_pairs, tight
 from .packed_layout import Layout
 

@@ -23,7 +23,8 @@ import jax
 import numpy as np
 
 from .. import _jax as jc
-from .packed_eval import NoPairRule, PAIR, SHARED, V, _PAIR_RULES
+from .packed_eval import _PAIR_RULES
+from .packed_values import NoPairRule, PAIR, SHARED, V
 from .packed_layout import Layout
 from .packed_pairs import _pair_axes, _pair_shape
 

@@ -51,9 +51,9 @@ from jax import lax
 
 from .. import _jax as jc
 from .._masking.rules.reductions import _extremum
-from .packed_eval import (EXAMPLE, NoPairRule, PAIR, SHARED, TOKEN, Unpackable, V, _bind,
-                          _inexact, _n_axes, _PAIR_RULES, _token_axis, needs_guard, producer,
-                          tight_token)
+from .packed_eval import _PAIR_RULES, needs_guard, producer, tight_token
+from .packed_values import (EXAMPLE, NoPairRule, PAIR, SHARED, TOKEN, Unpackable, V, _bind,
+                            _inexact, _n_axes, _token_axis)
 from .packed_selects import BOUNDED_DERIVATIVE, finite_constant, fill, selects
 from .packed_layout import Layout, identity as _identity
 from .._masking.rules.elementwise import ELEMENTWISE

@@ -40,8 +40,8 @@ from jax import lax
 
 from .. import _jax as jc
 from .._masking.core import eqn_is_symbolic, jaxpr_is_symbolic
-from .packed_eval import (EXAMPLE, SHARED, TOKEN, Unpackable, V, _RULES, eval_packed, is_read,
-                          tight_token)
+from .packed_eval import _RULES, eval_packed, is_read, tight_token
+from .packed_values import EXAMPLE, SHARED, TOKEN, Unpackable, V
 from .packed_layout import Layout
 
 

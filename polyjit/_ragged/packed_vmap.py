@@ -37,7 +37,8 @@ from .._masking.mask import Masked
 from .arguments import example_struct, leaf_axes
 from . import (packed_contractions, packed_custom, packed_pair_shapes,  # noqa: F401
                packed_pairs, packed_scan)   # (they fill rule tables)
-from .packed_eval import EXAMPLE, PAIR, SHARED, TOKEN, UNPACKED, Unpackable, V, eval_packed
+from .packed_eval import eval_packed
+from .packed_values import EXAMPLE, PAIR, SHARED, TOKEN, UNPACKED, Unpackable, V
 from .packed_layout import Layout
 from .packing import PackedRagged, is_packed
 from .ragged import Ragged
