@@ -87,14 +87,24 @@ def test_gradient_of_a_maximum_with_many_ties(dtype):
   _assert_close(grad, want, dtype)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "packed_contractions._token_contraction sums each token's product with "
-    "jax.ops.segment_sum in the operands' type (bfloat16): one token at a time, "
-    "the sum stalls (attention pooling's softmax(s) @ x of 700 tokens: 0.30 for "
-    "1.00); it needs widened() (packed_layout.py) as the segment reductions have"))
 def test_contraction_over_the_tokens_in_the_narrow_type():
   dtype = jnp.bfloat16
   rng = np.random.default_rng(3)
   w = jnp.asarray(rng.normal(size=(3, 2)), dtype)
   _per_example(lambda w, x: (jax.nn.softmax((x @ w)[:, 0]) @ x, x[:, 0] @ x,
                              x.T @ (x @ w)), w, _batch(dtype, rng), dtype)
+
+
+def test_gradient_of_a_contraction_over_the_tokens_in_the_narrow_type():
+  """The shared parameters' gradient through `softmax(s) @ x` and `x.T @ (x @ w)`
+  over 700 bfloat16 tokens: each example's, summed, as `jax.jit` gives it."""
+  dtype = jnp.bfloat16
+  rng = np.random.default_rng(4)
+  w = jnp.asarray(rng.normal(size=(3, 2)), dtype)
+  xs = _batch(dtype, rng)
+  fun = lambda w, x: jnp.sum((jax.nn.softmax((x @ w)[:, 0]) @ x).astype(jnp.float32)) \
+      + jnp.sum((x.T @ (x @ w)).astype(jnp.float32)) * 1e-3
+  packed = pj.Ragged.from_list(xs, packing=pj.Packing(row_length=1024))
+  got = jax.jit(jax.grad(lambda w: jnp.sum(pj.vmap(fun, in_axes=(None, 0))(w, packed))))(w)
+  want = sum(np.asarray(jax.jit(jax.grad(fun))(w, x), np.float32) for x in xs)
+  np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=0.02, atol=0.02)

@@ -21,7 +21,7 @@ from jax import lax
 
 from .packed_eval import _RULES, _relayout
 from .packed_values import EXAMPLE, SHARED, TOKEN, V, _bind, _token_axis
-from .packed_layout import Layout
+from .packed_layout import Layout, widened
 from .packed_selects import finite_constant
 
 
@@ -67,9 +67,16 @@ def _token_contraction(eqn: Any, lhs: V, rhs: V, layout: Layout) -> V | None:
   at = list(lc).index(lhs.axis)
   dn = ((lc[:at] + lc[at + 1:], rc[:at] + rc[at + 1:]),
         ((lhs.axis, *lb), (rhs.axis, *rb)))   # the tokens a batch axis, in front
-  out, = _bind(eqn, [lhs.val, rhs.val], layout, **dict(eqn.params, dimension_numbers=dn))
-  out = jax.ops.segment_sum(out, layout.segments, layout.examples)
-  return V(EXAMPLE, lax.convert_element_type(out, eqn.outvars[0].aval.dtype))
+  params = dict(eqn.params, dimension_numbers=dn)
+  dtype = eqn.outvars[0].aval.dtype
+  if widened(np.zeros((), dtype)).dtype != dtype:
+    # a narrow float (bfloat16): each token's product kept in float32 and
+    # summed there, rounded once, as XLA's contraction accumulates (a sum in
+    # the narrow type stops growing: 1,500 tokens of ones sum to 256)
+    params["preferred_element_type"] = np.dtype(np.float32)
+  out, = _bind(eqn, [lhs.val, rhs.val], layout, **params)
+  out = jax.ops.segment_sum(widened(out), layout.segments, layout.examples)
+  return V(EXAMPLE, lax.convert_element_type(out, dtype))
 
 
 def _gather(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
