@@ -7,10 +7,11 @@ off each example's block) by the parameters: an inf there made NaN, which
 each example alone gives finite numbers. Checked against each example alone
 under `jax.jit`, values and gradients.
 
-An inf in one example's own values still reaches its row neighbours through
-a product with the scores (the xfails below: zero scores times inf), and so
-does a NaN cotangent of one example's attention output (a query that attends
-to nothing: its softmax row is NaN) through the values' gradient.
+An inf in one example's own values reached its row neighbours through a
+product with the scores (zero scores times inf), and so did a NaN cotangent
+of one example's attention output (a query that attends to nothing: its
+softmax row is NaN) through the values' gradient: the last two tests (more
+products in `test_packing_nonfinite_one_example.py`).
 """
 
 from __future__ import annotations

@@ -14,12 +14,14 @@ products are guarded too: JAX's transposes of `dot_general` are the same dense
 products. Each of its token sums (the value where the pair axis `c` is
 contracted, and each transpose that sums over `i` or `c`) runs dense, then,
 only where its result is not all finite (a contamination is always NaN, so a
-finite result is exact), again exactly: `_exact` masks the operand that holds
-`c` per `i` (`jax.vmap` over `i`, a select of the valid pairs), and the
+finite result is exact), again exactly, row by row and only in the rows
+that are not all finite (a loop): `_exact` masks the operand that holds `c`
+per `i` (`jax.vmap` over `i`, a select of the valid pairs), and the
 non-finite entries are taken from it. An entry that is inf or NaN for its
 example alone stays what it is there. The finite case costs one reduction
 over a per-token result and a branch (`lax.cond`; under `jax.vmap` of the
-primitive the whole batch shares it, `_batch`). The transpose to the pair
+primitive the whole batch shares it, `_batch`; a `jax.vmap` of the rules'
+own JAX, as in `jax.jacrev`, makes the branches selects: both run). The transpose to the pair
 operand (`ct_i * v_c`: no token sum, but inf or NaN off the blocks) is
 selected on the valid pairs, which XLA fuses into the op that consumes it.
 The derivatives of the guard's own rules (a second derivative) are JAX's.
@@ -78,14 +80,41 @@ def _exact(x: Any, y: Any, valid: Any, p: dict[str, Any]) -> Any:
   return jax.vmap(one, in_axes=(ia, p["valid_i"]), out_axes=out_i)(ops[io], valid)
 
 
-def _guarded(fast: Any, exact: Any) -> Any:
+def _guarded(fast: Any, exact_row: Any) -> Any:
   """`fast` where it is all finite (then no pair of two examples made NaN),
-  else its non-finite entries from `exact()`."""
+  else, in each leading slice (a row) that is not, its non-finite entries
+  from `exact_row(r)`: one row at a time (a loop, so the exact product costs
+  a row's work per row hit, and a compiled program's cost analysis counts one
+  row of it, not the batch's)."""
   if not jnp.issubdtype(fast.dtype, jnp.inexact):
     return fast
   finite = jnp.isfinite(fast)
+
+  def row(r: Any, acc: Any) -> Any:
+    ok = lax.dynamic_index_in_dim(finite, r, keepdims=False)
+    old = lax.dynamic_index_in_dim(acc, r, keepdims=False)
+    new = lax.cond(jnp.all(ok), lambda: old, lambda: jnp.where(ok, old, exact_row(r)))
+    return lax.dynamic_update_index_in_dim(acc, new, r, 0)
+
   return lax.cond(jnp.all(finite), lambda: fast,
-                  lambda: jnp.where(finite, fast, exact()))
+                  lambda: lax.fori_loop(0, fast.shape[0], row, fast))
+
+
+def _one_row(x: Any, y: Any, valid: Any, r: Any, p: dict[str, Any]) -> tuple[Any, ...]:
+  """Row `r` of the operands (their batch axis 0, the product's axis 0; None
+  stays None), of `valid`, and the params for the product of that row."""
+  (lc, rc), (lb, rb) = p["dn"]
+  assert lb[0] == 0 and rb[0] == 0
+  down = lambda axes: tuple(a - 1 for a in axes)
+  q = dict(p, dn=((down(lc), down(rc)), (down(lb[1:]), down(rb[1:]))),
+           i_axis=p["i_axis"] - 1, mask_axis=p["mask_axis"] - 1)
+  if p["mask_dims"][0] == 0:   # (valid's first axis is the rows': sliced too)
+    valid = lax.dynamic_index_in_dim(valid, r, keepdims=False)
+    q.update(valid_i=p["valid_i"] - 1, mask_dims=down(p["mask_dims"][1:]))
+  else:
+    q.update(mask_dims=down(p["mask_dims"]))
+  take = lambda a: None if a is None else lax.dynamic_index_in_dim(a, r, keepdims=False)
+  return take(x), take(y), valid, q
 
 
 def _mask_contracted(p: dict[str, Any]) -> bool:
@@ -97,7 +126,7 @@ def _impl(x: Any, y: Any, valid: Any, **p: Any) -> Any:
   fast = _dot(x, y, p)
   if not _mask_contracted(p):   # (`q @ k.T`: no token sum, the pairs loose)
     return fast
-  return _guarded(fast, lambda: _exact(x, y, valid, p))
+  return _guarded(fast, lambda r: _exact(*_one_row(x, y, valid, r, p)))
 
 
 def _abstract(x: Any, y: Any, valid: Any, **p: Any) -> Any:
@@ -136,8 +165,13 @@ def _transpose(ct: Any, x: Any, y: Any, valid: Any, **p: Any) -> list[Any]:
     # (the pair operand of `P @ v`: `ct_i * v_c` sums no tokens; zero off the blocks)
     out = lax.select(_valid_on(valid, p, aval.shape), fast, lax.full_like(fast, 0))
   else:   # (a sum over the tokens `i` or `c` of the other operand)
-    out = _guarded(fast, lambda: jax.linear_transpose(
-        along(lambda a, b: _exact(a, b, valid, p)), struct)(ct)[0])
+    def exact_row(r: Any) -> Any:
+      xr, yr, vr, q = _one_row(x if k else None, y if not k else None, valid, r, p)
+      known = yr if k == 0 else xr
+      row = jax.ShapeDtypeStruct(aval.shape[1:], aval.dtype)
+      f = (lambda a: _exact(a, known, vr, q)) if k == 0 else (lambda b: _exact(known, b, vr, q))
+      return jax.linear_transpose(f, row)(lax.dynamic_index_in_dim(ct, r, keepdims=False))[0]
+    out = _guarded(fast, exact_row)
   return [out, None, None] if k == 0 else [None, out, None]
 
 

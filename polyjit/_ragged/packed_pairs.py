@@ -27,7 +27,10 @@ of size 1 along both (`scores / n`, a bias per head `(h, 1, 1)`); a pair broadca
 give per-token values (over the valid pairs: a max fills the others with
 -inf, its derivative counting valid ties), sums over both axes per-example
 values, reductions over other axes (the heads) pairs; a contraction of either axis of a PAIR with a per-token value
-(`softmax(scores) @ v`, `scores.T @ v`) is a batched product per row; `iota`
+(`softmax(scores) @ v`, `scores.T @ v`) is a batched product per row (it and
+the product that makes a PAIR are `packed_block_dot.block_dot`: one
+example's inf or NaN, times the zero pairs of two examples, would be NaN in
+its row neighbours, in the value or the derivative products); `iota`
 along either axis is the token's position in its example.
 Anything else on a PAIR raises `Unpackable` (the call runs unpacked).
 
