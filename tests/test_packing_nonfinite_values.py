@@ -7,10 +7,11 @@ off each example's block) by the parameters: an inf there made NaN, which
 each example alone gives finite numbers. Checked against each example alone
 under `jax.jit`, values and gradients.
 
-An inf in one example's own values still reaches its row neighbours through
-a product with the scores (the xfails below: zero scores times inf), and so
-does a NaN cotangent of one example's attention output (a query that attends
-to nothing: its softmax row is NaN) through the values' gradient.
+An inf in one example's own values reached its row neighbours through a
+product with the scores (zero scores times inf), and so did a NaN cotangent
+of one example's attention output (a query that attends to nothing: its
+softmax row is NaN) through the values' gradient: the last two tests (more
+products in `test_packing_nonfinite_one_example.py`).
 """
 
 from __future__ import annotations
@@ -54,9 +55,6 @@ def test_an_inf_in_the_parameters_stays_off_the_tail(name):
   _check(CASES[name], jnp.asarray(w), xs)
 
 
-@pytest.mark.xfail(strict=True, reason="a block-diagonal product per row multiplies the "
-                   "zero scores between examples by the other examples' values: an inf "
-                   "in one example's values is NaN in its row neighbours' outputs")
 def test_an_inf_in_one_example_stays_in_that_example():
   rng = np.random.default_rng(24)
   xs = _examples(rng, [9, 5, 1])   # one row of 16
@@ -70,9 +68,6 @@ def test_an_inf_in_one_example_stays_in_that_example():
     np.testing.assert_allclose(g, jax.jit(attend)(x), rtol=2e-5, atol=2e-5)
 
 
-@pytest.mark.xfail(strict=True, reason="a block-diagonal product per row multiplies the "
-                   "zero scores between examples by the cotangent of every query: a NaN "
-                   "one (a query with no key) is NaN in its row neighbours' gradients")
 def test_a_nan_row_of_one_example_stays_in_that_example():
   rng = np.random.default_rng(25)
   xs = _examples(rng, [9, 5, 1])   # one row of 16

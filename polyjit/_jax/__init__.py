@@ -80,6 +80,8 @@ from .primitives import (
     EVAL_JAXPR_IS_THE_CALL as EVAL_JAXPR_IS_THE_CALL, hi_primitive_expansion as hi_primitive_expansion, NUMPY_BINDS_HI_PRIMITIVES as NUMPY_BINDS_HI_PRIMITIVES, all_primitives as all_primitives, bind_params as bind_params, primitive as primitive,
     required_primitive as required_primitive, scan_counts as scan_counts,
     size_primitive as size_primitive, uncached_calls as uncached_calls,
+    ruled_primitive as ruled_primitive, is_undefined_primal as is_undefined_primal,
+    shaped_array as shaped_array,
     with_scan_counts as with_scan_counts)
 from .calls import (CallNode as CallNode, bind_call as bind_call,
                     set_lowering_order as set_lowering_order)

@@ -202,3 +202,35 @@ def hi_primitive_expansion(params: dict[str, Any]) -> Callable[..., list[Any]]:
     args = jax.tree_util.tree_unflatten(prim.in_tree, flat)
     return list(prim.out_tree.flatten_up_to(prim.expand(*args)))
   return expand
+
+
+# --- primitives with rules of polyjit's own (packed block-diagonal products) -------
+
+def ruled_primitive(name: str, impl: Callable[..., Any], abstract_eval: Callable[..., Any],
+                    jvp: Callable[..., Any], transpose: Callable[..., Any],
+                    batch: Callable[..., Any]) -> Any:   # (a Primitive: its bind untyped)
+  """A primitive whose value is `impl` (plain JAX: run eagerly and lowered as
+  its trace) and whose JVP, transpose and batching are polyjit's: JAX's
+  differentiation and `jax.vmap` re-bind it (or call the rules' plain JAX)
+  instead of looking inside `impl`. `jvp(primals, tangents, **params)` gets
+  symbolic zero tangents as `patches.is_zero_tangent` says; `transpose(ct, *args, **params)`
+  gets the linear operands as `is_undefined_primal` says."""
+  prim = Primitive(name)
+  # Primitive's methods are unannotated in JAX (a stub gap).
+  prim.def_impl(impl)  # type: ignore[no-untyped-call, unused-ignore]
+  prim.def_abstract_eval(abstract_eval)  # type: ignore[no-untyped-call, unused-ignore]
+  _mlir.register_lowering(prim, _mlir.lower_fun(impl, multiple_results=False))
+  _ad.primitive_jvps[prim] = jvp
+  _ad.primitive_transposes[prim] = transpose
+  _batching.primitive_batchers[prim] = batch
+  return prim
+
+
+def is_undefined_primal(x: Any) -> bool:
+  """A transpose rule's linear operand (`ad.UndefinedPrimal`)."""
+  return bool(_ad.is_undefined_primal(x))  # type: ignore[no-untyped-call, unused-ignore]
+
+
+def shaped_array(shape: Any, dtype: Any) -> Any:
+  """An abstract value of `shape` and `dtype` (an abstract evaluation's result)."""
+  return _core.ShapedArray(tuple(shape), dtype)

@@ -39,7 +39,8 @@ from .core import (InconclusiveDimensionOperation, Tracer, default_sharding, hos
                    is_dropvar, max_dim, replay_unsafe_effects, shaped, subjaxprs_in_params)
 from .messages import (inconclusive_comparison, needs_concrete_size, trace_refusal_unchecked,
                        transfer_refused)
-from .primitives import bind_params, primitive
+from .primitives import (bind_params, is_undefined_primal, primitive, ruled_primitive,
+                         shaped_array)
 from .registry import (AD, CALL, DECISIONS, DIMS, INLINE, JAXPRS, PROGRAMS, REFUSALS, SIZES,
                        SOURCE, SWAPS, TEXTS, internal)
 from .swaps import ARRAY_GETITEM, CONV_1D, TRIU_SIZE, site_plan
@@ -234,6 +235,34 @@ def _zero() -> None:
   z = _ad_util.p2tz(np.int32(1))  # type: ignore[no-untyped-call, unused-ignore]
   assert isinstance(z, _ad.Zero) and z.aval.dtype == jax.dtypes.float0  # type: ignore[attr-defined, unused-ignore]
   assert _core.primal_dtype_to_tangent_dtype(np.dtype(np.int32)) == jax.dtypes.float0  # type: ignore[no-untyped-call, unused-ignore]
+
+
+@internal("Primitive.def_impl/def_abstract_eval, mlir.lower_fun, ad.primitive_jvps, "
+          "ad.primitive_transposes(ct, *UndefinedPrimal or values), ad.is_undefined_primal, "
+          "batching.primitive_batchers, core.ShapedArray", AD, "read",
+          "a primitive with rules of polyjit's own: the packed block-diagonal products "
+          "(`primitives.ruled_primitive`, `_ragged/packed_block_dot.py`)")
+def _ruled_primitive() -> None:
+  calls: list[str] = []
+  def jvp(primals: Any, tangents: Any) -> Any:
+    calls.append("jvp")
+    return prim.bind(*primals), prim.bind(*tangents)
+  def transpose(ct: Any, x: Any) -> Any:
+    calls.append("transpose")
+    assert is_undefined_primal(x)
+    return [2 * ct]
+  def batch(args: Any, dims: Any) -> Any:
+    calls.append("batch")
+    return prim.bind(*args), dims[0]
+  prim = ruled_primitive("polyjit_probe_double", lambda x: 2 * x,
+                         lambda x: shaped_array(x.shape, x.dtype), jvp, transpose, batch)
+  x = jax.ShapeDtypeStruct((3,), np.float32)  # type: ignore[no-untyped-call, unused-ignore]
+  # (traced and lowered, never compiled: compile counts are user-visible)
+  jax.jit(lambda x: prim.bind(x).sum()).lower(x)
+  jax.make_jaxpr(jax.grad(lambda x: prim.bind(x).sum()))(x)
+  jax.make_jaxpr(lambda x: jax.jvp(prim.bind, (x,), (x,)))(x)
+  jax.make_jaxpr(jax.vmap(prim.bind))(jax.ShapeDtypeStruct((3, 1), np.float32))  # type: ignore[no-untyped-call, unused-ignore]
+  assert {"jvp", "transpose", "batch"} <= set(calls), calls
 
 
 @internal("batching.primitive_batchers", SIZES, "patch",

@@ -27,7 +27,10 @@ of size 1 along both (`scores / n`, a bias per head `(h, 1, 1)`); a pair broadca
 give per-token values (over the valid pairs: a max fills the others with
 -inf, its derivative counting valid ties), sums over both axes per-example
 values, reductions over other axes (the heads) pairs; a contraction of either axis of a PAIR with a per-token value
-(`softmax(scores) @ v`, `scores.T @ v`) is a batched product per row; `iota`
+(`softmax(scores) @ v`, `scores.T @ v`) is a batched product per row (it and
+the product that makes a PAIR are `packed_block_dot.block_dot`: one
+example's inf or NaN, times the zero pairs of two examples, would be NaN in
+its row neighbours, in the value or the derivative products); `iota`
 along either axis is the token's position in its example.
 Anything else on a PAIR raises `Unpackable` (the call runs unpacked).
 
@@ -51,6 +54,7 @@ from jax import lax
 
 from .. import _jax as jc
 from .._masking.rules.reductions import _extremum
+from .packed_block_dot import block_dot
 from .packed_eval import _PAIR_RULES, needs_guard, producer, tight_token
 from .packed_values import (EXAMPLE, NoPairRule, PAIR, SHARED, TOKEN, Unpackable, V, _bind,
                             _inexact, _n_axes, _token_axis)
@@ -140,7 +144,8 @@ def _dot_general(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     # the rows a batch axis in front: the product comes out in the PAIR layout
     l, r = _to_rows(lhs.val, lhs.axis, layout), _to_rows(rhs.val, rhs.axis, layout)
     dn = ((_up(lc), _up(rc)), ((0, *_up(lb)), (0, *_up(rb))))
-    out, = _bind(eqn, [l, r], layout, **dict(eqn.params, dimension_numbers=dn))
+    # (its transposes sum over the tokens of a row: guarded, `packed_block_dot.py`)
+    out = _block(eqn, [l, r], layout, dn, (0, lhs.axis + 1), (1, rhs.axis + 1))
     axis, axis2 = _pair_axes(out_aval)
     # loose: pairs of two examples' tokens hold their product, selected by the
     # op that uses them (a softmax's max reads the valid pairs alone)
@@ -179,18 +184,33 @@ def _dot_general(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   pdn, tdn = (_up(pc), (0, *_up(pb))), (_up(tc), (0, *_up(tb)))
   dn = ((pdn[0], tdn[0]), (pdn[1], tdn[1])) if pair is lhs else \
       ((tdn[0], pdn[0]), (tdn[1], pdn[1]))
+  # (each token `free` of a row meets the other tokens of the row: guarded)
+  i, masked = ((0, free + 1), (1, tok.axis + 1)) if pair is lhs else \
+      ((1, free + 1), (0, tok.axis + 1))
   if pair.quotient is not None and list(pc) == [pair.axis2]:
-    out = _quotient_product(eqn, pair, t, pair is lhs, dn, layout)
+    out = _quotient_product(eqn, pair, t, pair is lhs, dn, layout, i, masked)
   else:
     args = [pair.val, t] if pair is lhs else [t, pair.val]
-    out, = _bind(eqn, args, layout, **dict(eqn.params, dimension_numbers=dn))
+    out = _block(eqn, args, layout, dn, i, masked)
   out_axis = _token_axis(out_aval, eqn)
   if out_axis is None:
     raise NoPairRule()
   return [V(TOKEN, _from_rows(out, out_axis, layout), out_axis, pair.dim)]
 
 
-def _quotient_product(eqn: Any, pair: V, t: Any, left: bool, dn: Any, layout: Layout) -> Any:
+def _block(eqn: Any, args: list[Any], layout: Layout, dn: Any, i: tuple[int, int],
+           masked: tuple[int, int]) -> Any:
+  """`eqn`'s product of two operands in the PAIR layout (`dn`, the rows a
+  batch axis in front), token `i` meeting token `masked` in a valid pair
+  only: exact per example where one example's values or cotangents are inf
+  or NaN (`packed_block_dot.py`)."""
+  return block_dot(args[0], args[1], _pair_valid(layout), dn, i=i, masked=masked,
+                   precision=eqn.params.get("precision"),
+                   preferred_element_type=eqn.params.get("preferred_element_type"))
+
+
+def _quotient_product(eqn: Any, pair: V, t: Any, left: bool, dn: Any, layout: Layout,
+                      i: tuple[int, int], masked: tuple[int, int]) -> Any:
   """`softmax(s) @ v` along the second axis of the quotient `e / z`
   (`_normalize`), per token of its first: `dot(e / stop_gradient(z), v)`
   times a factor 1 whose derivative is `-dz / z`, the quotient's derivative
@@ -204,8 +224,7 @@ def _quotient_product(eqn: Any, pair: V, t: Any, left: bool, dn: Any, layout: La
   fixed = lax.stop_gradient(z)
   valid = _valid_like(layout, e.shape, pair.axis, pair.axis2)
   p = lax.select(valid, e / fixed, lax.full_like(e, 0))
-  out, = _bind(eqn, [p, t] if left else [t, p], layout,
-               **dict(eqn.params, dimension_numbers=dn))
+  out = _block(eqn, [p, t] if left else [t, p], layout, dn, i, masked)
   ok = jnp.isfinite(z) & (z > 0)
   factor = jnp.where(ok, fixed / jnp.where(ok, z, 1), 1)
   # the factor's axes (the pair's but the second) where the product puts them:
