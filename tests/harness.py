@@ -30,8 +30,10 @@ vmap runs for a sample of rows that together reach every rule module that a
 row not `compiled` reaches (tests/test_coverage.py checks that).
 
 The references (`fun`'s values, VJPs and JVPs on the unpadded arguments) run
-under jax.jit, one program per case and sizes that every mode shares, where
-`fun` traces there; op by op, eager JAX compiles each op at each size. Only
+under jax.jit, one program per case and sizes that every mode shares (the
+value, the VJP and the JVP together: `_fused_reference`), compiled at LLVM's
+level 0 (`reference_options`), where `fun` traces there; op by op, eager JAX
+compiles each op at each size. Only
 the masked side is what a mode checks (eagerly, under jit, ...).
 """
 
@@ -72,6 +74,10 @@ class Case:
   #: Whether the vmap check runs `jax.vmap(masked)` eagerly (else under
   #: jax.jit): set by `table_test` for its sample of the table's rows.
   eager_vmap: bool = False
+  #: Whether every mode's reference comes from one program (`_fused_reference`):
+  #: set by `table_test`, whose rows run in every mode; a case checked in one
+  #: mode (tests/test_fuzz.py) compiles only what that mode needs.
+  fused_references: bool = False
   #: The reference's jitted programs, built once per case (`_program`).
   programs: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
@@ -285,6 +291,8 @@ def table_test(cases: Sequence[Case], eager_vmap: Sequence[str] | None = None):
   """
   by_name = {c.name: c for c in cases}
   assert len(by_name) == len(cases), "case names must be unique"
+  for c in cases:
+    c.fused_references = True
   if eager_vmap is None:
     eager_vmap = [c.name for c in cases if not c.compiled and "vmap" in c.modes][:1]
   for name in eager_vmap:
@@ -305,8 +313,56 @@ def table_test(cases: Sequence[Case], eager_vmap: Sequence[str] | None = None):
 def reference(case: Case, unpadded):
   """`fun` on the unpadded arguments, as JAX arrays (NumPy indexing differs)."""
   args = jax.tree.map(jnp.asarray, unpadded)
+  fused = _fused_reference(case, args)
+  if fused is not None:
+    return fused[0]
   return _unpadded(case, lambda: _program(case, "value", lambda: case.fun)(*args),
                    lambda: case.fun(*args))
+
+
+def _fused_reference(case: Case, args, cts=None, tangents=None):
+  """(outputs, input cotangents for `cts`, output tangents for `tangents`) of
+  `fun` on the unpadded `args`, from one jitted program per case and sizes
+  that every mode shares, or None where that program does not trace or run
+  (then each mode runs its own reference program, `_unpadded`, as before).
+
+  The eager, jit, vmap, grad and jvp modes draw different arguments of the
+  same shapes: one program computing the value, the VJP and the JVP is
+  compiled once per size for all five, where a program per kind was compiled
+  three times. Each mode reads its own part; the parts it does not check get
+  zero cotangents or tangents. `cts` is the flat list of output cotangents
+  (float0 for integer outputs), `tangents` those of the inexact input leaves."""
+  if not case.fused_references:
+    return None
+  leaves, in_tree = jax.tree.flatten(tuple(args))
+  diff = tuple(i for i, x in enumerate(leaves) if jnp.issubdtype(x.dtype, jnp.inexact))
+  key = (in_tree, diff, tuple((x.shape, x.dtype) for x in leaves))
+  failed = case.programs.setdefault("fused-failed", set())
+  if key in failed:
+    return None
+  try:
+    if cts is None:
+      outs = _program(case, "fused-shapes", lambda: case.fun).eval_shape(*args)
+      cts = [np.zeros(o.shape, o.dtype if jnp.issubdtype(o.dtype, jnp.inexact)
+                      else jax.dtypes.float0) for o in jax.tree.leaves(outs)]
+    if tangents is None:
+      tangents = [jnp.zeros_like(leaves[i]) for i in diff]
+    return _program(case, "fused", lambda: _value_vjp_jvp(case.fun, in_tree, diff),
+                    in_tree, diff)(leaves, cts, tangents)
+  except Exception:
+    failed.add(key)
+    return None
+
+
+def _value_vjp_jvp(fun, in_tree, diff):
+  def run(leaves, cts, tangents):
+    args = jax.tree.unflatten(in_tree, leaves)
+    outs, pullback = jax.vjp(fun, *args)
+    grads = pullback(jax.tree.unflatten(jax.tree.structure(outs), cts))
+    _, touts = jax.jvp(lambda *v: fun(*jax.tree.unflatten(in_tree, _with(leaves, diff, v))),
+                       tuple(leaves[i] for i in diff), tuple(tangents))
+    return outs, grads, touts
+  return run
 
 
 def _unpadded(case: Case, jitted: Callable, eager: Callable):
@@ -334,8 +390,32 @@ def _program(case: Case, kind: str, make_fun: Callable, *static):
   key = (kind, *static)
   program = case.programs.get(key)
   if program is None:
-    program = case.programs[key] = jax.jit(make_fun())
+    program = case.programs[key] = jax.jit(make_fun(), compiler_options=reference_options())
   return program
+
+
+_REFERENCE_OPTIONS: list = []
+
+
+def reference_options() -> dict:
+  """XLA options for the reference programs: LLVM's optimization level 0.
+
+  A reference runs once, on a few numbers: compiling it is its whole cost, and
+  the backend's optimizations are most of that (40% less compile time without
+  them, on the larger programs of tests/test_packing.py). The level changes how
+  the machine code is optimized: XLA's HLO passes still run, and LLVM takes
+  no fast-math liberties at any level (a product and sum may still round once
+  or twice, fused or not, as between two JAX versions: within every
+  tolerance). The masked side, the one a test checks, keeps the default
+  options. Where a JAX or backend does not take the option, none is given."""
+  if not _REFERENCE_OPTIONS:
+    options = {"xla_backend_optimization_level": 0}
+    try:
+      jax.jit(lambda x: x + 1, compiler_options=options)(np.float32(1))
+    except Exception:
+      options = {}
+    _REFERENCE_OPTIONS.append(options)
+  return _REFERENCE_OPTIONS[0]
 
 
 def _fun(case: Case):
@@ -350,6 +430,9 @@ def _reference_vjp(case: Case, args, ref_cts):
       outs, pullback = jax.vjp(fun, *args)
       return outs, pullback(jax.tree.unflatten(jax.tree.structure(outs), cts))
     return run
+  fused = _fused_reference(case, args, cts=ref_cts)
+  if fused is not None:
+    return fused[:2]
   return _unpadded(case, lambda: _program(case, "vjp", lambda: vjp(case.fun))(args, ref_cts),
                    lambda: vjp(_fun(case))(args, ref_cts))
 
@@ -447,12 +530,17 @@ def _check_jvp(case: Case, masked, unpadded, padded, sizes, rng):
     return run_jvp
 
   ref_tangents = [jnp.asarray(t) for t in ref_tangents]
+  fused = _fused_reference(case, jax.tree.unflatten(in_tree, ref_leaves),
+                           tangents=ref_tangents)
   try:
-    expected, expected_t = _unpadded(
-        case,
-        lambda: _program(case, "jvp", lambda: reference_jvp(case.fun), in_tree, tuple(diff))(
-            ref_leaves, ref_tangents),
-        lambda: reference_jvp(_fun(case))(ref_leaves, ref_tangents))
+    if fused is not None:
+      expected, _, expected_t = fused
+    else:
+      expected, expected_t = _unpadded(
+          case,
+          lambda: _program(case, "jvp", lambda: reference_jvp(case.fun), in_tree, tuple(diff))(
+              ref_leaves, ref_tangents),
+          lambda: reference_jvp(_fun(case))(ref_leaves, ref_tangents))
   except Exception:   # JAX refuses forward mode here (a custom_vjp): polyjit too
     with pytest.raises(pj.MaskingError):
       masked_jvp()

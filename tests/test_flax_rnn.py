@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import polyjit as pj
-from harness import assert_pj_jit_matches_jax_jit, nan_padded
+from harness import assert_pj_jit_matches_jax_jit, nan_padded, reference_options
 from test_jit import default_compiles as expected_compiles
 
 nn = pytest.importorskip("flax.linen")
@@ -50,14 +50,29 @@ def model(request):
   return m, m.init(jax.random.key(0), jnp.ones((3, D)))
 
 
+TRACED = (1, 4, PADDED)   # the lengths of test_rnn_under_jit_of_mask_with_a_traced_length
+
+
 @pytest.fixture(scope="module")
-def losses_by_length(model):
-  """`jax.jit(loss)` on the unpadded sequence of each length, computed once
-  for both modes of test_rnn_under_pj_jit_compiles_once_per_bucket (a compile
-  per length)."""
+def references(model):
+  """Every test's unpadded references for this model, each sequence alone at
+  its own length, in one `jax.jit` program (compiled with the references'
+  options, tests/harness.py): the outputs of test_rnn_under_pj_vmap_is_exact
+  and test_rnn_under_jit_of_mask_with_a_traced_length, the gradients of
+  test_rnn_gradient_under_pj_vmap_is_exact, the losses of both modes of
+  test_rnn_under_pj_jit_compiles_once_per_bucket. (Eagerly, or a `jax.jit` per
+  length and test, each length's scans were compiled once per test.)"""
   m, params = model
-  fun = jax.jit(lambda p, x: loss(m.apply, p, x))
-  return [fun(params, sequence(n, 3)) for n in LENGTHS]
+  grad = jax.grad(lambda p, x: loss(m.apply, p, x))
+
+  def run(p, outputs, gradients, traced, losses):
+    return {"outputs": [m.apply(p, x) for x in outputs],
+            "gradients": [grad(p, x) for x in gradients],
+            "traced": [m.apply(p, x) for x in traced],
+            "losses": [loss(m.apply, p, x) for x in losses]}
+  return jax.jit(run, compiler_options=reference_options())(
+      params, [sequence(n) for n in LENGTHS], [sequence(n, 1) for n in LENGTHS],
+      [sequence(n, 2) for n in TRACED], [sequence(n, 3) for n in LENGTHS])
 
 
 def loss(apply, params, x):
@@ -70,46 +85,45 @@ def ragged(xs):
   return pj.Ragged(data, np.array([len(x) for x in xs], np.int32))
 
 
-def test_rnn_under_pj_vmap_is_exact(model):
+def test_rnn_under_pj_vmap_is_exact(model, references):
   m, params = model
   xs = [sequence(n) for n in LENGTHS]
   outs = pj.vmap(m.apply, in_axes=(None, 0))(params, ragged(xs)).to_list()
-  for x, out in zip(xs, outs, strict=True):
-    ref = np.asarray(m.apply(params, x))
+  for out, ref in zip(outs, references["outputs"], strict=True):
+    ref = np.asarray(ref)
     assert out.shape == ref.shape
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
 
 
-def test_rnn_gradient_under_pj_vmap_is_exact(model):
+def test_rnn_gradient_under_pj_vmap_is_exact(model, references):
   m, params = model
   xs = [sequence(n, 1) for n in LENGTHS]
   grad = jax.jit(jax.grad(lambda p, r: jnp.sum(pj.vmap(lambda p, x: loss(m.apply, p, x), in_axes=(None, 0))(p, r))))
   got = grad(params, ragged(xs))
-  # the unpadded reference: one jitted gradient, a compile per length (eager
-  # JAX differentiated the scans op by op at each length, most of the time here)
-  one = jax.jit(jax.grad(lambda p, x: loss(m.apply, p, x)))
-  want = jax.tree.map(lambda *g: sum(g), *[one(params, x) for x in xs])
+  # the unpadded reference: each length's jitted gradient (eager JAX
+  # differentiated the scans op by op at each length, most of the time here)
+  want = jax.tree.map(lambda *g: sum(g), *references["gradients"])
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
     assert np.isfinite(np.asarray(a)).all()
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
 
 
-def test_rnn_under_jit_of_mask_with_a_traced_length(model):
+def test_rnn_under_jit_of_mask_with_a_traced_length(model, references):
   m, params = model
   f = jax.jit(lambda p, xp, n: pj.mask(m.apply, [None, "(n, _)"])([p, xp], {"n": n}))
-  for n in (1, 4, PADDED):
+  for n, ref in zip(TRACED, references["traced"], strict=True):
     x = sequence(n, 2)
     out = np.asarray(f(params, nan_padded(x, PADDED), n))[:n]
-    np.testing.assert_allclose(out, np.asarray(m.apply(params, x)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out, np.asarray(ref), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("mode", ["auto", "explicit"])
-def test_rnn_under_pj_jit_compiles_once_per_bucket(model, losses_by_length, mode):
+def test_rnn_under_pj_jit_compiles_once_per_bucket(model, references, mode):
   m, params = model
   fun = lambda p, x: loss(m.apply, p, x)
   shapes = None if mode == "auto" else [None, "(n, _)"]
   f = pj.jit(fun, polymorphic_shapes=shapes, fallback="error")
-  refs = losses_by_length
+  refs = references["losses"]
   with warnings.catch_warnings():
     warnings.simplefilter("error", pj.FallbackWarning)
     with pj.diagnostics.count_compiles() as compiles:

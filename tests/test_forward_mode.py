@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import polyjit as pj
+from harness import reference_options
 
 N, P = 5, 8
 
@@ -62,16 +63,19 @@ def test_jvp_jacfwd_linearize_hessian_of_pj_mask(name):
   g = lambda xp: m([xp], {"n": N})  # noqa: E731
   x, t = _padded(X), _padded(T)
   y, ty = jax.jvp(g, (x,), (t,))   # eagerly
-  want_y, want_ty = jax.jit(lambda x, t: jax.jvp(f, (x,), (t,)))(X, T)
+  # the references (JVP, gradient, Hessian on the unpadded X) in one program
+  (want_y, want_ty), want_grad, want_hess = jax.jit(
+      lambda x, t: (jax.jvp(f, (x,), (t,)), jax.grad(f)(x), jax.hessian(f)(x)),
+      compiler_options=reference_options())(X, T)
   _close(y, want_y)
   _close(ty, want_ty)
   _close(jax.jit(lambda x, t: jax.linearize(g, x)[1](t))(x, t), want_ty)
   jac = np.asarray(jax.jit(jax.jacfwd(g))(x))
-  _close(jac[:N], jax.jit(jax.grad(f))(X))
+  _close(jac[:N], want_grad)
   assert np.all(jac[N:] == 0)
   hess = np.asarray(jax.jit(jax.hessian(g))(x))
   assert np.all(np.isfinite(hess))
-  _close(hess[:N, :N], jax.jit(jax.hessian(f))(X), rtol=1e-3, atol=1e-4)
+  _close(hess[:N, :N], want_hess, rtol=1e-3, atol=1e-4)
   assert np.all(hess[N:] == 0) and np.all(hess[:, N:] == 0)
   # reverse over reverse, the spelling that always worked, agrees
   _close(jax.jit(jax.jacrev(jax.jacrev(g)))(x), hess, rtol=1e-3, atol=1e-4)
@@ -81,10 +85,14 @@ def test_hessian_under_jax_jit_of_pj_mask_with_traced_sizes():
   f = FUNCTIONS["cumsum_var"]
   m = pj.mask(f, ["n"])
   hess = jax.jit(jax.hessian(lambda xp, n: m([xp], {"n": n})))
-  for n in (2, 5, 8):
-    valid = X[:n] if n <= N else np.linspace(-1, 1, n).astype(np.float32)
+  sizes = (2, 5, 8)
+  valids = [X[:n] if n <= N else np.linspace(-1, 1, n).astype(np.float32) for n in sizes]
+  # each size's reference Hessian, in one program
+  wants = jax.jit(lambda vs: [jax.hessian(f)(v) for v in vs],
+                  compiler_options=reference_options())(valids)
+  for n, valid, want in zip(sizes, valids, wants, strict=True):
     out = np.asarray(hess(_padded(valid, 16), np.int32(n)))
-    _close(out[:n, :n], jax.jit(jax.hessian(f))(valid), rtol=1e-3, atol=1e-4)
+    _close(out[:n, :n], want, rtol=1e-3, atol=1e-4)
     assert np.all(out[n:] == 0) and np.all(out[:, n:] == 0)
 
 
@@ -131,9 +139,12 @@ def test_hessian_through_ragged_data_itself():
   data = np.stack([_padded(np.linspace(-1, 1, n).astype(np.float32), 8) if n < 8
                    else np.linspace(-1, 1, 8).astype(np.float32) for n in sizes])
   out = np.asarray(jax.jit(jax.vmap(jax.hessian(lambda xp, n: m([xp], {"n": n}))))(data, sizes))
-  for row, n in zip(out, sizes, strict=True):
-    _close(row[:n, :n], jax.jit(jax.hessian(f))(np.linspace(-1, 1, n).astype(np.float32)),
-           rtol=1e-3, atol=1e-4)
+  # each example's reference Hessian, in one program
+  wants = jax.jit(lambda vs: [jax.hessian(f)(v) for v in vs],
+                  compiler_options=reference_options())(
+      [np.linspace(-1, 1, n).astype(np.float32) for n in sizes])
+  for row, n, want in zip(out, sizes, wants, strict=True):
+    _close(row[:n, :n], want, rtol=1e-3, atol=1e-4)
     assert np.all(row[n:] == 0) and np.all(row[:, n:] == 0)
 
 

@@ -20,6 +20,7 @@ from jax import lax
 from jax.extend.core import Primitive
 
 import polyjit as pj
+from harness import reference_options
 from polyjit._ragged.packing import plan_rows
 
 LENGTHS = [5, 1, 9, 13]   # in rows of 16: 13 | 9 5 1; 9 and 13 longer than half a row
@@ -172,21 +173,24 @@ def _check(fun, w, xs, row_length=16, expect_warning=False, tol=2e-5):
   warned = [c for c in caught if issubclass(c.category, pj.PerformanceWarning)]
   assert bool(warned) == expect_warning, [str(c.message) for c in warned]
 
-  def one(w, x):   # each example alone, at its own shape: its value and gradient
-    return fun(w, x), jax.grad(lambda w: _example_loss(fun(w, x)))(w)
+  def one(w, x):   # each example alone, at its own shape: its value, loss and gradient
+    return fun(w, x), *jax.value_and_grad(lambda w: _example_loss(fun(w, x)))(w)
 
   # under one jax.jit: one program holding each example's computation apart
-  refs = jax.jit(lambda w, xs: [one(w, x) for x in xs])(w, list(xs))
-  for i, (want, _) in enumerate(refs):
+  # (its loss too: op by op, each output's sin and sum compiled at each shape),
+  # compiled with the references' options (tests/harness.py)
+  refs = jax.jit(lambda w, xs: [one(w, x) for x in xs],
+                 compiler_options=reference_options())(w, list(xs))
+  for i, (want, _, _) in enumerate(refs):
     for g, r in zip(_per_example(out, i), jax.tree.leaves(want), strict=True):
       np.testing.assert_allclose(g, r, rtol=tol, atol=tol)
-  want_grad = sum(r[1] for r in refs)
+  want_grad = sum(r[2] for r in refs)
   # finite where each example's own is (an empty example's mean is NaN, and
   # so is its gradient through a shared parameter, under jax.jit too)
   np.testing.assert_array_equal(np.isfinite(grad), np.isfinite(want_grad))
   assert np.any(np.isfinite(grad))
   np.testing.assert_allclose(grad, want_grad, rtol=1e-4, atol=1e-4)
-  np.testing.assert_allclose(value, sum(_example_loss(r[0]) for r in refs), rtol=1e-4)
+  np.testing.assert_allclose(value, sum(r[1] for r in refs), rtol=1e-4)
   return out
 
 
@@ -559,11 +563,15 @@ def test_empty_examples_where_jax_refuses_the_function(name):
   assert np.isnan(want_value) and np.all(np.isnan(want_grad))   # (poisoned)
   np.testing.assert_array_equal(value, want_value)
   np.testing.assert_array_equal(grad, want_grad)
+  # each nonempty example alone, in one program (one jax.jit per length compiled each)
+  alone = jax.jit(lambda w, xs: [fun(w, x) for x in xs], compiler_options=reference_options())(
+      w, [x for x in xs if len(x)])
+  alone = iter(alone)
   for i, x in enumerate(xs):
     for g, r in zip(_per_example(out, i), _per_example(want_out, i), strict=True):
       np.testing.assert_allclose(g, r, rtol=2e-5, atol=2e-5)
     if len(x):
-      for g, r in zip(_per_example(out, i), jax.tree.leaves(jax.jit(fun)(w, x)), strict=True):
+      for g, r in zip(_per_example(out, i), jax.tree.leaves(next(alone)), strict=True):
         np.testing.assert_allclose(g, r, rtol=2e-5, atol=2e-5)
 
 
@@ -587,11 +595,16 @@ def test_empty_examples_with_per_example_arguments():
     (value, out), grads = jax.jit(jax.value_and_grad(
         lambda w, labels: (lambda out: (_loss(out), out))(vmapped(w, packed, labels)),
         argnums=(0, 1), has_aux=True))(w, labels)
-  refs = [jax.jit(jax.value_and_grad(lambda w, l: _example_loss(fun(w, x, l)), argnums=(0, 1)))(
-      w, labels[i]) for i, x in enumerate(xs)]
+  def one(w, x, label):   # each example alone: its outputs, its loss and gradients
+    return fun(w, x, label), jax.value_and_grad(lambda w, l: _example_loss(fun(w, x, l)),
+                                                argnums=(0, 1))(w, label)
+
+  # under one jax.jit (a program per example and per length were compiled each)
+  alone = jax.jit(lambda w, xs, labels: [one(w, x, labels[i]) for i, x in enumerate(xs)],
+                  compiler_options=reference_options())(w, xs, labels)
+  refs = [r for _, r in alone]
   for i, x in enumerate(xs):
-    for g, r in zip(_per_example(out, i), jax.tree.leaves(jax.jit(fun)(w, x, labels[i])),
-                    strict=True):
+    for g, r in zip(_per_example(out, i), jax.tree.leaves(alone[i][0]), strict=True):
       np.testing.assert_allclose(g, r, rtol=2e-5, atol=2e-5)
   np.testing.assert_allclose(value, sum(r[0] for r in refs), rtol=1e-4)
   np.testing.assert_allclose(grads[0], sum(r[1][0] for r in refs), rtol=1e-4, atol=1e-4)
