@@ -25,7 +25,8 @@ Modules (dependencies point up the list):
   swaps       JAX functions replaced for the duration of a symbolic trace
   compilation_cache  polyjit's programs as bytes: their key, serialization and load
   inline_cpu  polyjit's small programs on a synchronous CPU client of its own
-  probes      the probes of the registry's rows (run once, before use)
+  probes      the probes of the registry's rows (run once, before use); probes_texts
+              those of the JAX texts polyjit parses
 
 Tested against JAX 0.10.2 (full suite), 0.11.2 once, and 0.9.2 in part (see
 `core` for the version differences, docs/jax-boundary.md for the audit).
@@ -120,3 +121,4 @@ from .registry import (
     AUDITED as AUDITED, NEWEST_TESTED as NEWEST_TESTED, TESTED as TESTED,
     JaxBoundaryError as JaxBoundaryError, require as require)
 from . import compile_time as compile_time, probes as probes, registry as registry
+from . import probes_texts as probes_texts

@@ -37,12 +37,11 @@ from .core import (InconclusiveDimensionOperation, Tracer, default_sharding, hos
                    in_callers_config,
                    transfers_guarded,
                    is_dropvar, max_dim, replay_unsafe_effects, shaped, subjaxprs_in_params)
-from .messages import (inconclusive_comparison, needs_concrete_size, trace_refusal_unchecked,
-                       transfer_refused)
+from .messages import transfer_refused
 from .primitives import (bind_params, is_undefined_primal, primitive, ruled_primitive,
                          shaped_array)
-from .registry import (AD, CALL, DECISIONS, DIMS, INLINE, JAXPRS, PROGRAMS, REFUSALS, SIZES,
-                       SOURCE, SWAPS, TEXTS, internal)
+from .registry import (AD, CALL, DECISIONS, DIMS, INLINE, JAXPRS, PROGRAMS, SIZES, SOURCE,
+                       SWAPS, internal)
 from .swaps import ARRAY_GETITEM, CONV_1D, TRIU_SIZE, site_plan
 
 
@@ -497,19 +496,7 @@ def _compile_time_staging() -> None:
   assert _core.is_symbolic_dim(n) and not _core.is_symbolic_dim(3)
 
 
-# --- JAX's texts -------------------------------------------------------------------
-
-@internal("InconclusiveDimensionOperation text \"comparison 'a' >= 'b' is inconclusive\"",
-          TEXTS, "text", "names the sizes to bound in a constraint")
-def _inconclusive_text() -> None:
-  a, b = _ab()
-  try:
-    _ = a >= b
-  except InconclusiveDimensionOperation as e:
-    assert inconclusive_comparison(e) == ("a", ">=", "b"), str(e)
-    return
-  raise AssertionError("no InconclusiveDimensionOperation")
-
+# --- JAX's spellings (its message texts: probes_texts.py) ---------------------------
 
 @internal("the functions at swaps.SWAP_SITES (jnp.searchsorted, lax_numpy.searchsorted, "
           "jnp.interp/linspace/diff, lax.fori_loop, jnp.nonzero, lax_numpy.nonzero, "
@@ -524,38 +511,6 @@ def _swap_sites() -> None:
   assert _params(ARRAY_GETITEM)[:2] == ["arr", "idx"]
   assert _params(CONV_1D) == ["x", "y", "mode", "op", "precision", "preferred_element_type"]
   assert _params(TRIU_SIZE) == ["n", "m", "k"]
-
-
-@internal("texts of JAX's NotImplementedError for lax.associative_scan and "
-          "jax.random.permutation at a symbolic size", REFUSALS, "text",
-          "the refusal is explained with what to do instead (`_masking/refusals.py`)")
-def _refusal_texts() -> None:
-  n, = _export.symbolic_shape("n")
-  cases: list[tuple[Any, str]] = [
-      (lambda x: jax.lax.associative_scan(jax.numpy.add, x), "associative_scan"),
-      (lambda x: jax.random.permutation(jax.random.key(0), x), "permutation")]
-  for fn, name in cases:
-    try:
-      jax.eval_shape(fn, shaped((n,), np.float32))
-    except NotImplementedError as e:
-      assert trace_refusal_unchecked(e) == name, str(e)
-      continue
-    raise AssertionError(f"JAX traced {name} at a symbolic size")
-
-
-@internal("TypeError texts for a symbolic size used as an int (`range(n)`, `int(n)`)",
-          TEXTS, "text", "the error says to keep sizes symbolic")
-def _concrete_size_texts() -> None:
-  n: Any
-  n, = _export.symbolic_shape("n")
-  uses: list[Any] = [range, int]
-  for use in uses:
-    try:
-      use(n)
-    except Exception as e:
-      assert needs_concrete_size(e), (type(e).__name__, str(e))
-      continue
-    raise AssertionError(f"{use.__name__}(n) accepted a symbolic size")
 
 
 @internal("jax.experimental.serialize_executable.serialize/deserialize_and_load; "
