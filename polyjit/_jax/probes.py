@@ -338,8 +338,8 @@ def _abstract_values_as_given() -> None:
     f64 = np.dtype(np.float64)
     assert uncanonical(f64)
     closed = make_closed_jaxpr(lambda x: [x * x], [shaped((2,), f64)])
-    assert closed.jaxpr.invars[0].aval.dtype == f64, closed
-    assert closed.jaxpr.outvars[0].aval.dtype == f64, closed
+    assert closed.jaxpr.invars[0].aval.dtype == f64, closed  # type: ignore[attr-defined, unused-ignore]
+    assert closed.jaxpr.outvars[0].aval.dtype == f64, closed  # type: ignore[attr-defined, unused-ignore]
     out = jax.eval_shape(lambda v: convert_weak(v, f64, False), np.float32(1))
     assert out.dtype == f64, out
 
