@@ -10,9 +10,8 @@ The tests make such rows in one example (a query whose scores are all -inf,
 or whose exponentials all underflow), mask that query's output as code
 masks a padding query, and compare each example's value and gradient with
 that example alone under `jax.jit`, the unused tail of every row holding NaN
-and inf. (Unmasked, the NaN output's cotangent times the zero scores between
-examples reaches the neighbours' values: the limit that
-`test_packing_nonfinite_values.py` holds as a strict xfail.)
+and inf. (Unmasked, the NaN output's cotangent stays in its example too:
+`test_packing_nonfinite_values.py` and `test_packing_nonfinite_one_example.py`.)
 """
 
 from __future__ import annotations
