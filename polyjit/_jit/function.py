@@ -294,7 +294,7 @@ class JitFunction:
       return None
     struct, leaves, shapes = prepared
     if struct.uncanonical is not None:  # jax.jit's own program (`args.uncanonical_array`)
-      self._planner.announce_uncanonical(struct, leaves)
+      self._planner.announce.uncanonical(struct, leaves)
       return None
     plan = self._planner.plan_for(struct, shapes)
     if hot_key is not None and plan.current and struct.shardings is None \

@@ -15,7 +15,7 @@ miss (`plan_for`), the planner decides how the structure runs these shapes
   bucket's plan resized (`fast_plan`);
 * when `fun` cannot be masked in automatic mode (or with inferred
   annotations), the structure falls back to exact shapes and says so
-  (`fall_back`: a `pj.FallbackWarning` once per cause, an error, or only the
+  (`announce.py`: a `pj.FallbackWarning` once per cause, an error, or only the
   log, per `fallback=`). With explicit specs the error is raised.
 
 The ahead-of-time stages (`aot.py`) plan through the same public methods:
@@ -27,23 +27,22 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-import logging
 from typing import Any, Callable, Sequence, TypeAlias, TypeVar
 
-import jax
 import numpy as np
 
 from .. import _jax as jc
 from .._caching import axes as _axes
 from .._caching.executables import wait
 from .._masking.data_dependent import plain_jit_trace
-from .._masking.errors import FallbackWarning, MaskingError, PolyjitError, ShapeError, warn_user
+from .._masking.errors import PolyjitError, ShapeError
 from .._masking.mask import Masked
 from .._masking.padding import logical_shape
 from .._masking.spec import Binding
 from .._masking.variants import Variant
 from .._sharding import placement as _sharding
 from . import data_dependent
+from .announce import Announcer, first_line
 from .args import ArgLayout, aval_key, note_fixed_kwargs, uncanonical_array
 from .auto import DimTracker, fit_to_constraints
 from .bucket_choice import BucketChoice
@@ -53,10 +52,6 @@ from .plans import (Plan, ProgramKey, Shapes, Structure, StructureKey, exact_bod
 from .stats import Cause, CauseKind, Stats
 
 T = TypeVar("T")
-
-logger = logging.getLogger("polyjit")
-logger.addHandler(logging.NullHandler())  # a library prints nothing unless asked
-
 
 #: A call seen by the planner: its structure, leaves and logical shapes (a
 #: plain tuple: it is made on every call that misses the hot path).
@@ -80,7 +75,7 @@ class Planner:
     self._fallback = fallback
     # Inferred specs (annotations) fall back to exact shapes like automatic mode's.
     self._specs_may_fall_back = specs_may_fall_back
-    self._warned: set[str] = set()
+    self.announce = Announcer(getattr(fun, "__name__", "fun"), fallback)
 
   @property
   def label(self) -> str:
@@ -185,73 +180,15 @@ class Planner:
         # `fun` fails traced on this side of a size comparison (`lax.top_k(x, 3)`
         # at n <= 2): these shapes run as jax.jit runs them (which raises there
         # as a rule), and the structure keeps masking every other size.
-        plan = exact(why("failing side", error=_first_line(e)))
-        self._announce_side(e)
+        plan = exact(why("failing side", error=first_line(e)))
+        self.announce.side(e)
         return plan
       if struct.tracker is None and not self._specs_may_fall_back:  # the user asked
         if isinstance(e, PolyjitError):
           note_fixed_kwargs(e, struct.treedef, struct.leaf_names, self.args.label)
         raise
-      self._fall_back(struct, e)
+      self.announce.fall_back(struct, e)
       return exact(why("fallback", error=struct.fallback_reason))
-
-  def _announce_side(self, error: Exception) -> None:
-    """A side whose sizes jax.jit runs (each its own program): said once."""
-    name = getattr(self.fun, "__name__", "fun")
-    reason = _first_line(error)
-    message = (
-        f"pj.jit({name}) compiles the sizes on one side of a size comparison exactly, "
-        f"one program per shape, because the function fails traced there: {reason}\n"
-        "What to do: if the function is meant to work at those sizes, see the full error "
-        f"with pj.jit({name}, fallback='error'); else pass fallback='silent'.")
-    logger.warning("%s", message)
-    if self._fallback == "warn" and f"side: {reason}" not in self._warned:
-      self._warned.add(f"side: {reason}")
-      warn_user(message, FallbackWarning)
-
-  def announce_uncanonical(self, struct: Structure, leaves: Sequence[Any]) -> None:
-    """A call with a `jax.Array` of a dtype that the x64 mode would not make
-    runs jax.jit's own program (`args.uncanonical_array`): said once, per
-    `fallback=`."""
-    assert struct.uncanonical is not None
-    name = getattr(self.fun, "__name__", "fun")
-    x = leaves[struct.uncanonical]
-    on = bool(jax.config.jax_enable_x64)  # type: ignore[attr-defined, unused-ignore]
-    reason = (f"the argument {struct.leaf_names[struct.uncanonical]} is a {x.dtype} "
-              f"jax.Array while jax_enable_x64 is {'on' if on else 'off'} (made under "
-              f"jax.enable_x64({not on}))")
-    message = (
-        f"pj.jit({name}) runs these calls as jax.jit does, one program per shape: {reason}, "
-        "and jax.jit keeps its dtype, which polyjit's padded copy cannot.\nWhat to do: "
-        f"convert it (x.astype(jnp.{np.dtype(jax.dtypes.canonicalize_dtype(x.dtype)).name})), or set "
-        "jax_enable_x64 for the whole program.")
-    if self._fallback == "error":
-      raise MaskingError(message)
-    logger.warning("%s", message)
-    if self._fallback == "warn" and reason not in self._warned:
-      self._warned.add(reason)
-      warn_user(message, FallbackWarning)
-
-  def _fall_back(self, struct: Structure, error: Exception) -> None:
-    """Automatic mode cannot mask this structure: run exact shapes, and say so."""
-    name = getattr(self.fun, "__name__", "fun")
-    text = str(error).strip()
-    reason = f"{type(error).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
-    if self._fallback == "error":
-      if isinstance(error, PolyjitError):
-        raise error
-      raise MaskingError(f"pj.jit({name}) cannot run with dynamic sizes: {reason}") from error
-    struct.fall_back(reason)
-    message = (
-        f"pj.jit({name}) cannot run with dynamic sizes, so it compiles every distinct "
-        f"shape exactly, as jax.jit does: {reason}\nWhat to do: see the full error with "
-        f"pj.jit({name}, fallback='error'); give polymorphic_shapes (and constraints) so "
-        "that only the axes that really vary are dynamic; or pass fallback='silent' "
-        "to accept compiling per shape.")
-    logger.warning("%s", message)
-    if self._fallback == "warn" and reason not in self._warned:
-      self._warned.add(reason)
-      warn_user(message, FallbackWarning)
 
   def _exact_plan(self, struct: Structure, shapes: Shapes, why: Cause) -> Plan:
     fun = self.bind_static(struct)
@@ -413,6 +350,3 @@ def _sizes(logical: dict[str, int]) -> str:
   return ", ".join(f"{v}={n}" for v, n in sorted(logical.items()))
 
 
-def _first_line(error: Exception) -> str:
-  text = str(error).strip()
-  return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
