@@ -65,3 +65,43 @@ def test_arguments_run_on_the_device_jax_jit_runs_them_on(rent: str) -> None:
   done = subprocess.run([sys.executable, "-c", SCRIPT, rent], env=env, capture_output=True,
                         text=True, timeout=120)
   assert "placed as jax.jit" in done.stdout, done.stderr[-2000:]
+
+
+AOT_SCRIPT = textwrap.dedent("""
+    import jax, jax.numpy as jnp, numpy as np
+    import polyjit as pj
+    d0, d1 = jax.devices()[:2]
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, seconds, **kw: compiles.append(event)
+        if event == "/jax/core/compile/backend_compile_duration" else None)
+    fun = lambda x: jnp.cumsum(x) * 2
+    for options in ({}, {"polymorphic_shapes": ["(n,)"]}):
+      for device in (d1, d0, None):
+        x = jax.device_put(np.arange(5, dtype=np.float32), device)
+        want = jax.jit(fun).lower(x).compile()(x)
+        f = pj.jit(fun, **options)
+        compiled = f.lower(x).compile()
+        got = compiled(x)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+        assert got.sharding == want.sharding, (device, got.sharding, want.sharding)
+        before = len(compiles)
+        again = f(x)   # the call runs the program compiled ahead of time
+        assert len(compiles) == before, (device, options, compiles[before:])
+        assert again.sharding == want.sharding, (device, again.sharding, want.sharding)
+    print("compiled where jax.jit compiles")
+""")
+
+
+def test_ahead_of_time_stages_of_a_committed_argument() -> None:
+  """`pj.jit(f).lower(x).compile()(x)` for `x` committed to a device: its
+  program is lowered for that device (the `ShapeError` "serves arguments of
+  shapes [(5,)] ... called with [(5,)]" before: the stages dropped the
+  placement that the call's structure holds), as `jax.jit`'s stages are, and a
+  call with `x` then reuses it."""
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+  done = subprocess.run([sys.executable, "-c", AOT_SCRIPT], env=env, capture_output=True,
+                        text=True, timeout=120)
+  assert "compiled where jax.jit compiles" in done.stdout, done.stderr[-2000:]

@@ -207,8 +207,14 @@ def _abstract(x: Any) -> Any:
   if is_padded(x) or isinstance(x, jax.ShapeDtypeStruct):
     return x
   aval = jax.typeof(x)
+  # A committed array keeps its sharding: its placement is part of the call's
+  # structure (`_sharding.placement`: one committed to another device than
+  # the default runs there), so a program lowered without it would serve no
+  # call with that array. An uncommitted one goes where jax.jit puts it.
+  sharding = x.sharding if type(x) is jc.ARRAY_TYPE and x.committed else None
   # jax.ShapeDtypeStruct's constructor carries no annotations (strict only)
-  return jax.ShapeDtypeStruct(np.shape(x), aval.dtype, weak_type=aval.weak_type)  # type: ignore[no-untyped-call, unused-ignore]
+  return jax.ShapeDtypeStruct(np.shape(x), aval.dtype, weak_type=aval.weak_type,  # type: ignore[no-untyped-call, unused-ignore]
+                              sharding=sharding)
 
 
 def _prepare_abstract(planner: Planner, args: tuple[Any, ...], kwargs: dict[str, Any], *,

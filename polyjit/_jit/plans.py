@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import functools
 import math
 from typing import Any, Callable, Hashable, NamedTuple
 
@@ -95,7 +96,7 @@ class Plan:
   __slots__ = ("key", "program", "dtypes", "logical", "out_shapes", "waste",
                "provisional", "fallback", "bucket", "pads", "dynamic_outputs", "live",
                "borrow", "padded_out", "shardings", "unpad_leaf", "loose", "calls",
-               "host_calls", "resident", "pad_leaf", "hot_shape", "exact_call")
+               "host_calls", "resident", "pad_leaf", "hot_shape", "exact_call", "sizes_on")
 
   def __init__(self, key: ProgramKey, program: Any, dtypes: Any, logical: Any,
                out_shapes: Any, waste: float, provisional: Any = None,
@@ -105,13 +106,21 @@ class Plan:
     self.key = key
     self.program = program
     self.dtypes = dtypes
+    self.shardings = key.structure.shardings  # per leaf on a mesh; None: one device
+    # The one device other than the default that the arguments are committed
+    # to (`_sharding.placement`: the program runs there, as jax.jit's), or None
+    committed = _placement.one_device(self.shardings)
     # The program's size arguments, put on the device once: a committed
     # array costs JAX's dispatch less than a NumPy scalar does, every call.
-    # (an inline program's own client: `inline.py`; asked only where there are
-    # sizes: a program on a mesh has none here, and the default device may not
-    # be this process's)
-    self.logical: tuple[Any, ...] = tuple(jc.host_to_device(v, size_sharding(program))
-                                          for v in logical)
+    # (an inline program's own client: `inline.py`; the device the arguments
+    # are committed to, not the default one, which the program would copy
+    # them from every call; asked only where there are sizes: a program on a
+    # mesh has none here, and the default device may not be this process's,
+    # so a resized plan on a mesh keeps its sizes on the host)
+    self.sizes_on = committed   # (None: `size_sharding(program)`)
+    self.logical: tuple[Any, ...] = tuple(
+        jc.host_to_device(v, size_sharding(program) if committed is None else committed)
+        for v in logical)
     self.out_shapes = out_shapes        # per output leaf logical shape, or None
     self.waste = waste                  # fraction of input elements that are padding
     # future of the tighter bucket, if borrowing (a cost-aware policy: its `Borrow`)
@@ -132,13 +141,16 @@ class Plan:
     self.loose: tuple[Account, dict[str, int]] | None = None
     self.calls = 0
     self.host_calls = 0                 # (a resized plan's: `host_call`)
-    self.shardings = key.structure.shardings  # per leaf on a mesh; None: one device
-    # One device on the accelerator path: `jax.Array`s are padded and unpadded
-    # on their device (`resident.py`); else on the host, or shard by shard.
-    self.resident = self.shardings is None and _resident.accelerator_path()
+    # One device on the accelerator path (the default one, or one the
+    # arguments are committed to): `jax.Array`s are padded and unpadded on
+    # their device (`resident.py`); else on the host, or shard by shard.
+    self.resident = ((self.shardings is None or committed is not None)
+                     and _resident.accelerator_path())
     self.unpad_leaf = (_resident.unpad if self.resident
                        else _placement.unpad_for(self.shardings))  # keeps shardings on a mesh
-    self.pad_leaf = _resident.pad if self.resident else pad_into
+    self.pad_leaf: Callable[..., Any] = (
+        pad_into if not self.resident else _resident.pad if committed is None
+        else functools.partial(_resident.pad, where=committed))
     # A hot shape's account toward its own program, and that program once
     # bought (`jax.jit` itself: `hot_shapes.py`); set where the hot path keeps it.
     self.hot_shape: Any = None
@@ -161,7 +173,7 @@ class Plan:
     new.key, new.program, new.dtypes = self.key, self.program, self.dtypes
     new.fallback, new.bucket, new.padded_out = self.fallback, self.bucket, self.padded_out
     new.shardings, new.unpad_leaf = self.shardings, self.unpad_leaf
-    new.resident, new.pad_leaf = self.resident, self.pad_leaf
+    new.resident, new.pad_leaf, new.sizes_on = self.resident, self.pad_leaf, self.sizes_on
     new.logical = logical
     new.out_shapes = out_shapes
     new.pads = pads
@@ -171,8 +183,9 @@ class Plan:
     new.borrow = new.provisional = new.loose = None
     new.hot_shape = new.exact_call = None
     new.calls = 0
-    new.host_calls = HOST_CALLS
-    if jc.transfers_guarded():  # (host scalars would be implicit transfers: on the device now)
+    on_mesh = self.shardings is not None and self.sizes_on is None
+    new.host_calls = 0 if on_mesh else HOST_CALLS
+    if new.host_calls and jc.transfers_guarded():  # (host scalars would be implicit transfers: on the device now)
       new.host_calls = 1
       new.host_call()
     return new
@@ -185,7 +198,7 @@ class Plan:
     put them there: the same values either way."""
     self.host_calls -= 1
     if self.host_calls <= 0:
-      where = size_sharding(self.program)
+      where = size_sharding(self.program) if self.sizes_on is None else self.sizes_on
       self.logical = tuple(jc.host_to_device(v, where) for v in self.logical)
       self.host_calls = 0
 
@@ -223,11 +236,13 @@ class Plan:
     """The padded outputs: pads the leaves (on the host, or shard by shard on
     a mesh) and runs the program. Leaves may be `pj.Padded`, device or host
     arrays, or scalars."""
+    if self.host_calls:  # a resized plan's sizes go on the device after a few calls:
+      self.host_call()   # here too (with several devices every call comes here)
     if jc.transfers_guarded():  # (the user's host values, as jax.jit's guard sees them)
       jc.guard_user_uploads(leaves)
     if self.resident:
       ins = [x if type(x) is jc.ARRAY_TYPE and x.shape == p and x.dtype == d
-             else _resident.pad(x, p, d)
+             else self.pad_leaf(x, p, d)
              for x, p, d in zip(leaves, self.padded_shapes, self.dtypes, strict=True)]
       return jc.explicitly(self.program, *ins, self.logical)
     return jc.explicitly(_placement.run, self.program, leaves, self.padded_shapes, self.dtypes,

@@ -89,13 +89,15 @@ def accelerator_path() -> bool:
   return os.environ.get("POLYJIT_INLINE_CPU", "1") == "0" or jax.default_backend() != "cpu"
 
 
-def pad(x: Any, padded: tuple[int, ...], dtype: Any, region: Any = None) -> Any:
+def pad(x: Any, padded: tuple[int, ...], dtype: Any, region: Any = None,
+        where: Any = None) -> Any:
   """`x` as an array of shape `padded`, on `x`'s device where `x` is a
   `jax.Array` (a `pj.Padded` that fits passes as it is; NumPy arrays and
-  scalars in a host buffer, uploaded explicitly). `region`: `Plan.pads`'s
-  (unused: the call signature of `pad_into`)."""
+  scalars in a host buffer, uploaded explicitly to `where`, the device the
+  other arguments are committed to, else the default one). `region`:
+  `Plan.pads`'s (unused: the call signature of `pad_into`)."""
   if type(x) is not jc.ARRAY_TYPE or not isinstance(x.dtype, np.dtype):
-    return _through_host(x, padded, dtype)
+    return _through_host(x, padded, dtype, where)
   if x.is_deleted():  # type: ignore[no-untyped-call, unused-ignore]
     # (deleted or donated: refused as jax.jit refuses it, never read through a
     # padded buffer kept for it)
@@ -190,12 +192,14 @@ def _slice_program(shape: tuple[int, ...], dtype: Any) -> Callable[[Any], Any]:
   return fn
 
 
-def _through_host(x: Any, padded: tuple[int, ...], dtype: Any) -> Any:
-  """`_masking/padding.pad` (through a host buffer), its reads and uploads explicit."""
+def _through_host(x: Any, padded: tuple[int, ...], dtype: Any, where: Any = None) -> Any:
+  """`_masking/padding.pad` (through a host buffer), its reads and uploads
+  explicit; the result on `x`'s device, else on `where` or the default one."""
   out = jc.explicitly(jc.explicitly_read, _padding.pad, x, padded, dtype)
   if type(out) is np.ndarray:
-    where = x.sharding if type(x) is jc.ARRAY_TYPE else jc.default_sharding()
-    return jc.host_to_device(out, where)
+    if type(x) is jc.ARRAY_TYPE:
+      where = x.sharding
+    return jc.host_to_device(out, jc.default_sharding() if where is None else where)
   return out
 
 

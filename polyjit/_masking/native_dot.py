@@ -84,7 +84,10 @@ class _Dot(NodeShell):
     if (x is None) == (w is None):
       raise NotImplementedError("a bilinear call is linear in one argument at a time")
     aval = self.in_avals[0 if x is None else 1]
-    spec = jax.ShapeDtypeStruct(aval.shape, aval.dtype)  # type: ignore[no-untyped-call, unused-ignore]
+    # (the operand's own dtype: a float64 weight made under `jax.enable_x64()`,
+    # used with x64 off, gets a float64 cotangent, as under jax.jit; a
+    # jax.ShapeDtypeStruct would make it float32)
+    spec = jc.shaped(aval.shape, aval.dtype)
     if x is None:
       (g,) = jax.linear_transpose(lambda a: self.f(a, w), spec)(cts[0])
       return [g, None]

@@ -170,6 +170,24 @@ def _device_of(sharding: Sharding) -> Any:
   return device
 
 
+def one_device(shardings: Sequence[Sharding | None] | None) -> SingleDeviceSharding | None:
+  """The sharding of the one device that a structure's placed leaves are all
+  on (`leaf_shardings`: committed to a device other than the default, or
+  given one device's `in_shardings`), or None: the default device's path
+  (no shardings), a mesh, or leaves on several devices."""
+  if shardings is None:
+    return None
+  found: SingleDeviceSharding | None = None
+  for s in shardings:
+    if s is None:
+      continue
+    if type(s) is not SingleDeviceSharding or (
+        found is not None and _device_of(s) is not _device_of(found)):
+      return None
+    found = s
+  return found
+
+
 def _committed_where_they_are(leaves: Sequence[Any],
                               own: list[Sharding | None]) -> list[Sharding | None]:
   """With a leaf committed to a device other than the default, every committed
