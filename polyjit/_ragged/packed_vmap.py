@@ -36,7 +36,7 @@ from .._masking.errors import PerformanceWarning, ShapeError, warn_user_code
 from .._masking.mask import Masked
 from .arguments import describe, example_struct, leading_dynamic_axes, leaf_axes
 from . import (packed_contractions, packed_custom, packed_pair_shapes,  # noqa: F401
-               packed_pairs, packed_scan)   # (they fill rule tables)
+               packed_pairs, packed_remat, packed_scan)   # (they fill rule tables)
 from .packed_eval import eval_packed
 from .packed_values import EXAMPLE, PAIR, SHARED, TOKEN, UNPACKED, Unpackable, V
 from .packed_layout import Layout
