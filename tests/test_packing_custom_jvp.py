@@ -6,10 +6,13 @@ internal error from inside JAX's differentiation, past `pj.vmap`'s
 fallback), and a function returning a token broadcast onto pairs gives each
 example's own values (its output was taken as zero off each example's block,
 and the other examples' tokens of the row leaked into the product). On
-tokens: a rule with no packed evaluation (a loop over the tokens) should run
-unpacked with a warning instead of raising from inside JAX's
-differentiation (xfail: not tried while tracing, for the trace's time). Checked against each example alone under `jax.jit`, values
-and gradients (tangents), NaN and inf in the rows' tails.
+tokens: a rule with no packed evaluation (a loop over the tokens) runs
+unpacked with a warning (it raised the packed evaluation's internal refusal
+from inside JAX's differentiation: the rule was not tried while tracing, for
+the trace's time; now it is where it holds a primitive no packed rule
+covers), and a rule that refuses only when JAX runs it raises a
+pj.MaskingError naming it. Checked against each example alone under
+`jax.jit`, values and gradients (tangents), NaN and inf in the rows' tails.
 """
 
 from __future__ import annotations
@@ -64,9 +67,6 @@ def _tanh_looping_rule_jvp(primals, tangents):
   return jnp.tanh(x), t * (1 - jnp.tanh(x) ** 2) + 0.1 * total
 
 
-@pytest.mark.xfail(strict=True, reason="a rule on per-token values is "
-                   "not tried while tracing (that tripled the first trace of a model of "
-                   "relus): its Unpackable is raised from inside JAX's differentiation")
 def test_a_rule_with_no_packed_evaluation_runs_unpacked():
   """(Forward mode: JAX transposes no loop of a dynamic length.)"""
   rng = np.random.default_rng(25)
@@ -82,3 +82,29 @@ def test_a_rule_with_no_packed_evaluation_runs_unpacked():
     want = jax.jit(lambda w, tw: jax.jvp(lambda w: fun(w, x), (w,), (tw,)))(w, tw)
     for g, r in zip(got, want, strict=True):
       np.testing.assert_allclose(g[i], r, rtol=2e-5, atol=2e-5)
+
+
+@jax.custom_jvp
+def _tanh_pair_rule(x):
+  return jnp.tanh(x)
+
+
+@_tanh_pair_rule.defjvp
+def _tanh_pair_rule_jvp(primals, tangents):
+  (x,), (t,) = primals, tangents   # (a cumulative sum of pairs of tokens: not packed)
+  scale = jnp.sum(jnp.cumsum(jnp.tanh(x @ x.T), axis=0), axis=1)
+  return jnp.tanh(x), t * (1 - jnp.tanh(x) ** 2) * scale[:, None]
+
+
+def test_a_rule_that_refuses_when_jax_runs_it_raises_a_masking_error():
+  """Its primitives all have packed or relayout rules, so it is not tried
+  while tracing; on pairs of tokens a cumulative sum has none, which only
+  JAX's differentiation finds: a pj.MaskingError naming the rule's line and
+  saying what to do, not the packed evaluation's internal refusal."""
+  rng = np.random.default_rng(26)
+  w = jnp.asarray(rng.normal(size=(3, 4)).astype(np.float32))
+  xs = _examples(rng)
+  fun = lambda w, x: jnp.sum(_tanh_pair_rule(x @ w), axis=0)
+  packed = _poison(pj.Ragged.from_list(xs, packing=pj.Packing(row_length=16)))
+  with pytest.raises(pj.MaskingError, match="(?s)custom_jvp.*cumsum.*no packing="):
+    jax.jvp(lambda w: pj.vmap(fun, in_axes=(None, 0))(w, packed), (w,), (w,))

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 
 import polyjit as pj
 
@@ -108,3 +109,29 @@ def test_gradient_of_a_contraction_over_the_tokens_in_the_narrow_type():
   got = jax.jit(jax.grad(lambda w: jnp.sum(pj.vmap(fun, in_axes=(None, 0))(w, packed))))(w)
   want = sum(np.asarray(jax.jit(jax.grad(fun))(w, x), np.float32) for x in xs)
   np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=0.02, atol=0.02)
+
+
+def test_sum_of_pair_scores_over_both_axes_in_the_narrow_type():
+  """`lax.reduce_sum` of bfloat16 attention scores over both their axes (the
+  packed sum goes along each query's row, then over the example's queries as
+  a segment sum). The reference is the example alone under `jax.jit` with
+  the same sum accumulated in float32 and rounded once: XLA:CPU's own
+  bfloat16 reduction over two axes stalls too (1500 x 1500 ones sum to
+  262,144), where its reduction over one axis (and `jnp.sum`, which widens)
+  accumulates in float32."""
+  dtype = jnp.bfloat16
+  rng = np.random.default_rng(5)
+  w = jnp.asarray(rng.uniform(0.5, 1.0, size=(3, 2)), dtype)
+  xs = _batch(dtype, rng)
+
+  def scores(w, x):
+    q = x @ w
+    return q @ q.T
+
+  fun = lambda w, x: lax.reduce_sum(scores(w, x), (0, 1))
+  wide = lambda w, x: lax.reduce_sum(scores(w, x).astype(jnp.float32), (0, 1)).astype(dtype)
+  packed = pj.Ragged.from_list(xs, packing=pj.Packing(row_length=1024))
+  assert packed.rows == 1
+  got = jax.jit(pj.vmap(fun, in_axes=(None, 0)))(w, packed)
+  for i, x in enumerate(xs):
+    _assert_close(got[i], jax.jit(wide)(w, x), dtype)

@@ -25,6 +25,7 @@ import jax.scipy.special as special
 import numpy as np
 import pytest
 from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 from jax.experimental import io_callback
 
 import polyjit as pj
@@ -201,7 +202,7 @@ def float_elementwise(x, y):
           jnp.expm1(x), jnp.power(y, x), jnp.round(x), jnp.ceil(x), jnp.isfinite(x),
           jnp.sign(x), jnp.real(z * jnp.conj(z)), jnp.imag(z * z),
           lax.reduce_precision(x, 5, 10), lax.optimization_barrier(x) * 2.0, jnp.copy(x),
-          lax.clamp(-0.5, x, 0.5))
+          lax.clamp(-0.5, x, 0.5), checkpoint_name(x * y, "tagged"))
 
 
 def special_functions(x, y):

@@ -229,7 +229,7 @@ def custom_jvp_rule(eqn: jc.JaxprEqn) -> tuple[jc.ClosedJaxpr, list[bool]]:
 _ZERO_PRESERVING = frozenset({
     "add", "add_any", "sub", "neg", "select_n", "max", "min", "clamp", "convert_element_type",
     "copy", "reduce_precision", "real", "imag", "conj", "sign", "floor", "ceil", "round",
-    "stop_gradient"})
+    "stop_gradient", "name"})
 
 #: Per equation (by id; the jaxpr keeps it alive): the outputs to wrap
 #: (LINEAR, FILL) or the broadcast operands to wrap (ELEMENTWISE).

@@ -32,6 +32,23 @@ def describe(path: tuple[Any, ...], what: str = "argument") -> str:
   return name + (f" at {jax.tree_util.keystr(rest)}" if rest else "")
 
 
+def leading_dynamic_axes(aval: Any, where: str) -> int:
+  """How many leading axes of an output depend on the example's length; a
+  ShapeError naming the output (`where`, from `describe`) where such an axis
+  follows a fixed one (a `pj.Ragged`'s varying axes come first). The padded
+  and the packed `pj.vmap` both check their outputs here, before running."""
+  shape = aval.shape
+  lead = next((a for a, d in enumerate(shape) if not jc.is_symbolic_dim(d)), len(shape))
+  later = [a for a in range(lead, len(shape)) if jc.is_symbolic_dim(shape[a])]
+  if later:
+    raise ShapeError(
+        f"{where} of the function has shape {aval.str_short()}: its axis {later[0]} "
+        "depends on the example's length but follows a fixed axis. pj.vmap returns "
+        "such outputs as a pj.Ragged, whose varying axes come first: move them to "
+        f"the front inside the function (e.g. jnp.moveaxis(y, {later[0]}, 0)).")
+  return lead
+
+
 def broadcast(prefix: Any, tree: Any, n_leaves: int, what: str,
                is_leaf: Callable[[Any], bool] = is_ragged,
                batch: str = "a pj.Ragged") -> list[Any]:

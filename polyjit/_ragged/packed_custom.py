@@ -8,9 +8,12 @@ a tangent the rule computes in a narrower kind (a per-example or shared
 value) is brought to its primal's. Values go in and out zero off the blocks
 (a loose pair is selected: the values carry no flags across the call). JAX
 runs the rule only when it differentiates, past `pj.vmap`'s choice of the
-packed path, so where an operand is a pair the rule is run once while
-tracing too (its values unused: dead code): an `Unpackable` it raises then
-falls back to the unpacked run.
+packed path, so where an operand is a pair, or the rule holds a primitive
+with neither a packed rule nor a masking rule to run it one padded row per
+example (a loop over the tokens), the rule is run once while tracing too
+(its values unused: dead code): an `Unpackable` it raises then falls back to
+the unpacked run. A rule that refuses only when JAX runs it raises a
+`MaskingError` that says so, never the packed evaluation's internal refusal.
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .. import _jax as jc
 from .._masking import native as _native
-from .packed_eval import _RULES, eval_packed
+from .._masking.errors import MaskingError
+from .packed_eval import _RELAYOUT, _RULES, eval_packed
 from .packed_values import EXAMPLE, PAIR, SHARED, TOKEN, UNPACKED, Unpackable, V
 from .packed_pairs import _select as _select_pairs, tight
 from .packed_layout import Layout
@@ -61,6 +66,20 @@ def _custom_jvp_call(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     return [o.val for o in outs]
 
   def packed_jvp(primals: Any, tangents: Any) -> tuple[list[Any], list[Any]]:
+    if _trying:
+      return rule_jvp(primals, tangents)
+    try:
+      return rule_jvp(primals, tangents)
+    except Unpackable as e:   # (JAX differentiates: too late to run unpacked)
+      raise MaskingError(
+          f"pj.vmap over a packed batch cannot run the derivative rule of the "
+          f"jax.custom_jvp function {jc.source_line(eqn)}: in it, {e}. JAX runs the rule "
+          "only when it differentiates, after pj.vmap has chosen the packed path.\n"
+          "What to do: pass the batch unpacked (no packing=), or write the rule with "
+          "ops that have packed rules (docs/guide/packing.md lists them).",
+          primitive=e.primitive, source=e.source) from e
+
+  def rule_jvp(primals: Any, tangents: Any) -> tuple[list[Any], list[Any]]:
     inner, vs = rebuild(primals)
     ts = []
     for i in diff_in:
@@ -85,7 +104,9 @@ def _custom_jvp_call(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     return [o.val for o in outs], touts
 
   arrays = [*layout.arrays, *[v.val for v in invals]]
-  if not _trying and any(invals[n_consts + i].kind in (PAIR, UNPACKED) for i in diff_in):
+  if not _trying and diff_in and (
+      any(invals[n_consts + i].kind in (PAIR, UNPACKED) for i in diff_in)
+      or _may_refuse(rule.jaxpr)):
     # JAX runs the rule when it differentiates, after `pj.vmap` has chosen the
     # packed path: an `Unpackable` there (a pair rule missing) would reach the
     # user. Run it once now (its values unused: dead code) so that it falls
@@ -93,8 +114,8 @@ def _custom_jvp_call(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     # in the trace by the fallback is still differentiated); not again for the
     # rule's own calls of the function (`relu`'s calls `relu`). (On tokens
     # alone not: that tripled the first trace of a model of `relu`s, each
-    # call's jaxpr its own; a rule there with no packed evaluation, a loop
-    # over the tokens, still raises from inside JAX's differentiation.)
+    # call's jaxpr its own: only where the rule holds a primitive that no
+    # packed rule and no relayout covers, a loop over the tokens, `_may_refuse`.)
     _trying.append(eqn)
     try:
       forward(*arrays)
@@ -105,6 +126,21 @@ def _custom_jvp_call(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   packed.defjvp(packed_jvp)
   vals = packed(*arrays)
   return [V(k, x, a, d, a2) for (k, a, d, a2), x in zip(kinds, vals, strict=True)]
+
+
+def _may_refuse(jaxpr: Any) -> bool:
+  """Whether `jaxpr` (its sub-jaxprs too) holds a primitive that neither a
+  packed rule nor a masking rule one padded row per example covers (a
+  `while` loop over the tokens): its packed evaluation may refuse it, and is
+  tried while tracing. Rules of elementwise ops, reductions and products
+  (`relu`'s, `logsumexp`'s) are not: each trial traces the rule once more."""
+  for eqn in jaxpr.eqns:
+    name = eqn.primitive.name
+    if name not in _RULES and name not in _RELAYOUT:
+      return True
+    if any(_may_refuse(sub) for sub in jc.subjaxprs_in_params(eqn.params)):
+      return True
+  return False
 
 
 def _as_kind(v: V, like: V, layout: Layout) -> V:

@@ -451,7 +451,7 @@ _ELEMENTWISE = frozenset({*ELEMENTWISE, "one_minus_square", "polynomial"})
 #: where the op needs), and calls of a jaxpr (whose equations do).
 _TAKES_LOOSE = frozenset({*_ELEMENTWISE, "jit", "closed_call", "eval_jaxpr", "call"})
 _CALLS = frozenset({"jit", "closed_call", "eval_jaxpr", "call", "custom_jvp_call",
-                    "custom_vjp_call"})
+                    "custom_vjp_call", "remat2"})
 
 
 def _relayout(eqn: Any, invals: list[V], layout: Layout) -> list[V]:

@@ -2,28 +2,31 @@
 
 A checkpointed function (`jax.checkpoint`, Flax's `nn.remat`, a layer of a
 model that rematerializes its blocks) is evaluated packed inside a
-`jax.checkpoint` of its own policy and `prevent_cse`: the packed evaluation
-is what JAX saves or recomputes, so the model keeps both its packing and its
-memory plan. (It ran unpacked with a warning before: a model with remat lost
-packing's savings whole.) Values cross the boundary as arrays: the kinds go
-in and come out as static facts read while JAX traces the function once
-(loose values are selected first, as for `jax.custom_jvp`, so no flag needs
-to cross), and the rows' layout arrays are arguments of the checkpointed
-function, rematerialized with it. `checkpoint_name` marks (the `name`
-primitive, for `save_only_these_names` policies) keep the value's kind.
+`jax.checkpoint` of its own, with the equation's policy and `prevent_cse`:
+the packed evaluation is what JAX saves or recomputes, so the model keeps
+both its packing and its memory plan (it ran unpacked with a warning: a
+model with remat lost packing's savings whole). Values cross the boundary
+as arrays, zero on the tail: the kinds go in and come out as static facts
+read while JAX traces the function once (a loose value is selected first,
+as for a `jax.custom_jvp` rule, so no flag needs to cross), and the rows'
+layout arrays are arguments of the checkpointed function, rebuilt inside
+(a value derived outside would be a residual the policy did not choose).
+`remat2` is a call (`packed_eval._CALLS`): attention scores may cross its
+boundary. `jax.checkpoint` traces its function at once, so an `Unpackable`
+inside is raised while `pj.vmap` traces and the call runs unpacked.
+`checkpoint_name` marks are elementwise (`_masking/rules/elementwise.py`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import jax
 
-from .packed_eval import _PAIR_RULES, _RULES, eval_packed
-from .packed_values import V, _bind
-from .packed_pairs import tight
+from .packed_eval import _RULES, eval_packed
 from .packed_layout import Layout
+from .packed_pairs import tight
+from .packed_values import Unpackable, V
 
 
 def _remat(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
@@ -42,17 +45,11 @@ def _remat(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
 
   checkpointed = jax.checkpoint(body, prevent_cse=eqn.params["prevent_cse"],
                                 policy=eqn.params["policy"])
-  vals = checkpointed(*layout.arrays, *[v.val for v in invals])
+  try:
+    vals = checkpointed(*layout.arrays, *[v.val for v in invals])
+  except Unpackable as e:
+    raise e.called_from(eqn) from None
   return [V(k, x, a, d, a2) for (k, a, d, a2), x in zip(kinds, vals, strict=True)]
 
 
-def _name(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
-  (v,) = invals
-  out, = _bind(eqn, [v.val], layout)
-  return [dataclasses.replace(v, val=out)]
-
-
-# (in both tables: a checkpoint whose operands or results are attention scores
-# too, evaluated by the same rule)
-for _table in (_RULES, _PAIR_RULES):
-  _table.update({"remat2": _remat, "name": _name})
+_RULES["remat2"] = _remat

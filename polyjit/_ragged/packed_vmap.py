@@ -32,9 +32,9 @@ from jax import lax
 
 from .. import _jax as jc
 from .._masking import empty as _empty, size_range as _size_range
-from .._masking.errors import PerformanceWarning, warn_user_code
+from .._masking.errors import PerformanceWarning, ShapeError, warn_user_code
 from .._masking.mask import Masked
-from .arguments import example_struct, leaf_axes
+from .arguments import describe, example_struct, leading_dynamic_axes, leaf_axes
 from . import (packed_contractions, packed_custom, packed_pair_shapes,  # noqa: F401
                packed_pairs, packed_remat, packed_scan)   # (they fill rule tables)
 from .packed_eval import eval_packed
@@ -110,6 +110,8 @@ class PackedRunner:
                else example_struct(x, a, None) for x, a in zip(flat, axes, strict=True)]
     example_args = list(treedef.unflatten(example))
     variants = masked.variants(example_args)
+    for variant in variants:   # an output pj.vmap cannot return: its error, run packed or not
+      _check_outputs(variant.traced)
     if len(variants) > 1:
       raise Unpackable(None, f"{getattr(self.fun, '__name__', 'the function')} compares "
                        "the example's length, so each example may take another trace")
@@ -161,6 +163,20 @@ class PackedRunner:
     padded = [Ragged._make(jax.tree.map(unpack, x.data), x.lengths, None, 1, x.nonempty)
               if is_packed(x) else x for x in flat]
     return self.unpacked(*treedef.unflatten(padded))
+
+
+def _check_outputs(traced: Any) -> None:
+  """The ShapeError the padded `pj.vmap` raises for an output it cannot
+  return (a length-dependent axis after a fixed one), raised before the
+  packed evaluation: it would otherwise refuse the output (`Unpackable`) and
+  warn that the call runs unpacked, only for that run to raise it."""
+  outs = jax.tree.unflatten(traced.out_tree, list(traced.out_avals))
+  for path, aval in jax.tree_util.tree_flatten_with_path(outs)[0]:
+    try:
+      leading_dynamic_axes(aval, describe(path, "output"))
+    except ShapeError as e:
+      e.add_note(f"(pj.vmap names the length of the packed examples {DIM}.)")
+      raise
 
 
 def _empty_examples(masked: Masked, example_args: list[Any], flat: list[Any],

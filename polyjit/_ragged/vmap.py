@@ -58,7 +58,7 @@ from .._masking.mask import Masked
 from .._sharding import placement as _sharding
 from .arguments import (aval_key, batch_and_count, broadcast, check_counts, describe,
                         example_struct, first_for_padded, host_lengths, leaf_axes,
-                        pad_ragged_axes, split_lengths)
+                        leading_dynamic_axes, pad_ragged_axes, split_lengths)
 from .ragged import Ragged, is_concrete, is_ragged
 from .plan import Plan
 from .packed_vmap import PackedRunner
@@ -346,16 +346,7 @@ def _spec(names: list[str]) -> str | None:
 
 def _out_lengths(aval: Any, env: dict[str, Any], where: str) -> list[Any]:
   """Per example: the logical size of each leading dynamic axis of an output."""
-  shape = aval.shape
-  lead = next((a for a, d in enumerate(shape) if not jc.is_symbolic_dim(d)), len(shape))
-  later = [a for a in range(lead, len(shape)) if jc.is_symbolic_dim(shape[a])]
-  if later:
-    raise ShapeError(
-        f"{where} of the function has shape {aval.str_short()}: its axis {later[0]} "
-        "depends on the example's length but follows a fixed axis. pj.vmap returns "
-        "such outputs as a pj.Ragged, whose varying axes come first: move them to "
-        f"the front inside the function (e.g. jnp.moveaxis(y, {later[0]}, 0)).")
-  return [_dims.evaluate_dim(d, env) for d in shape[:lead]]
+  return [_dims.evaluate_dim(d, env) for d in aval.shape[:leading_dynamic_axes(aval, where)]]
 
 
 def vmap(fun: Callable[..., Any], in_axes: InAxes = 0, out_axes: OutAxes = 0) -> RaggedVmapped:

@@ -35,6 +35,7 @@ UNARY = (
     "sign", "sin", "sinh", "sqrt", "square", "tan", "tanh",
     "convert_element_type", "bitcast_convert_type", "copy",
     "stop_gradient", "optimization_barrier",
+    "name",   # (`jax.ad_checkpoint.checkpoint_name`: the identity, with a tag for remat)
 )
 
 BINARY = (
