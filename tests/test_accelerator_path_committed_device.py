@@ -18,7 +18,9 @@ Checked in a process with two CPU devices, for arrays on device 1 (committed)
 and on device 0 (the default): after a warm-up, nothing is uploaded for device
 arguments, the user's host argument is padded and uploaded to the device the
 other argument is on (where jax.jit uploads it), and calls run under
-`disallow_explicit`; outputs equal jax.jit's, on its device.
+`disallow_explicit`; outputs equal jax.jit's, on its device. And under a
+guard, the user's host values are logged as uploads to the default device,
+`jax.default_device`'s where set (they were logged against device 0).
 """
 
 from __future__ import annotations
@@ -96,3 +98,38 @@ def test_device_arguments_are_padded_on_their_device(device: str) -> None:
   # jax.jit uploads them (the program would copy them there every call)
   two = [m for m in _uploads(done.stderr, "TWO") if m["dims"] == "16"]
   assert len(two) == 3 and all(m["device"] == device for m in two), [m[0] for m in two]
+
+
+DEFAULT_DEVICE_SCRIPT = textwrap.dedent("""
+    import sys
+    import jax, jax.numpy as jnp, numpy as np
+    import polyjit as pj
+    d1 = jax.devices()[1]
+    f = pj.jit(lambda x: jnp.cumsum(x) * 2)
+    x = np.arange(5, dtype=np.float32)   # the user's host array
+    with jax.default_device(d1):
+      for _ in range(3):
+        f(x)
+      sys.stderr.write("ONE\\n"); sys.stderr.flush()
+      with jax.transfer_guard("log"):
+        out = f(x)
+      sys.stderr.write("END\\n"); sys.stderr.flush()
+    assert out.devices() == {d1}, out.devices()
+    np.testing.assert_allclose(np.asarray(out), np.cumsum(x) * 2)
+    print("logged")
+""")
+
+
+def test_host_values_are_logged_against_the_default_device() -> None:
+  """Under a transfer guard, the user's host values are put to the guard as
+  the implicit uploads jax.jit makes of them, to the device it makes them to:
+  `jax.default_device`'s (they went to device 0, whatever the default)."""
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+             POLYJIT_INLINE_CPU="0")
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+  done = subprocess.run([sys.executable, "-c", DEFAULT_DEVICE_SCRIPT], env=env,
+                        capture_output=True, text=True, timeout=120)
+  assert "logged" in done.stdout, done.stderr[-3000:]
+  user = [m for m in _uploads(done.stderr, "ONE") if m["dims"] == "5"]
+  assert user and all(m["device"] == "1" for m in user), [m[0] for m in user]

@@ -225,7 +225,7 @@ def guard_user_uploads(values: Iterable[Any]) -> None:
       continue
     host = host.astype(jax.dtypes.canonicalize_dtype(host.dtype), copy=False)
     if sharding is None:
-      sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+      sharding = jax.sharding.SingleDeviceSharding(default_device())
     _pxla.batched_device_put(_core.ShapedArray(host.shape, host.dtype), sharding, [host],
                              list(sharding.device_set), False)
 
