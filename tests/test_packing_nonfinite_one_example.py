@@ -17,6 +17,7 @@ function itself (`jax.grad` inside, a training step's products).
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import jax
@@ -25,6 +26,7 @@ import numpy as np
 import pytest
 
 import polyjit as pj
+from harness import reference_options
 from test_packing import _poison, with_data
 
 LENGTHS = [9, 5, 2]   # one row of 16, the marked example between the others
@@ -103,6 +105,19 @@ def _inputs(where):
   return w, xs
 
 
+@functools.cache
+def _alone(name):
+  """Each example alone under jax.jit: its value, gradient (w, x) and forward
+  mode (its NaN are not always reverse mode's). One program per case, which
+  the jit and the eager test share (the same inputs: `_inputs`), compiled at
+  the references' options (tests/harness.py)."""
+  fun, where = CASES[name]
+  w, xs = _inputs(where)
+  alone = jax.jit(lambda w, xs: [(fun(w, x), jax.grad(fun, (0, 1))(w, x), jax.jacfwd(fun)(w, x))
+                                 for x in xs], compiler_options=reference_options())(w, xs)
+  return jax.tree.map(np.asarray, alone)
+
+
 @pytest.mark.parametrize("jit", [True, False], ids=["jit", "eager"])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_one_examples_nonfinite_values_stay_in_that_example(name, jit):
@@ -125,9 +140,7 @@ def test_one_examples_nonfinite_values_stay_in_that_example(name, jit):
         w, packed.data)
   grads = with_data(packed, grad_x).to_list()
 
-  # (forward mode alone too: its NaN are not always reverse mode's)
-  alone = jax.jit(lambda w, xs: [(fun(w, x), jax.grad(fun, (0, 1))(w, x), jax.jacfwd(fun)(w, x))
-                                 for x in xs])(w, xs)
+  alone = _alone(name)
   for i, (value, (dw, dx), fwd) in enumerate(alone):
     np.testing.assert_allclose(values[i], value, rtol=2e-5, atol=2e-5, err_msg=str(i))
     np.testing.assert_allclose(jac_fwd[i], fwd, rtol=1e-4, atol=1e-4, err_msg=str(i))
