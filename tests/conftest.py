@@ -13,6 +13,8 @@ defaults in tests/test_default_xla_options.py)."""
 
 import os
 
+import pytest
+
 os.environ["POLYJIT_NO_CACHE"] = "1"
 # (before JAX starts: the variable is read when jax is imported)
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
@@ -64,6 +66,16 @@ def pytest_configure(config):
   config.addinivalue_line(
       "markers", "heavy: a test that keeps one worker busy for a long time (a subprocess "
       "that starts JAX and compiles a benchmark, another JAX, mypy); run first")
+  config.addinivalue_line(
+      "markers", "xla_defaults: compares two differently built programs bit for bit where "
+      "the bits depend on LLVM's rounding (a multiply-add fused or not, a loop that runs to "
+      "a fixed point): runs at XLA's default options only, in tests/test_default_xla_options.py's "
+      "subprocess; skipped in a session at level 0")
+
+
+def at_level_0() -> bool:
+  """Whether this session compiles at backend optimization level 0."""
+  return BACKEND_LEVEL_0 in os.environ.get("XLA_FLAGS", "").split()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -71,5 +83,14 @@ def pytest_collection_modifyitems(config, items):
   scheduling) each worker gets its next tests in advance, in collection order:
   a test of minutes sent late keeps one worker busy after the other has run
   out of tests; sent first, it runs while the other worker takes the rest of
-  the queue, and both finish with small tests. The rest keep their order."""
+  the queue, and both finish with small tests. The rest keep their order.
+
+  Tests marked `xla_defaults` are skipped at level 0: they run at XLA's
+  defaults in tests/test_default_xla_options.py's subprocess."""
   items.sort(key=lambda item: item.get_closest_marker("heavy") is None)
+  if at_level_0():
+    skip = pytest.mark.skip(reason="bit for bit at XLA's default options: run by "
+                            "tests/test_default_xla_options.py in a subprocess")
+    for item in items:
+      if item.get_closest_marker("xla_defaults"):
+        item.add_marker(skip)
