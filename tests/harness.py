@@ -406,11 +406,8 @@ def reference_options() -> dict:
   the machine code is optimized: XLA's HLO passes still run, and LLVM takes
   no fast-math liberties at any level (a product and sum may still round once
   or twice, fused or not, as between two JAX versions: within every
-  tolerance). The suite compiles the masked side at level 0 too
-  (tests/conftest.py); the references ask for it themselves, so that the
-  sample that runs at XLA's defaults (tests/test_default_xla_options.py)
-  keeps its references cheap. Where a JAX or backend does not take the
-  option, none is given."""
+  tolerance). The masked side, the one a test checks, keeps the default
+  options. Where a JAX or backend does not take the option, none is given."""
   if not _REFERENCE_OPTIONS:
     options = {"xla_backend_optimization_level": 0}
     try:
