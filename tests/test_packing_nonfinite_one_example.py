@@ -26,7 +26,6 @@ import numpy as np
 import pytest
 
 import polyjit as pj
-from harness import reference_options
 from test_packing import _poison, with_data
 
 LENGTHS = [9, 5, 2]   # one row of 16, the marked example between the others
@@ -110,11 +109,11 @@ def _alone(name):
   """Each example alone under jax.jit: its value, gradient (w, x) and forward
   mode (its NaN are not always reverse mode's). One program per case, which
   the jit and the eager test share (the same inputs: `_inputs`), compiled at
-  the references' options (tests/harness.py)."""
+  XLA's default options."""
   fun, where = CASES[name]
   w, xs = _inputs(where)
   alone = jax.jit(lambda w, xs: [(fun(w, x), jax.grad(fun, (0, 1))(w, x), jax.jacfwd(fun)(w, x))
-                                 for x in xs], compiler_options=reference_options())(w, xs)
+                                 for x in xs])(w, xs)
   return jax.tree.map(np.asarray, alone)
 
 
