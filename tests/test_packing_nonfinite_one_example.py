@@ -17,6 +17,7 @@ function itself (`jax.grad` inside, a training step's products).
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import jax
@@ -103,6 +104,19 @@ def _inputs(where):
   return w, xs
 
 
+@functools.cache
+def _alone(name):
+  """Each example alone under jax.jit: its value, gradient (w, x) and forward
+  mode (its NaN are not always reverse mode's). One program per case, which
+  the jit and the eager test share (the same inputs: `_inputs`), compiled at
+  XLA's default options."""
+  fun, where = CASES[name]
+  w, xs = _inputs(where)
+  alone = jax.jit(lambda w, xs: [(fun(w, x), jax.grad(fun, (0, 1))(w, x), jax.jacfwd(fun)(w, x))
+                                 for x in xs])(w, xs)
+  return jax.tree.map(np.asarray, alone)
+
+
 @pytest.mark.parametrize("jit", [True, False], ids=["jit", "eager"])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_one_examples_nonfinite_values_stay_in_that_example(name, jit):
@@ -125,9 +139,7 @@ def test_one_examples_nonfinite_values_stay_in_that_example(name, jit):
         w, packed.data)
   grads = with_data(packed, grad_x).to_list()
 
-  # (forward mode alone too: its NaN are not always reverse mode's)
-  alone = jax.jit(lambda w, xs: [(fun(w, x), jax.grad(fun, (0, 1))(w, x), jax.jacfwd(fun)(w, x))
-                                 for x in xs])(w, xs)
+  alone = _alone(name)
   for i, (value, (dw, dx), fwd) in enumerate(alone):
     np.testing.assert_allclose(values[i], value, rtol=2e-5, atol=2e-5, err_msg=str(i))
     np.testing.assert_allclose(jac_fwd[i], fwd, rtol=1e-4, atol=1e-4, err_msg=str(i))
