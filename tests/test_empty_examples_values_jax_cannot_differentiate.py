@@ -115,22 +115,3 @@ def test_traced_sizes_of_pj_mask_at_zero():
   for x in xs:
     xp = nan_padded(x, 8)
     np.testing.assert_allclose(run(xp, len(x)), jax.jit(until_small)(w, x), rtol=1e-6)
-
-
-def loop_on_the_data(w, x):
-  """A while_loop on the example's values alone: JAX differentiates it with
-  respect to `w` (nothing of `w` flows through the loop), not `x`."""
-  h = jnp.sum(jnp.abs(x)) + 4.0
-  return lax.while_loop(lambda v: v > 1.0, lambda v: v * 0.5, h) * jnp.sum(w)
-
-
-@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
-def test_reverse_mode_through_a_parameter_the_loop_does_not_carry(packed):
-  """The empty examples' gradient with respect to `w` was NaN (their path's
-  derivatives NaN with respect to every input), where each example alone,
-  and so the batch's sum, has a number."""
-  xs, w = _examples()
-  batch = _batch(xs, packed)
-  got = jax.grad(lambda w: jnp.sum(pj.vmap(loop_on_the_data, in_axes=(None, 0))(w, batch)))(w)
-  want = sum(np.asarray(jax.jit(jax.grad(loop_on_the_data))(w, x)) for x in xs)
-  np.testing.assert_allclose(got, want, rtol=1e-5)

@@ -23,11 +23,9 @@ of 0. An empty size gets a trace in which it is the constant 0:
   *poisoned* where it is selected (`size_range.guard`), as any size outside
   [0, padded]: never a plausible number. A path JAX computes but cannot
   reverse-differentiate (a `while_loop`) runs as it is where its JVP traces:
-  its values and forward-mode derivatives are the example's alone, and so
-  is reverse mode, which gives a gradient where JAX gives one for the example
-  alone (with respect to a parameter the loop does not carry) and raises
-  JAX's error where not (NaN derivatives there made `jax.jvp`, and such a
-  gradient, NaN where the example alone gives a number); where
+  its values and forward-mode derivatives are the example's alone, and
+  reverse mode raises JAX's error, as for the example alone (NaN derivatives
+  there made `jax.jvp` NaN where the example alone gives a number); where
   not even its JVP traces, it gives its values, exact, and NaN derivatives
   (`size_range.without_derivative`): poisoning it whole made a forward call
   NaN where the example alone gives a number.
