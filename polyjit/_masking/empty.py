@@ -22,13 +22,9 @@ of 0. An empty size gets a trace in which it is the constant 0:
   trace fails (JAX raises for those empty shapes, as `jnp.max` does) is
   *poisoned* where it is selected (`size_range.guard`), as any size outside
   [0, padded]: never a plausible number. A path JAX computes but cannot
-  reverse-differentiate (a `while_loop`) runs as it is where its JVP traces:
-  its values and forward-mode derivatives are the example's alone, and
-  reverse mode raises JAX's error, as for the example alone (NaN derivatives
-  there made `jax.jvp` NaN where the example alone gives a number); where
-  not even its JVP traces, it gives its values, exact, and NaN derivatives
-  (`size_range.without_derivative`): poisoning it whole made a forward call
-  NaN where the example alone gives a number.
+  reverse-differentiate (a `while_loop`) gives its values, exact, and NaN
+  derivatives (`size_range.without_derivative`): poisoning it whole made a
+  forward call NaN where the example alone gives a number.
 
 Not covered (poisoned at 0, as before): functions that create data-dependent
 sizes, more than `MAX_EMPTY_SIZES` sizes, a dimension expression mixing a size
@@ -349,7 +345,7 @@ def empty_path(masked: Any, binding: _spec.Binding, tree: Any, zero: frozenset[s
 
   def checked(xs: list[Any], env: dict[str, Any]) -> tuple[list[Any], list[Any], Any]:
     verdict = verdict_at(xs, env)
-    if verdict in (ALL, FORWARD):
+    if verdict == ALL:
       return run(xs, env)
     return value_only(xs, env) if verdict == VALUES else failed(xs, env)
   return checked, usable
@@ -362,11 +358,9 @@ def _struct(x: Any) -> Any:
   return jc.shaped(np.shape(x), aval.dtype, aval.weak_type)
 
 
-#: What an empty path gives (`_usable`): its values and derivatives; its
-#: values and forward-mode derivatives (reverse mode raises JAX's error, as
-#: for the example alone); or its values with NaN derivatives (None:
-#: neither, poisoned).
-ALL, FORWARD, VALUES = "values and derivatives", "values and forward derivatives", "values"
+#: What an empty path gives (`_usable`): its values and derivatives, or its
+#: values with NaN derivatives (None: neither, poisoned).
+ALL, VALUES = "values and derivatives", "values"
 
 
 def _usable(run: Callable[..., Any], structs: tuple[Any, Any]) -> str | None:
@@ -375,19 +369,13 @@ def _usable(run: Callable[..., Any], structs: tuple[Any, Any]) -> str | None:
   too) and has no effect that must not run twice (an io_callback would run on
   the empty arrays, and cannot be selected under vmap): then whether its VJP
   traces too (ALL; the program's derivatives transpose this path) or not
-  (FORWARD: a while_loop; its JVP traces, so the path runs as it is: its
-  forward-mode derivatives are JAX's for the example alone, and reverse mode
-  raises JAX's error there, as for the example alone, where NaN derivatives
-  made `jax.jvp` NaN for an empty example whose own tangent is a number;
-  VALUES: not even its JVP traces: its values are still exact, its
-  derivatives NaN)."""
+  (VALUES: a while_loop, a gather's derivative at size 0: its values are
+  still exact, its derivatives NaN)."""
   def derivative(xs: list[Any], env: dict[str, Any]) -> Any:
     # (the program's derivatives transpose this path too: its VJP must trace)
     outs, pullback = jax.vjp(lambda *a: run(list(a), env)[0], *xs)
-    return pullback([_zero_tangent(o) for o in outs])
-
-  def forward(xs: list[Any], env: dict[str, Any]) -> Any:
-    return jax.jvp(lambda *a: run(list(a), env)[0], xs, [_zero_tangent(x) for x in xs])
+    return pullback([jnp.zeros_like(o) if jnp.issubdtype(o.dtype, jnp.inexact)
+                     else np.zeros(np.shape(o), jax.dtypes.float0) for o in outs])
 
   try:
     traced = jax.jit(run).trace(*structs)
@@ -403,20 +391,8 @@ def _usable(run: Callable[..., Any], structs: tuple[Any, Any]) -> str | None:
   except jc.JaxBoundaryError:
     raise
   except Exception:
-    try:
-      jax.eval_shape(forward, *structs)
-    except jc.JaxBoundaryError:
-      raise
-    except Exception:
-      return VALUES
-    return FORWARD
+    return VALUES
   return ALL
-
-
-def _zero_tangent(x: Any) -> Any:
-  if jnp.issubdtype(jnp.result_type(x), jnp.inexact):
-    return jnp.zeros_like(x)
-  return np.zeros(np.shape(x), jax.dtypes.float0)
 
 
 class _Unfit(Exception):
