@@ -52,10 +52,7 @@ def _custom_jvp_call(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   kinds: list[tuple[str, int, Any, int]] = []
 
   def rebuild(arrays: Sequence[Any]) -> tuple[Layout, list[V]]:
-    inner = Layout(layout.name, arrays[:n_lay], layout.rows, layout.row_length,
-                   layout.may_be_empty)
-    return inner, [V(k, x, a, d, a2)
-                   for (k, a, d, a2), x in zip(shapes, arrays[n_lay:], strict=True)]
+    return rebuilt(layout, shapes, arrays)
 
   def forward(*arrays: Any) -> list[Any]:
     inner, vs = rebuild(arrays)
@@ -126,6 +123,18 @@ def _custom_jvp_call(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   packed.defjvp(packed_jvp)
   vals = packed(*arrays)
   return [V(k, x, a, d, a2) for (k, a, d, a2), x in zip(kinds, vals, strict=True)]
+
+
+def rebuilt(layout: Layout, shapes: Sequence[tuple[str, int, Any, int]],
+            arrays: Sequence[Any]) -> tuple[Layout, list[V]]:
+  """Inside a function of arrays (a custom rule's, a checkpoint's): the
+  layout from its leading arrays (`layout.arrays`' count of them) and the
+  values from the rest, of the kinds `shapes` held outside."""
+  n_lay = len(layout.arrays)
+  inner = Layout(layout.name, arrays[:n_lay], layout.rows, layout.row_length,
+                 layout.may_be_empty)
+  return inner, [V(k, x, a, d, a2)
+                 for (k, a, d, a2), x in zip(shapes, arrays[n_lay:], strict=True)]
 
 
 def _may_refuse(jaxpr: Any) -> bool:

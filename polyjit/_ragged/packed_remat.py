@@ -23,6 +23,7 @@ from typing import Any
 
 import jax
 
+from .packed_custom import rebuilt
 from .packed_eval import _RULES, eval_packed
 from .packed_layout import Layout
 from .packed_pairs import tight
@@ -31,14 +32,11 @@ from .packed_values import Unpackable, V
 
 def _remat(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   invals = [tight(layout, v) for v in invals]
-  n_lay = len(layout.arrays)
   shapes = [(v.kind, v.axis, v.dim, v.axis2) for v in invals]
   kinds: list[tuple[str, int, Any, int]] = []
 
   def body(*arrays: Any) -> list[Any]:
-    inner = Layout(layout.name, arrays[:n_lay], layout.rows, layout.row_length,
-                   layout.may_be_empty)
-    vs = [V(k, x, a, d, a2) for (k, a, d, a2), x in zip(shapes, arrays[n_lay:], strict=True)]
+    inner, vs = rebuilt(layout, shapes, arrays)
     outs = [tight(inner, o) for o in eval_packed(eqn.params["jaxpr"], (), vs, inner)]
     kinds[:] = [(o.kind, o.axis, o.dim, o.axis2) for o in outs]
     return [o.val for o in outs]
