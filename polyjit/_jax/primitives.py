@@ -208,18 +208,21 @@ def hi_primitive_expansion(params: dict[str, Any]) -> Callable[..., list[Any]]:
 
 def ruled_primitive(name: str, impl: Callable[..., Any], abstract_eval: Callable[..., Any],
                     jvp: Callable[..., Any], transpose: Callable[..., Any],
-                    batch: Callable[..., Any]) -> Any:   # (a Primitive: its bind untyped)
+                    batch: Callable[..., Any], multiple_results: bool = False
+                    ) -> Any:   # (a Primitive: its bind untyped)
   """A primitive whose value is `impl` (plain JAX: run eagerly and lowered as
   its trace) and whose JVP, transpose and batching are polyjit's: JAX's
   differentiation and `jax.vmap` re-bind it (or call the rules' plain JAX)
   instead of looking inside `impl`. `jvp(primals, tangents, **params)` gets
   symbolic zero tangents as `patches.is_zero_tangent` says; `transpose(ct, *args, **params)`
-  gets the linear operands as `is_undefined_primal` says."""
+  gets the linear operands as `is_undefined_primal` says; `multiple_results`:
+  `impl` and `abstract_eval` return lists."""
   prim = Primitive(name)
+  prim.multiple_results = multiple_results
   # Primitive's methods are unannotated in JAX (a stub gap).
   prim.def_impl(impl)  # type: ignore[no-untyped-call, unused-ignore]
   prim.def_abstract_eval(abstract_eval)  # type: ignore[no-untyped-call, unused-ignore]
-  _mlir.register_lowering(prim, _mlir.lower_fun(impl, multiple_results=False))
+  _mlir.register_lowering(prim, _mlir.lower_fun(impl, multiple_results=multiple_results))
   _ad.primitive_jvps[prim] = jvp
   _ad.primitive_transposes[prim] = transpose
   _batching.primitive_batchers[prim] = batch

@@ -22,9 +22,12 @@ of 0. An empty size gets a trace in which it is the constant 0:
   trace fails (JAX raises for those empty shapes, as `jnp.max` does) is
   *poisoned* where it is selected (`size_range.guard`), as any size outside
   [0, padded]: never a plausible number. A path JAX computes but cannot
-  reverse-differentiate (a `while_loop`) gives its values, exact, and NaN
-  derivatives (`size_range.without_derivative`): poisoning it whole made a
-  forward call NaN where the example alone gives a number.
+  reverse-differentiate (a `while_loop`) gives its values, exact, its
+  forward-mode derivatives where JAX lowers its JVP (FORWARD,
+  `forward_only.py`) and NaN reverse-mode ones; where not even its JVP
+  lowers (a gather's derivative at size 0), NaN derivatives
+  (`size_range.without_derivative`): poisoning it whole made a forward call
+  NaN where the example alone gives a number.
 
 Not covered (poisoned at 0, as before): functions that create data-dependent
 sizes, more than `MAX_EMPTY_SIZES` sizes, a dimension expression mixing a size
@@ -41,7 +44,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import dims as _dims, size_range as _size_range, spec as _spec
+from . import dims as _dims, forward_only as _forward_only, size_range as _size_range
+from . import spec as _spec
 from .. import _jax as jc
 from .errors import MaskingError, PerformanceWarning, warn_user_code
 
@@ -328,16 +332,26 @@ def empty_path(masked: Any, binding: _spec.Binding, tree: Any, zero: frozenset[s
   def usable(xs: list[Any], env: dict[str, Any]) -> bool:
     return verdict_at(xs, env) is not None
 
-  def value_only(xs: list[Any], env: dict[str, Any]) -> tuple[list[Any], list[Any], Any]:
-    # JAX computes this path but cannot differentiate it (a while_loop, a
-    # gather's VJP at size 0): its values, with NaN derivatives
+  def value_only(xs: list[Any], env: dict[str, Any], forward: bool
+                 ) -> tuple[list[Any], list[Any], Any]:
+    # JAX computes this path but cannot reverse-differentiate it (a
+    # while_loop, a gather's VJP at size 0): its values, with its forward-mode
+    # derivatives (`forward`: where JAX lowers its JVP) or NaN ones
     inexact = [jnp.issubdtype(jnp.result_type(x), jnp.inexact) for x in xs]
     outs, shapes, ok = run([jax.lax.stop_gradient(x) if f else x
                             for x, f in zip(xs, inexact, strict=True)], env)
     floats = [i for i, o in enumerate(outs) if jnp.issubdtype(o.dtype, jnp.inexact)]
     inputs = [x for x, f in zip(xs, inexact, strict=True) if f and isinstance(x, jc.Tracer)]
     if floats and inputs:
-      kept = _size_range.without_derivative([outs[i] for i in floats], inputs)
+      kept = [outs[i] for i in floats]
+      if forward:
+        keys = sorted(env)
+        differentiable = tuple(i for i, f in enumerate(inexact) if f)
+        tangents = _forward_only.path_tangents(run, len(xs), keys, differentiable, floats)
+        kept = _forward_only.with_forward_derivative(
+            tangents, kept, list(xs), [jnp.asarray(env[k]) for k in keys], differentiable)
+      else:
+        kept = _size_range.without_derivative(kept, inputs)
       outs = list(outs)
       for i, o in zip(floats, kept, strict=True):
         outs[i] = o
@@ -347,7 +361,9 @@ def empty_path(masked: Any, binding: _spec.Binding, tree: Any, zero: frozenset[s
     verdict = verdict_at(xs, env)
     if verdict == ALL:
       return run(xs, env)
-    return value_only(xs, env) if verdict == VALUES else failed(xs, env)
+    if verdict in (FORWARD, VALUES):
+      return value_only(xs, env, verdict == FORWARD)
+    return failed(xs, env)
   return checked, usable
 
 
@@ -358,9 +374,10 @@ def _struct(x: Any) -> Any:
   return jc.shaped(np.shape(x), aval.dtype, aval.weak_type)
 
 
-#: What an empty path gives (`_usable`): its values and derivatives, or its
-#: values with NaN derivatives (None: neither, poisoned).
-ALL, VALUES = "values and derivatives", "values"
+#: What an empty path gives (`_usable`): its values and derivatives; its
+#: values and forward-mode derivatives (reverse-mode ones NaN); or its values
+#: with NaN derivatives (None: neither, poisoned).
+ALL, FORWARD, VALUES = "values and derivatives", "values and forward derivatives", "values"
 
 
 def _usable(run: Callable[..., Any], structs: tuple[Any, Any]) -> str | None:
@@ -368,14 +385,26 @@ def _usable(run: Callable[..., Any], structs: tuple[Any, Any]) -> str | None:
   empty array when tracing, an FFT of one when lowering: JAX raises there
   too) and has no effect that must not run twice (an io_callback would run on
   the empty arrays, and cannot be selected under vmap): then whether its VJP
-  traces too (ALL; the program's derivatives transpose this path) or not
-  (VALUES: a while_loop, a gather's derivative at size 0: its values are
-  still exact, its derivatives NaN)."""
+  traces too (ALL; the program's derivatives transpose this path) or not:
+  then whether its JVP lowers (FORWARD: a while_loop; its values and
+  forward-mode derivatives exact, reverse-mode ones NaN) or not (VALUES: a
+  gather's derivative at size 0: its values are still exact, its
+  derivatives NaN)."""
   def derivative(xs: list[Any], env: dict[str, Any]) -> Any:
     # (the program's derivatives transpose this path too: its VJP must trace)
     outs, pullback = jax.vjp(lambda *a: run(list(a), env)[0], *xs)
     return pullback([jnp.zeros_like(o) if jnp.issubdtype(o.dtype, jnp.inexact)
                      else np.zeros(np.shape(o), jax.dtypes.float0) for o in outs])
+
+  def forward(xs: list[Any], env: dict[str, Any]) -> Any:
+    inexact = [i for i, x in enumerate(xs) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+    def on(*values: Any) -> Any:
+      full = list(xs)
+      for i, v in zip(inexact, values, strict=True):
+        full[i] = v
+      return run(full, env)[0]
+    primals = [xs[i] for i in inexact]
+    return jax.jvp(on, primals, [jnp.zeros_like(x) for x in primals])
 
   try:
     traced = jax.jit(run).trace(*structs)
@@ -391,7 +420,13 @@ def _usable(run: Callable[..., Any], structs: tuple[Any, Any]) -> str | None:
   except jc.JaxBoundaryError:
     raise
   except Exception:
-    return VALUES
+    try:   # (lowered: a JVP can trace and fail to lower, a gather's at size 0)
+      jax.jit(forward).trace(*structs).lower()
+    except jc.JaxBoundaryError:
+      raise
+    except Exception:
+      return VALUES
+    return FORWARD
   return ALL
 
 

@@ -194,7 +194,7 @@ def _poisoned_outputs_jvp(primals: Any, tangents: Any) -> tuple[list[Any], list[
   # input -0.0).
   one = lax.select(ok, np.float32(1), np.float32(np.nan))
   zero = lax.select(ok, np.float32(0), np.float32(np.nan))
-  total = _tangent_total(t_inputs)
+  total = tangent_total(t_inputs)
   gate = zero * lax.select(ok, lax.full_like(total, -0.0), total)
   out_tangents = []
   for t in t_outs:
@@ -220,7 +220,7 @@ def _without_derivative_jvp(primals: Any, tangents: Any) -> tuple[list[Any], lis
   t_outs, t_inputs = tangents
   # NaN times the inputs' tangents: linear, so reverse mode transposes it and
   # sends the inputs NaN, whatever the tangents hold (0 * NaN is NaN)
-  gate = np.float32(np.nan) * _tangent_total(t_inputs)
+  gate = np.float32(np.nan) * tangent_total(t_inputs)
   out_tangents = []
   for o, t in zip(outs, t_outs, strict=True):
     real = jnp.finfo(o.dtype).dtype  # type: ignore[no-untyped-call, unused-ignore]
@@ -235,7 +235,7 @@ def _as(x: Any, dtype: Any) -> Any:
   return jc.convert_weak(x, dtype, False)
 
 
-def _tangent_total(tangents: Sequence[Any]) -> Any:
+def tangent_total(tangents: Sequence[Any]) -> Any:
   """The sum of every element of `tangents` (real parts), in float32: a scalar
   linear in them, which a NaN factor turns into NaN derivatives."""
   total: Any = np.float32(0)
