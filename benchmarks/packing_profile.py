@@ -1,0 +1,126 @@
+"""Where a packed training step's time goes, kernel by kernel, against the hand-packed one.
+
+    python benchmarks/packing_profile.py [--model attention|mlp|text] [--steps 16] [--reps 3]
+                                         [--top 25] [--json FILE]
+
+The packed step and the hand-packed step of `benchmarks/packing.py` (same
+batches, same parameters) run `--reps` passes over `--steps` batches each
+under `jax.profiler.trace`; the trace's XLA:CPU kernels (thunks: fusions,
+dots, conditionals, copies) are summed per family (the kernel's name without
+its number: `ynn_fusion`, `dot`, `multiply_select_fusion`, ...), per step.
+Printed: the kernels and microseconds per step of each, and the families
+whose time differs most. The profiler slows every kernel and the machine's
+load moves them all, so read the differences, not the totals; the step times
+to compare are `benchmarks/packing.py`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+import sys
+import tempfile
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import polyjit as pj  # noqa: E402
+import packing as bench  # noqa: E402
+
+#: Trace events that are not kernels (the runtime's own spans, Python frames).
+NOT_KERNELS = ("ThunkExecutor", "$", "PjitFunction", "CommonPjRt", "SlinkyThreadPool",
+               "end:", "Threadpool", "ParseArguments", "AllocateOutputBuffers",
+               "PythonRefManager", "Handle ")
+
+
+def steps(model: str, n_steps: int):
+  """{'packed': (step, inputs), 'hand': (step, inputs)} and the parameters."""
+  init, one, hand = bench.model(model)
+  params = init(jax.random.PRNGKey(0))
+  rng = np.random.default_rng(1)
+  batches = bench.sst2_batches(n_steps, 64)
+  data = [[(rng.integers(0, bench.VOCAB, n).astype(np.int32),) for n in b] for b in batches]
+  labels = [jnp.asarray(rng.integers(0, 2, len(b)).astype(np.float32)) for b in batches]
+  loss = lambda p, batch, y: pj.vmap(lambda p, ex, l: one(p, ex[0], l),  # noqa: E731
+                                     in_axes=(None, 0, 0))(p, batch, y).mean()
+
+  def training(f):
+    return jax.jit(lambda p, *x: (lambda lg: (bench.sgd(p, lg[1]), lg[0]))(
+        jax.value_and_grad(f)(p, *x)))
+  packed = [pj.Ragged.from_list(d, packing=pj.Packing(row_length=bench.ROW)) for d in data]
+  rows = lambda b, a: jnp.reshape(a, (b.rows, b.row_length))  # noqa: E731
+  hand_inputs = [(b.data[0], rows(b, b.segments), rows(b, b.positions), y)
+                 for b, y in zip(packed, labels, strict=True)]
+  return {"packed": (training(loss), list(zip(packed, labels, strict=True))),
+          "hand": (training(hand), hand_inputs)}, params
+
+
+def kernel_times(step, inputs, params, reps: int) -> tuple[dict[str, float], dict[str, int]]:
+  """Microseconds and calls per step of each kernel family."""
+  for x in inputs:   # compiled and warm before the trace
+    params, _ = step(params, *x)
+  jax.block_until_ready(params)
+  with tempfile.TemporaryDirectory() as where:
+    with jax.profiler.trace(where, create_perfetto_trace=True):
+      for _ in range(reps):
+        for x in inputs:
+          params, _ = step(params, *x)
+      jax.block_until_ready(params)
+    trace = json.load(gzip.open(glob.glob(f"{where}/**/*.trace.json.gz", recursive=True)[0]))
+  events = trace["traceEvents"] if isinstance(trace, dict) else trace
+  time: collections.Counter = collections.Counter()
+  calls: collections.Counter = collections.Counter()
+  for e in events:
+    name = e.get("name", "")
+    if e.get("ph") != "X" or name.startswith(NOT_KERNELS) or " " in name:
+      continue
+    family = re.sub(r"[.\d]+(\.clone)?$", "", name)
+    time[family] += e.get("dur", 0)
+    calls[family] += 1
+  n = reps * len(inputs)
+  return ({k: v / n for k, v in time.items()}, {k: c / n for k, c in calls.items()})
+
+
+def main(argv=None) -> dict:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--model", default="attention", choices=("attention", "mlp", "text"))
+  ap.add_argument("--steps", type=int, default=16)
+  ap.add_argument("--reps", type=int, default=3)
+  ap.add_argument("--top", type=int, default=25)
+  ap.add_argument("--json")
+  args = ap.parse_args(argv)
+  warnings.simplefilter("ignore", pj.PerformanceWarning)
+  contenders, params = steps(args.model, args.steps)
+  result = {}
+  for key, (step, inputs) in contenders.items():
+    result[key] = kernel_times(step, inputs, params, args.reps)
+  (pt, pc), (ht, hc) = result["packed"], result["hand"]
+  print(f"{args.model}: kernels per step packed {sum(pc.values()):.0f}, hand "
+        f"{sum(hc.values()):.0f}; kernel us per step packed {sum(pt.values()):.0f}, "
+        f"hand {sum(ht.values()):.0f} (under the profiler)")
+  families = sorted(set(pt) | set(ht), key=lambda k: -abs(pt.get(k, 0) - ht.get(k, 0)))
+  print(f"{'family':34s} {'packed us':>10s} {'calls':>6s} {'hand us':>10s} {'calls':>6s} "
+        f"{'packed-hand':>12s}")
+  for k in families[:args.top]:
+    print(f"{k:34s} {pt.get(k, 0):10.1f} {pc.get(k, 0):6.1f} {ht.get(k, 0):10.1f} "
+          f"{hc.get(k, 0):6.1f} {pt.get(k, 0) - ht.get(k, 0):12.1f}")
+  out = {"model": args.model, "steps": args.steps, "reps": args.reps,
+         "packed": {"us": pt, "calls": pc}, "hand": {"us": ht, "calls": hc}}
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(out, f, indent=1)
+  return out
+
+
+if __name__ == "__main__":
+  main()
