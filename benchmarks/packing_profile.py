@@ -4,8 +4,8 @@
                                          [--top 25] [--json FILE]
 
 The packed step and the hand-packed step of `benchmarks/packing.py` (same
-batches, same parameters) run `--reps` passes over `--steps` batches each
-under `jax.profiler.trace`; the trace's XLA:CPU kernels (thunks: fusions,
+batches, same parameters) run `--reps` passes over `--steps` batches each,
+interleaved, each pass under `jax.profiler.trace`; the trace's XLA:CPU kernels (thunks: fusions,
 dots, conditionals, copies) are summed per family (the kernel's name without
 its number: `ynn_fusion`, `dot`, `multiply_select_fusion`, ...), per step.
 Printed: the kernels and microseconds per step of each, and the families
@@ -65,16 +65,18 @@ def steps(model: str, n_steps: int):
           "hand": (training(hand), hand_inputs)}, params
 
 
-def kernel_times(step, inputs, params, reps: int) -> tuple[dict[str, float], dict[str, int]]:
-  """Microseconds and calls per step of each kernel family."""
-  for x in inputs:   # compiled and warm before the trace
+def warm(step, inputs, params):
+  for x in inputs:   # compiled and warm before any trace
     params, _ = step(params, *x)
   jax.block_until_ready(params)
+
+
+def kernel_times(step, inputs, params) -> tuple[collections.Counter, collections.Counter]:
+  """Microseconds and calls of each kernel family over one pass of the batches."""
   with tempfile.TemporaryDirectory() as where:
     with jax.profiler.trace(where, create_perfetto_trace=True):
-      for _ in range(reps):
-        for x in inputs:
-          params, _ = step(params, *x)
+      for x in inputs:
+        params, _ = step(params, *x)
       jax.block_until_ready(params)
     trace = json.load(gzip.open(glob.glob(f"{where}/**/*.trace.json.gz", recursive=True)[0]))
   events = trace["traceEvents"] if isinstance(trace, dict) else trace
@@ -87,8 +89,7 @@ def kernel_times(step, inputs, params, reps: int) -> tuple[dict[str, float], dic
     family = re.sub(r"[.\d]+(\.clone)?$", "", name)
     time[family] += e.get("dur", 0)
     calls[family] += 1
-  n = reps * len(inputs)
-  return ({k: v / n for k, v in time.items()}, {k: c / n for k, c in calls.items()})
+  return time, calls
 
 
 def main(argv=None) -> dict:
@@ -101,10 +102,17 @@ def main(argv=None) -> dict:
   args = ap.parse_args(argv)
   warnings.simplefilter("ignore", pj.PerformanceWarning)
   contenders, params = steps(args.model, args.steps)
-  result = {}
-  for key, (step, inputs) in contenders.items():
-    result[key] = kernel_times(step, inputs, params, args.reps)
-  (pt, pc), (ht, hc) = result["packed"], result["hand"]
+  totals = {key: (collections.Counter(), collections.Counter()) for key in contenders}
+  for step, inputs in contenders.values():
+    warm(step, inputs, params)
+  for r in range(args.reps):   # interleaved: a change of load reaches both
+    for key in (("packed", "hand") if r % 2 == 0 else ("hand", "packed")):
+      time, calls = kernel_times(*contenders[key], params)
+      totals[key][0].update(time)
+      totals[key][1].update(calls)
+  n = args.reps * args.steps
+  (pt, pc), (ht, hc) = [({k: v / n for k, v in t.items()}, {k: v / n for k, v in c.items()})
+                        for t, c in (totals["packed"], totals["hand"])]
   print(f"{args.model}: kernels per step packed {sum(pc.values()):.0f}, hand "
         f"{sum(hc.values()):.0f}; kernel us per step packed {sum(pt.values()):.0f}, "
         f"hand {sum(ht.values()):.0f} (under the profiler)")
