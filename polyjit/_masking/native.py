@@ -40,8 +40,10 @@ both halves of that product for every equation with a dynamic axis:
   starts out of logical bounds (its value and tangent zero in the rows of
   padded indices, so that a dot reading it need not fill them). Such a
   scatter-add is refused.
-* Calls (`jit`, `closed_call`) are evaluated inline in native mode; `scan`
-  and `custom_jvp_call` have native forms in `rules/control_flow.py` (the
+* Calls (`jit`, `closed_call`) are evaluated inline in native mode; `scan`,
+  `remat2` (`jax.checkpoint`: bound again over its body masked in native
+  mode, so the gradient program keeps its policy and recomputes what it does
+  not save) and `custom_jvp_call` have native forms in `rules/control_flow.py` (the
   scan's steps past the logical length run on a real step's inputs; a custom
   rule is re-emitted as a `jax.custom_jvp` of the masked evaluations). In
   the rule's evaluation a value may be a tangent, which JAX transposes, so
@@ -63,12 +65,12 @@ whose derivative cannot turn 0 into NaN (`add`, `select_n`, `max`: a select or
 a finite coefficient; a `custom_jvp` function whose rule is such, as
 jax.nn.relu's). Only LINEAR/FILL outputs and broadcast operands whose
 cotangent is not clean are wrapped. A sub-jaxpr's outputs are assumed
-unclean, and so are the inputs of anything else (calls, scans, `mul`, `exp`,
+unclean, and so are the inputs of anything else (calls, scans, checkpoints, `mul`, `exp`,
 and a max/min over fixed axes only: JAX's own derivative of it divides by a
 count of maxima, 0 in a padding row of NaN).
 
 The gate (`refusal`) admits a traced function when every equation with a
-dynamic axis, recursively through calls, scan bodies and custom_jvp rules, is
+dynamic axis, recursively through calls, scan and checkpoint bodies and custom_jvp rules, is
 of one of those kinds, it creates no data-dependent sizes and it calls no
 `custom_vjp` function. It returns the reason otherwise, and the symbolic path
 runs unchanged.
@@ -99,12 +101,15 @@ _LINEAR = frozenset({
     "broadcast_in_dim", "squeeze", "transpose", "reshape", "expand_dims", "rev",
     "concatenate", "pad", "slice", "dynamic_slice", "dynamic_update_slice", "gather",
     "scatter-add", "scatter_add", "reduce_sum", "cumsum", "iota", "dim_as_value",
-    "reduce_max", "reduce_min", "argmax", "argmin", "split", "scan",
+    "reduce_max", "reduce_min", "argmax", "argmin", "split", "scan", "remat2",
     "custom_jvp_call"})
 #: Transposes multiply by an operand: its padding is zeroed first.
 _FILL = frozenset({"dot_general"})
 #: Evaluated inline, each equation of theirs wrapped on its own.
 _INLINE = frozenset({"jit", "pjit", "closed_call", "eval_jaxpr", "core_call"})
+#: Bound again over their body masked in native mode (`jax.checkpoint`'s
+#: `remat2` keeps its policy): judged by their body; their inputs unclean.
+_BODIES = frozenset({"scan", "remat2"})
 
 _ALL = _ELEMENTWISE | _LINEAR | _FILL | _INLINE
 
@@ -150,7 +155,7 @@ def jaxpr_refusal(jaxpr: jc.Jaxpr, rules: bool = True) -> str | None:
     name = eqn.primitive.name
     if name == "custom_vjp_call":
       verdict = "it calls a jax.custom_vjp function"
-    elif name in _INLINE or name == "scan":
+    elif name in _INLINE or name in _BODIES:
       verdict = next((r for r in (jaxpr_refusal(j, rules)
                                   for j in jc.subjaxprs_in_params(eqn.params))
                       if r is not None), None)
@@ -321,7 +326,7 @@ def wrap_plan(jaxpr: jc.Jaxpr) -> Plan:
                        if _padded_inexact(v) and not _broadcast_operand(eqn, v))
     elif name in _LINEAR or name in _FILL:
       plan[id(eqn)] = tuple(v in unclean for v in eqn.outvars)
-      if (name == "scan" or (name == "custom_jvp_call" and not _rule_zero_preserving(eqn))
+      if (name in _BODIES or (name == "custom_jvp_call" and not _rule_zero_preserving(eqn))
           or _plain_extremum(eqn)):
         unclean.update(v for v in eqn.invars if _padded_inexact(v))
     else:  # calls evaluated inline, and anything unjudged
