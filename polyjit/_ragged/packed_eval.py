@@ -326,15 +326,15 @@ def _dim_as_value(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
 
 
 def _position_only(eqn: Any, invals: list[V], layout: Layout, new_axis: Any) -> list[V]:
-  """An op on one TOKEN operand that keeps the token axis whole: bound as is."""
+  """An op on one TOKEN operand that keeps the token axis whole: bound as is
+  (each result, where it has several: `unstack`)."""
   x, = invals
   if x.kind != TOKEN:
     raise Unpackable(eqn, "a per-example operand")
   axis = new_axis(x.axis)
   if axis is None:
     raise Unpackable(eqn, "it moves data along the example's axis")
-  out, = _bind(eqn, [x.val], layout)
-  return [V(TOKEN, out, axis, x.dim)]
+  return [V(TOKEN, out, axis, x.dim) for out in _bind(eqn, [x.val], layout)]
 
 
 def _transpose(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
@@ -444,7 +444,7 @@ _RELAYOUT = frozenset({
     "conv_general_dilated", "reduce_window_sum", "select_and_gather_add",
     "reduce_sum", "reduce_max", "reduce_min", "argmax", "argmin", "broadcast_in_dim",
     "iota", "transpose", "squeeze", "reshape", "dim_as_value", "one_minus_square",
-    "polynomial", "fft", "scatter-add", *ELEMENTWISE,
+    "polynomial", "fft", "scatter-add", "stack", "unstack", *ELEMENTWISE,
 })
 _ELEMENTWISE = frozenset({*ELEMENTWISE, "one_minus_square", "polynomial"})
 #: Rules that take a loose TOKEN as it is: the elementwise ones (which select it
@@ -536,3 +536,26 @@ def _concatenate(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
 
 
 _RULES["concatenate"] = _concatenate
+
+
+def _stack(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
+  """`jnp.stack` of per-token values along a new axis: the token axis is
+  untouched wherever the new axis goes (before the tokens it only moves the
+  token axis one place on, `(2, tokens, d)`, as a transpose does), so the
+  op binds on the packed rows as it is; the tails' zeros stay zeros."""
+  first, k = invals[0], eqn.params["axis"]
+  if not all(v.kind == TOKEN and v.axis == first.axis and str(v.dim) == str(first.dim)
+             for v in invals):
+    return _relayout(eqn, invals, layout)
+  out, = _bind(eqn, [v.val for v in invals], layout)
+  return [V(TOKEN, out, first.axis + (k <= first.axis), first.dim)]
+
+
+def _unstack(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
+  """`unstack` along an axis other than the tokens' (JAX cannot unstack
+  along a symbolic size): each piece keeps every token."""
+  k = eqn.params["axis"]
+  return _position_only(eqn, invals, layout, lambda a: None if a == k else a - (k < a))
+
+
+_RULES.update({"stack": _stack, "unstack": _unstack})
