@@ -25,7 +25,8 @@ packed rows (`x @ w`); a contraction over `n` of two per-token values
 (`softmax(scores) @ h`) sums each token's product per example, where that
 product is no wider than a few tokens; `iota` along `n` is the position in the
 example. An op that mixes positions along `n` and has no packed rule of its own
-(`cumsum`, `rev`, slices and shifts, concatenation, a contraction over `n`,
+(`cumsum`, `rev`, slices and shifts other than a prefix, concatenation,
+padding other than at the end within the slot, a contraction over `n`,
 sorting, convolutions, gathers) runs through the *masking rule* of its
 primitive (`_masking/rules/`, the same table `pj.mask` uses): its operands are
 gathered into one padded row per example, the masking rule runs `jax.vmap`ped
@@ -372,6 +373,35 @@ def _slice(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     if whole:
       out, = _bind(eqn, [x.val], layout)
       return [V(TOKEN, out, a, x.dim)]
+    start, stride, limit = p["start_indices"][a], p["strides"], p["limit_indices"][a]
+    if (not jc.is_symbolic_dim(start) and int(start) == 0
+        and (stride is None or int(stride[a]) == 1)):
+      # a prefix (`x[:n - 1]`, JAX proved it no longer than `x`): the same
+      # tokens from each slot's start, the rest of the slot selected to zero
+      out, = _bind(eqn, [x.val], layout)
+      return [V(TOKEN, layout.select(out, a, limit), a, limit, guarded=True)]
+  return _relayout(eqn, invals, layout)
+
+
+def _pad(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
+  """Padding at the end of the tokens (`n - 1` -> `n`), where the result
+  fits each example's slot: the slot's next positions take the padding
+  value, the tokens stay where they are (other axes padded as bound)."""
+  x, value = invals
+  config = [tuple(c) for c in eqn.params["padding_config"]]
+  out_aval = eqn.outvars[0].aval
+  if (x.kind == TOKEN and value.kind == SHARED and _token_axis(out_aval, eqn) == x.axis
+      and not any(jc.is_symbolic_dim(c) for cs in config for c in cs)):
+    lo, hi, interior = (int(c) for c in config[x.axis])
+    dim = out_aval.shape[x.axis]
+    if lo == 0 and interior == 0 and hi >= 0 and layout.fits(dim):
+      config[x.axis] = (0, 0, 0)
+      out, = _bind(eqn, [x.val, value.val], layout,
+                  **dict(eqn.params, padding_config=tuple(config)))
+      fill = lax.broadcast_in_dim(value.val, out.shape, ())
+      out = lax.select(layout.valid_like(out.shape, x.axis, x.dim), out,
+                       layout.select(fill, x.axis, dim))
+      return [V(TOKEN, out, x.axis, dim, guarded=True)]
   return _relayout(eqn, invals, layout)
 
 
@@ -519,6 +549,7 @@ _RULES.update({
     "one_minus_square": _elementwise, "polynomial": _elementwise,
     "broadcast_in_dim": _broadcast_in_dim, "iota": _iota, "dim_as_value": _dim_as_value,
     "transpose": _transpose, "squeeze": _squeeze, "reshape": _reshape, "slice": _slice,
+    "pad": _pad,
     "jit": _call, "closed_call": _call, "eval_jaxpr": _call, "call": _call,
     "custom_vjp_call": _custom_vjp,
     # dot_general, gather: packed_contractions.py; custom_jvp_call: packed_custom.py
