@@ -4,8 +4,9 @@ A next-token loss, `jnp.take_along_axis(jax.nn.log_softmax(logits[:-1]),
 targets[1:, None], axis=-1)`, gathers along an axis of size `n - 1`, empty
 for an example of one token. JAX's gather there has slice size 1 along that
 axis, and at a symbolic `n - 1` its check `1 <= n - 1` cannot be proven:
-pj.mask raised pj.MaskingError at every size, a packed pj.vmap too, and the
-padded pj.vmap refused examples of one token (pj.ShapeError), where jax.jit
+pj.mask raised pj.MaskingError at n = 1, a packed pj.vmap whatever the
+lengths, the padded pj.vmap refused examples of one token (pj.ShapeError)
+and pj.jit fell back to jax.jit once sizes varied, where jax.jit
 at n = 1 gives an empty gather (its loss sum 0, its mean NaN). So for
 `take_along_axis(x[1:], idx, axis=0)` (the axis taken from may be empty:
 JAX returns zeros there). `_spellings/along_axis.py` gathers from arrays

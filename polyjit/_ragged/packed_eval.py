@@ -374,10 +374,11 @@ def _slice(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
       out, = _bind(eqn, [x.val], layout)
       return [V(TOKEN, out, a, x.dim)]
     start, stride, limit = p["start_indices"][a], p["strides"], p["limit_indices"][a]
-    if (not jc.is_symbolic_dim(start) and int(start) == 0
-        and (stride is None or int(stride[a]) == 1)):
-      # a prefix (`x[:n - 1]`, JAX proved it no longer than `x`): the same
-      # tokens from each slot's start, the rest of the slot selected to zero
+    if (not jc.is_symbolic_dim(start) and int(start) == 0 and jc.is_symbolic_dim(limit)
+        and (stride is None or int(stride[a]) == 1) and layout.fits(limit)):
+      # a prefix (`x[:n - 1]`, JAX proved it no longer than `x`; `x[:2]` has
+      # no token axis): the same tokens from each slot's start, the rest of
+      # the slot selected to zero
       out, = _bind(eqn, [x.val], layout)
       return [V(TOKEN, layout.select(out, a, limit), a, limit, guarded=True)]
   return _relayout(eqn, invals, layout)

@@ -6,10 +6,11 @@ from, 0 only where that axis's size is the constant 0, and returns zeros
 where the axis it takes from has size 0. At a symbolic size that may be 0
 (`logits[:-1]`, `n - 1`: a next-token loss `jnp.take_along_axis(
 log_softmax(logits[:-1]), targets[1:, None], axis=-1)` on an example of one
-token) JAX's gather check `1 <= n - 1` cannot be proven, so the trace failed
-at every size (pj.mask, a packed pj.vmap) or held from n = 2 on only (the
-padded pj.vmap refused examples of one token), where jax.jit at n = 1 gives
-an empty result.
+token) JAX's gather check `1 <= n - 1` cannot be proven, so the trace held
+from n = 2 on only: pj.mask raised pj.MaskingError at n = 1, the padded
+pj.vmap refused examples of one token (pj.ShapeError), and a packed pj.vmap
+raised pj.MaskingError whatever the lengths, where jax.jit at n = 1 gives an
+empty result.
 
 The replacement gathers from arrays one longer along each such axis: the
 array and the indices padded at the end with one entry (`n - 1 + 1`, a size
