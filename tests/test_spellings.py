@@ -28,6 +28,7 @@ from jax import export, lax
 import polyjit as pj
 from harness import Case, bools, const, ints, make, normal, table_test
 from polyjit import _jax as jc
+from polyjit._spellings import along_axis as _along_axis
 from polyjit._spellings import data_dependent as _data_dependent
 from polyjit._spellings import replacements as _spellings
 from polyjit._spellings import indices as _indices
@@ -227,7 +228,7 @@ def test_patch_targets_exist_in_this_jax():
     replacement = jc.replacement_of(target)  # keyed by the function object itself
     assert replacement in [getattr(m, replacement.__name__, None) for m in (
         _spellings, _data_dependent, _signal_spellings, _indices, _length, _scan_spellings,
-        jc.compile_time)], (module, attr)
+        _along_axis, jc.compile_time)], (module, attr)
   # The private global is the function JAX's digitize and Array method call.
   from jax._src.numpy import lax_numpy
   assert lax_numpy.searchsorted is jnp.searchsorted

@@ -500,7 +500,8 @@ def _compile_time_staging() -> None:
 
 @internal("the functions at swaps.SWAP_SITES (jnp.searchsorted, lax_numpy.searchsorted, "
           "jnp.interp/linspace/diff, lax.fori_loop, jnp.nonzero, lax_numpy.nonzero, "
-          "jnp.flatnonzero/argwhere/where/compress/extract/unique, indexing.rewriting_take)",
+          "jnp.flatnonzero/argwhere/where/compress/extract/unique, indexing.rewriting_take, "
+          "jnp.take_along_axis)",
           SWAPS, "swap", "replaced by exact spellings for the duration of a symbolic trace")
 def _swap_sites() -> None:
   plan = site_plan()
@@ -511,6 +512,11 @@ def _swap_sites() -> None:
   assert _params(ARRAY_GETITEM)[:2] == ["arr", "idx"]
   assert _params(CONV_1D) == ["x", "y", "mode", "op", "precision", "preferred_element_type"]
   assert _params(TRIU_SIZE) == ["n", "m", "k"]
+  # `_spellings/along_axis.py` passes these positionally (and reads the default
+  # of `wrap_negative_indices` where JAX has it)
+  along = by_site[("jax.numpy", "take_along_axis")]
+  assert by_site[("jax._src.numpy.indexing", "take_along_axis")] is along
+  assert _params(along)[:5] == ["arr", "indices", "axis", "mode", "fill_value"], _params(along)
 
 
 @internal("jax.experimental.serialize_executable.serialize/deserialize_and_load; "

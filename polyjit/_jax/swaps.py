@@ -91,6 +91,10 @@ SWAP_SITES: tuple[tuple[str, str], ...] = (
     # Built from a static length / a NumPy array of the sizes (`_spellings/scans.py`).
     ("jax.lax", "associative_scan"),
     ("jax.lax", "index_take"),
+    # At a size that may be 0 (`_spellings/along_axis.py`); JAX's own functions
+    # (`jnp.quantile`, `jnp.linalg.svd`) call it through `indexing`.
+    ("jax.numpy", "take_along_axis"),
+    ("jax._src.numpy.indexing", "take_along_axis"),
 )
 
 _spelling_replacements: dict[Callable[..., Any], Callable[..., Any]] = {}  # JAX's fn -> ours

@@ -102,7 +102,7 @@ _LINEAR = frozenset({
     "concatenate", "pad", "slice", "dynamic_slice", "dynamic_update_slice", "gather",
     "scatter-add", "scatter_add", "reduce_sum", "cumsum", "iota", "dim_as_value",
     "reduce_max", "reduce_min", "argmax", "argmin", "split", "scan", "remat2",
-    "custom_jvp_call"})
+    "custom_jvp_call", "stack", "unstack"})
 #: Transposes multiply by an operand: its padding is zeroed first.
 _FILL = frozenset({"dot_general"})
 #: Evaluated inline, each equation of theirs wrapped on its own.

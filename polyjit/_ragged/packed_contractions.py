@@ -7,8 +7,10 @@ over features) too. A contraction over the tokens of two per-token values
 and sums each token's product per example (a segment sum, as a reduction
 over the tokens is); a wide one, where a token's product would be much
 bigger than its operands, goes one padded row per example through the
-masking rule (`_relayout`). A lookup per token (an embedding) and a gather
-along the other axes (`x[:, 0]`) run straight. Anything else relayouts.
+masking rule (`_relayout`). A lookup per token (an embedding), a gather
+along the other axes (`x[:, 0]`) and one batched over the tokens
+(`jnp.take_along_axis(logp, targets[:, None], axis=-1)`) run straight.
+Anything else relayouts.
 """
 
 from __future__ import annotations
@@ -97,6 +99,20 @@ def _gather(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
         return [V(TOKEN, layout.select(out, out_axis, operand.dim), out_axis, operand.dim,
                   guarded=True)]
       return [V(TOKEN, out, out_axis, operand.dim)]
+  if operand.kind == TOKEN and indices.kind == TOKEN and out_axis is not None:
+    # (`jnp.take_along_axis(x, i, axis=-1)` of per-token `x` and `i`: a
+    # cross-entropy's target logits) the tokens a batch axis of both: each
+    # token's indices read its own entries only, straight on the packed rows
+    dn, sizes = eqn.params["dimension_numbers"], eqn.params["slice_sizes"]
+    ob, ib = tuple(dn.operand_batching_dims), tuple(dn.start_indices_batching_dims)
+    if (operand.axis in ob and indices.axis in ib
+        and ob.index(operand.axis) == ib.index(indices.axis)
+        and str(operand.dim) == str(indices.dim) and int(sizes[operand.axis]) == 1):
+      out, = _bind(eqn, [operand.val, indices.val], layout)
+      # (the tail's indices are 0, in range where the operand has entries; a
+      # fill value there, or a clamp to the tail's zeros, is selected away)
+      return [V(TOKEN, layout.select(out, out_axis, operand.dim), out_axis, operand.dim,
+                guarded=True)]
   return _relayout(eqn, invals, layout)
 
 

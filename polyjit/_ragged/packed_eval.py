@@ -25,7 +25,8 @@ packed rows (`x @ w`); a contraction over `n` of two per-token values
 (`softmax(scores) @ h`) sums each token's product per example, where that
 product is no wider than a few tokens; `iota` along `n` is the position in the
 example. An op that mixes positions along `n` and has no packed rule of its own
-(`cumsum`, `rev`, slices and shifts, concatenation, a contraction over `n`,
+(`cumsum`, `rev`, slices and shifts other than a prefix, concatenation,
+padding other than at the end within the slot, a contraction over `n`,
 sorting, convolutions, gathers) runs through the *masking rule* of its
 primitive (`_masking/rules/`, the same table `pj.mask` uses): its operands are
 gathered into one padded row per example, the masking rule runs `jax.vmap`ped
@@ -326,15 +327,15 @@ def _dim_as_value(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
 
 
 def _position_only(eqn: Any, invals: list[V], layout: Layout, new_axis: Any) -> list[V]:
-  """An op on one TOKEN operand that keeps the token axis whole: bound as is."""
+  """An op on one TOKEN operand that keeps the token axis whole: bound as is
+  (each result, where it has several: `unstack`)."""
   x, = invals
   if x.kind != TOKEN:
     raise Unpackable(eqn, "a per-example operand")
   axis = new_axis(x.axis)
   if axis is None:
     raise Unpackable(eqn, "it moves data along the example's axis")
-  out, = _bind(eqn, [x.val], layout)
-  return [V(TOKEN, out, axis, x.dim)]
+  return [V(TOKEN, out, axis, x.dim) for out in _bind(eqn, [x.val], layout)]
 
 
 def _transpose(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
@@ -372,6 +373,36 @@ def _slice(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
     if whole:
       out, = _bind(eqn, [x.val], layout)
       return [V(TOKEN, out, a, x.dim)]
+    start, stride, limit = p["start_indices"][a], p["strides"], p["limit_indices"][a]
+    if (not jc.is_symbolic_dim(start) and int(start) == 0 and jc.is_symbolic_dim(limit)
+        and (stride is None or int(stride[a]) == 1) and layout.fits(limit)):
+      # a prefix (`x[:n - 1]`, JAX proved it no longer than `x`; `x[:2]` has
+      # no token axis): the same tokens from each slot's start, the rest of
+      # the slot selected to zero
+      out, = _bind(eqn, [x.val], layout)
+      return [V(TOKEN, layout.select(out, a, limit), a, limit, guarded=True)]
+  return _relayout(eqn, invals, layout)
+
+
+def _pad(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
+  """Padding at the end of the tokens (`n - 1` -> `n`), where the result
+  fits each example's slot: the slot's next positions take the padding
+  value, the tokens stay where they are (other axes padded as bound)."""
+  x, value = invals
+  config = [tuple(c) for c in eqn.params["padding_config"]]
+  out_aval = eqn.outvars[0].aval
+  if (x.kind == TOKEN and value.kind == SHARED and _token_axis(out_aval, eqn) == x.axis
+      and not any(jc.is_symbolic_dim(c) for cs in config for c in cs)):
+    lo, hi, interior = (int(c) for c in config[x.axis])
+    dim = out_aval.shape[x.axis]
+    if lo == 0 and interior == 0 and hi >= 0 and layout.fits(dim):
+      config[x.axis] = (0, 0, 0)
+      out, = _bind(eqn, [x.val, value.val], layout,
+                  **dict(eqn.params, padding_config=tuple(config)))
+      fill = lax.broadcast_in_dim(value.val, out.shape, ())
+      out = lax.select(layout.valid_like(out.shape, x.axis, x.dim), out,
+                       layout.select(fill, x.axis, dim))
+      return [V(TOKEN, out, x.axis, dim, guarded=True)]
   return _relayout(eqn, invals, layout)
 
 
@@ -444,7 +475,7 @@ _RELAYOUT = frozenset({
     "conv_general_dilated", "reduce_window_sum", "select_and_gather_add",
     "reduce_sum", "reduce_max", "reduce_min", "argmax", "argmin", "broadcast_in_dim",
     "iota", "transpose", "squeeze", "reshape", "dim_as_value", "one_minus_square",
-    "polynomial", "fft", "scatter-add", *ELEMENTWISE,
+    "polynomial", "fft", "scatter-add", "stack", "unstack", *ELEMENTWISE,
 })
 _ELEMENTWISE = frozenset({*ELEMENTWISE, "one_minus_square", "polynomial"})
 #: Rules that take a loose TOKEN as it is: the elementwise ones (which select it
@@ -519,6 +550,7 @@ _RULES.update({
     "one_minus_square": _elementwise, "polynomial": _elementwise,
     "broadcast_in_dim": _broadcast_in_dim, "iota": _iota, "dim_as_value": _dim_as_value,
     "transpose": _transpose, "squeeze": _squeeze, "reshape": _reshape, "slice": _slice,
+    "pad": _pad,
     "jit": _call, "closed_call": _call, "eval_jaxpr": _call, "call": _call,
     "custom_vjp_call": _custom_vjp,
     # dot_general, gather: packed_contractions.py; custom_jvp_call: packed_custom.py
@@ -536,3 +568,26 @@ def _concatenate(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
 
 
 _RULES["concatenate"] = _concatenate
+
+
+def _stack(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
+  """`jnp.stack` of per-token values along a new axis: the token axis is
+  untouched wherever the new axis goes (before the tokens it only moves the
+  token axis one place on, `(2, tokens, d)`, as a transpose does), so the
+  op binds on the packed rows as it is; the tails' zeros stay zeros."""
+  first, k = invals[0], eqn.params["axis"]
+  if not all(v.kind == TOKEN and v.axis == first.axis and str(v.dim) == str(first.dim)
+             for v in invals):
+    return _relayout(eqn, invals, layout)
+  out, = _bind(eqn, [v.val for v in invals], layout)
+  return [V(TOKEN, out, first.axis + (k <= first.axis), first.dim)]
+
+
+def _unstack(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
+  """`unstack` along an axis other than the tokens' (JAX cannot unstack
+  along a symbolic size): each piece keeps every token."""
+  k = eqn.params["axis"]
+  return _position_only(eqn, invals, layout, lambda a: None if a == k else a - (k < a))
+
+
+_RULES.update({"stack": _stack, "unstack": _unstack})

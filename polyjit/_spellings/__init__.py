@@ -7,4 +7,4 @@ a function is traced for masking; `data_dependent` the selections (`x[x > 0]`,
 replacements with `_jax.register_spellings`; `_masking.trace.trace_flat` imports it
 before its first trace, so no import order is relied on.
 """
-from . import data_dependent, indices, length, replacements, scans, signal  # noqa: F401  (register the replacements used while tracing)
+from . import along_axis, data_dependent, indices, length, replacements, scans, signal  # noqa: F401  (register the replacements used while tracing)
