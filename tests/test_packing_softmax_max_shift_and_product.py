@@ -5,11 +5,10 @@ under `stop_gradient`) with the scores off each example's block -inf before
 the maximum and the difference both, so that XLA reads the scores once for
 the maximum and the `exp`; off the blocks the difference is then NaN in the
 rows whose maximum is not finite (the tail's, a query whose scores are all
--inf, or one NaN). `packed_pairs._quotient_product` computes `softmax(s) @ v`
-as `(e / stop_gradient(z)) @ v` times a factor 1 whose derivative is the
-quotient's in `z`, per token: the backward pass sums no score-sized product.
-Both must keep each example exact: values and gradients against each
-example alone under `jax.jit`, the unused tail of every row NaN and inf,
+-inf, or one NaN). `softmax(s) @ v` is the product of the quotient
+`e / sum(e)` (`packed_pairs._normalize`) with the values, differentiated as
+JAX differentiates it. Both must keep each example exact: values and
+gradients against each example alone under `jax.jit`, the unused tail of every row NaN and inf,
 rows with no finite maximum (all -inf, a NaN, a +inf score) and row sums
 that are 0 or overflow; forward mode and second order too.
 """
@@ -156,13 +155,16 @@ def _pair_sized(var, packed):
   return getattr(var.aval, "shape", ())[-2:] == (packed.row_length, packed.row_length)
 
 
-def test_softmax_derivative_sums_no_score_sized_product():
-  """The row sums' derivative is per token (a product with the result): the
-  only sum over a score-sized array is the forward pass's `sum(e)`."""
+def test_softmax_derivative_sums_one_score_sized_product():
+  """Two sums over a score-sized array: the forward pass's `sum(e)`, and in
+  the backward pass the row sums of `e` times the quotient's cotangent (JAX's
+  softmax derivative sums `p * g` as well; computed per token as
+  `ct . (p @ v)`, its rounding was not JAX's where the softmax saturates:
+  tests/test_packing_saturated_softmax_gradient.py). No other."""
   jaxpr, packed = _packed_grad_jaxpr()
   sums = [e for e in _eqns(jaxpr.jaxpr)
           if e.primitive.name == "reduce_sum" and _pair_sized(e.invars[0], packed)]
-  assert len(sums) == 1, [e.invars[0].aval for e in sums]
+  assert len(sums) == 2, [e.invars[0].aval for e in sums]
 
 
 def test_softmax_exp_takes_the_shifted_scores_unselected():

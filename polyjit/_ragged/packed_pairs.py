@@ -37,10 +37,15 @@ Anything else on a PAIR raises `Unpackable` (the call runs unpacked).
 Softmax along the second axis (`jax.nn.softmax`'s steps) is recognised in
 the jaxpr, so that it costs no more passes over the scores than on a batch
 of padded rows: its max shift selects the scores once, for the maximum and
-the `exp` both, which XLA then fuses (`_shift`); the quotient `e / sum(e)`
-keeps its denominator per token (`_normalize`); and its product with the
-values along that axis keeps the denominator's derivative per token, so
-that the backward pass sums no score-sized product (`_quotient_product`).
+the `exp` both, which XLA then fuses (`_shift`); and the quotient `e / sum(e)`
+keeps its denominator per token (`_normalize`). Its product with the values
+is a block product like any other, and JAX differentiates the quotient:
+the denominator's derivative sums `e * g` over each row (`g` the quotient's
+cotangent), as JAX's softmax sums `p * g`. (Not `ct . (p @ v)` per token, the
+same sum rounded another way: where the softmax saturates, JAX's derivative
+is exactly 0, the one `p` that is 1 taking the same `g` twice, and that
+rounding, times the keys in `q @ k.T`'s derivative, was 8% of the gradient
+at scores of 1e5: tests/test_packing_saturated_softmax_gradient.py.)
 """
 
 from __future__ import annotations
@@ -190,10 +195,6 @@ def _dot_general(eqn: Any, invals: list[V], layout: Layout) -> list[V]:
   out_axis = _token_axis(out_aval, eqn)
   if out_axis is None:
     raise NoPairRule()
-  if pair.quotient is not None and list(pc) == [pair.axis2]:
-    out, factor = _quotient_product(eqn, pair, t, pair is lhs, dn, layout, i, masked)
-    return [V(TOKEN, _from_rows(out, out_axis, layout) * _from_rows(factor, out_axis, layout),
-              out_axis, pair.dim)]
   args = [pair.val, t] if pair is lhs else [t, pair.val]
   out = _block(eqn, args, layout, dn, i, masked)
   return [V(TOKEN, _from_rows(out, out_axis, layout), out_axis, pair.dim)]
@@ -208,44 +209,6 @@ def _block(eqn: Any, args: list[Any], layout: Layout, dn: Any, i: tuple[int, int
   return block_dot(args[0], args[1], _pair_valid(layout), dn, i=i, masked=masked,
                    precision=eqn.params.get("precision"),
                    preferred_element_type=eqn.params.get("preferred_element_type"))
-
-
-def _quotient_product(eqn: Any, pair: V, t: Any, left: bool, dn: Any, layout: Layout,
-                      i: tuple[int, int], masked: tuple[int, int]) -> tuple[Any, Any]:
-  """`softmax(s) @ v` along the second axis of the quotient `e / z`
-  (`_normalize`), per token of its first: `dot(e / stop_gradient(z), v)`
-  times a factor 1 whose derivative is `-dz / z`, the quotient's derivative
-  in `z` summed over the row (`-dz / z**2 * (e @ v)`). The same value and
-  derivative as `dot(e / z, v)`, but JAX's derivative of that sums the
-  product of the quotient's cotangent and `e` over each row: a pass over
-  every score tensor; this one's is a product per token with the result.
-  The factor is 1 with no derivative on a row whose `z` is 0, inf or NaN
-  (its values 0 / 0, or 0, and its derivative NaN, through `e / z` already).
-  Returned apart, `(product, factor)`, both in the rows' layout: the caller
-  multiplies them per token (after `_from_rows`), so that the cotangent of
-  the product reaches its derivative `ct @ v.T` through a transpose, which
-  XLA's CPU compiler lays out for YNNPACK's dot; multiplied here, the
-  cotangent came out of the multiply transposed and the dot ran on Eigen
-  (146 against 107 us per product of the benchmark's attention)."""
-  e, z = pair.quotient
-  fixed = lax.stop_gradient(z)
-  valid = _valid_like(layout, e.shape, pair.axis, pair.axis2)
-  p = lax.select(valid, e / fixed, lax.full_like(e, 0))
-  out = _block(eqn, [p, t] if left else [t, p], layout, dn, i, masked)
-  ok = jnp.isfinite(z) & (z > 0)
-  factor = jnp.where(ok, fixed / jnp.where(ok, z, 1), 1)
-  # the factor's axes (the pair's but the second) where the product puts them:
-  # the batch axes first, then the free axes of the left operand, of the right
-  (pc, tc), (pb, tb) = dn if left else (dn[0][::-1], dn[1][::-1])
-  free = [a for a in range(e.ndim) if a not in pb and a not in pc]
-  before = 0 if left else t.ndim - len(tc) - len(tb)
-  where = {a: (pb.index(a) if a in pb else len(pb) + before + free.index(a))
-           for a in range(e.ndim) if a not in pc}
-  kept = sorted(where, key=lambda a: where[a])
-  factor = lax.transpose(lax.squeeze(factor, tuple(pc)),
-                         [sorted(where).index(a) for a in kept])
-  factor = lax.broadcast_in_dim(factor, out.shape, [where[a] for a in kept])
-  return out, factor.astype(out.dtype)
 
 
 def _one(d: Any) -> bool:
@@ -365,8 +328,7 @@ def _normalize(eqn: Any, invals: list[V], layout: Layout, axis: int, axis2: int)
   result's select hides them and zeroes the cotangent there, and the NaN
   that `0 / z` gives `e`'s cotangent off the blocks stops at the select
   `e`'s `exp` (or `_shift`) took. A tail token's `z` (a sum over no pair: 0)
-  is divided as 1, on the tokens. The result keeps `e` and `z` for a
-  product with the values (`_quotient_product`)."""
+  is divided as 1, on the tokens."""
   num, den = invals
   _same_dims(den, layout)
   z = lax.select(layout.valid_like(den.val.shape, den.axis, den.dim), den.val,
@@ -380,8 +342,7 @@ def _normalize(eqn: Any, invals: list[V], layout: Layout, axis: int, axis2: int)
   # the first axis, `P.T @ v`, would carry to the other examples of the row;
   # and a cotangent there that overflows, `dy_i . v_c` of two examples' large
   # finite numbers, times `e == 0` would be NaN in the token's own `z`)
-  return [V(PAIR, _select(layout, out, axis, axis2), axis, num.dim, axis2, guarded=True,
-            quotient=(num.val, zr))]
+  return [V(PAIR, _select(layout, out, axis, axis2), axis, num.dim, axis2, guarded=True)]
 
 
 def _shifts(eqn: Any, invals: list[V], shape: tuple[int, ...]) -> bool:

@@ -77,8 +77,6 @@ class V:
   # PAIR, loose: softmax's steps along `axis2` (`packed_pairs._shift`): off the blocks "shifted"
   # (`s - max`) is -inf, "exp" 0, both NaN in rows with no finite maximum (a query's all -inf)
   softmax_step: str = ""
-  # PAIR: softmax's `e / z` as (e, z per row) for a product along axis2 (`packed_pairs._normalize`)
-  quotient: Any = None
 
 
 def _token_axis(aval: Any, eqn: Any) -> int | None:
