@@ -146,20 +146,41 @@ def _build(data, **kwargs):
   return batches, (time.perf_counter() - t) / len(data) * 1e3
 
 
-def run_model(name: str, batches: list[list[int]], repeats: int = 3) -> dict:
-  init, one, hand = model(name)
-  params = init(jax.random.PRNGKey(0))
+def example_data(batches: list[list[int]]) -> tuple[list, list]:
+  """Per batch: its examples (random token ids of the batch's lengths), its labels."""
   rng = np.random.default_rng(1)
   data = [[(rng.integers(0, VOCAB, n).astype(np.int32),) for n in b] for b in batches]
   labels = [jnp.asarray(rng.integers(0, 2, len(b)).astype(np.float32)) for b in batches]
-  loss_of = lambda p, batch, y: pj.vmap(lambda p, ex, l: one(p, ex[0], l),
-                                        in_axes=(None, 0, 0))(p, batch, y).mean()
-  grad_step = jax.jit(jax.value_and_grad(loss_of))
+  return data, labels
 
-  @jax.jit
-  def step(params, batch, y):
-    loss, grads = jax.value_and_grad(loss_of)(params, batch, y)
-    return sgd(params, grads), loss
+
+def vmapped_loss(one):
+  """The mean over a batch of `one(params, tokens, label)` under `pj.vmap`."""
+  return lambda p, batch, y: pj.vmap(lambda p, ex, l: one(p, ex[0], l),
+                                     in_axes=(None, 0, 0))(p, batch, y).mean()
+
+
+def training_step(loss):
+  """`jax.jit` of one SGD step on `loss(params, *inputs)`: (new params, loss)."""
+  return jax.jit(lambda p, *x: (lambda lg: (sgd(p, lg[1]), lg[0]))(
+      jax.value_and_grad(loss)(p, *x)))
+
+
+def hand_inputs(packed, labels) -> list:
+  """The hand-packed step's inputs from the planner's layout: tokens, segment
+  ids and positions as (rows, row_length), labels."""
+  rows = lambda b, a: jnp.reshape(a, (b.rows, b.row_length))  # noqa: E731
+  return [(b.data[0], rows(b, b.segments), rows(b, b.positions), y)
+          for b, y in zip(packed, labels, strict=True)]
+
+
+def run_model(name: str, batches: list[list[int]], repeats: int = 3) -> dict:
+  init, one, hand = model(name)
+  params = init(jax.random.PRNGKey(0))
+  data, labels = example_data(batches)
+  loss_of = vmapped_loss(one)
+  grad_step = jax.jit(jax.value_and_grad(loss_of))
+  step = training_step(loss_of)
 
   unpacked, build_unpacked = _build(data)
   packed, build_packed = _build(data, packing=pj.Packing(row_length=ROW))
@@ -187,16 +208,11 @@ def run_model(name: str, batches: list[list[int]], repeats: int = 3) -> dict:
                 "packed": (step, list(zip(packed, labels, strict=True))),
                 "groups": (step, list(zip(grouped, labels, strict=True)))}
   if hand is not None:
-    hand_step = jax.jit(lambda p, *x: (lambda lg: (sgd(p, lg[1]), lg[0]))(
-        jax.value_and_grad(hand)(p, *x)))
-    shape = lambda b, a: jnp.reshape(a, (b.rows, b.row_length))
-    inputs = [(b.data[0], shape(b, b.segments), shape(b, b.positions), y)
-              for b, y in zip(packed, labels, strict=True)]
-    contenders["hand"] = (hand_step, inputs)
+    inputs = hand_inputs(packed, labels)
+    contenders["hand"] = (training_step(hand), inputs)
     # the same hand-packed step compiled a second time: its ratio to `hand`
     # is what the machine's noise alone makes of two identical programs
-    contenders["hand_again"] = (jax.jit(lambda p, *x: (lambda lg: (sgd(p, lg[1]), lg[0]))(
-        jax.value_and_grad(hand)(p, *x))), inputs)
+    contenders["hand_again"] = (training_step(hand), inputs)
     lh, gh = jax.jit(jax.value_and_grad(hand))(params, *inputs[0])
     result["hand_loss_difference"] = float(abs(lh - lp))
     result["hand_grad_max_difference"] = float(max(

@@ -28,8 +28,6 @@ import tempfile
 import warnings
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -47,22 +45,11 @@ def steps(model: str, n_steps: int):
   """{'packed': (step, inputs), 'hand': (step, inputs)} and the parameters."""
   init, one, hand = bench.model(model)
   params = init(jax.random.PRNGKey(0))
-  rng = np.random.default_rng(1)
-  batches = bench.sst2_batches(n_steps, 64)
-  data = [[(rng.integers(0, bench.VOCAB, n).astype(np.int32),) for n in b] for b in batches]
-  labels = [jnp.asarray(rng.integers(0, 2, len(b)).astype(np.float32)) for b in batches]
-  loss = lambda p, batch, y: pj.vmap(lambda p, ex, l: one(p, ex[0], l),  # noqa: E731
-                                     in_axes=(None, 0, 0))(p, batch, y).mean()
-
-  def training(f):
-    return jax.jit(lambda p, *x: (lambda lg: (bench.sgd(p, lg[1]), lg[0]))(
-        jax.value_and_grad(f)(p, *x)))
+  data, labels = bench.example_data(bench.sst2_batches(n_steps, 64))
   packed = [pj.Ragged.from_list(d, packing=pj.Packing(row_length=bench.ROW)) for d in data]
-  rows = lambda b, a: jnp.reshape(a, (b.rows, b.row_length))  # noqa: E731
-  hand_inputs = [(b.data[0], rows(b, b.segments), rows(b, b.positions), y)
-                 for b, y in zip(packed, labels, strict=True)]
-  return {"packed": (training(loss), list(zip(packed, labels, strict=True))),
-          "hand": (training(hand), hand_inputs)}, params
+  return {"packed": (bench.training_step(bench.vmapped_loss(one)),
+                     list(zip(packed, labels, strict=True))),
+          "hand": (bench.training_step(hand), bench.hand_inputs(packed, labels))}, params
 
 
 def warm(step, inputs, params):

@@ -24,6 +24,7 @@ from jax.flatten_util import ravel_pytree
 
 import polyjit as pj
 from harness import nan_padded
+from test_packing_checkpoint import POLICIES, _Block
 
 LENGTHS = (2, 5, 9, 1, 16)
 
@@ -32,12 +33,6 @@ def _block(w, x):
   h = checkpoint_name(jnp.tanh(x @ w), "h")
   return jax.nn.softmax(h @ h.T) @ h + x
 
-
-POLICIES = {
-    "recompute_all": None,
-    "save_tagged": jax.checkpoint_policies.save_only_these_names("h"),
-    "save_products": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
 
 BODIES = {
     "tokens": lambda w, x: jnp.tanh(x @ w) @ w.T + x,
@@ -84,12 +79,6 @@ def test_the_gradient_still_recomputes():
   alone = jax.make_jaxpr(jax.grad(lambda w: model(w, xs[0])))(w)
   assert str(alone).count("= sin ") == 2
   assert str(grad).count("= sin ") == 2
-
-
-class _Block(nn.Module):
-  @nn.compact
-  def __call__(self, x):
-    return x + nn.Dense(3)(jnp.tanh(nn.Dense(3)(x)))
 
 
 def test_flax_remat_block():
