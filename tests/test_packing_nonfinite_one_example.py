@@ -96,22 +96,29 @@ CASES = {
 }
 
 
-def _inputs(where):
+#: Several rows, two marked examples in rows that are neither the first nor
+#: the last (the exact products run only in the rows that are not all finite).
+ROWS_LENGTHS = (14, 12, 9, 5, 2, 11, 4, 13, 3)
+ROWS_MARKED = (5, 7)
+
+
+def _inputs(where, lengths=tuple(LENGTHS), marked=(MARKED,)):
   rng = np.random.default_rng(31)
   w = jnp.asarray(rng.normal(size=(2, 2)).astype(np.float32))
-  xs = [rng.normal(size=(n, 3)).astype(np.float32) for n in LENGTHS]
-  xs[MARKED][where[:2]] = where[2]
+  xs = [rng.normal(size=(n, 3)).astype(np.float32) for n in lengths]
+  for m in marked:
+    xs[m][where[:2]] = where[2]
   return w, xs
 
 
 @functools.cache
-def _alone(name):
+def _alone(name, lengths=tuple(LENGTHS), marked=(MARKED,)):
   """Each example alone under jax.jit: its value, gradient (w, x) and forward
   mode (its NaN are not always reverse mode's). One program per case, which
   the jit and the eager test share (the same inputs: `_inputs`), compiled at
   XLA's default options."""
   fun, where = CASES[name]
-  w, xs = _inputs(where)
+  w, xs = _inputs(where, lengths, marked)
   alone = jax.jit(lambda w, xs: [(fun(w, x), jax.grad(fun, (0, 1))(w, x), jax.jacfwd(fun)(w, x))
                                  for x in xs])(w, xs)
   return jax.tree.map(np.asarray, alone)
@@ -120,10 +127,27 @@ def _alone(name):
 @pytest.mark.parametrize("jit", [True, False], ids=["jit", "eager"])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_one_examples_nonfinite_values_stay_in_that_example(name, jit):
+  _check_as_alone(name, jit, tuple(LENGTHS), (MARKED,))
+
+
+@pytest.mark.parametrize("name", ["values_inf", "keys_inf", "causal", "grad_inside"])
+def test_nonfinite_examples_in_middle_rows_stay_there(name):
+  """Two marked examples in two rows of several, neither the first nor the
+  last: each row's exact product is taken where it is needed, the rows
+  between and around them keep the dense one's values."""
+  _check_as_alone(name, True, ROWS_LENGTHS, ROWS_MARKED)
+
+
+def _check_as_alone(name, jit, lengths, marked):
   fun, where = CASES[name]
-  w, xs = _inputs(where)
+  w, xs = _inputs(where, lengths, marked)
   packed = _poison(pj.Ragged.from_list(xs, packing=pj.Packing(row_length=16)))
   assert packed.rows < len(xs)
+  if len(marked) > 1:   # (the layout the case is about)
+    rows = np.asarray(packed.segments).reshape(packed.rows, -1)
+    where_marked = sorted({int(np.flatnonzero((rows == m).any(axis=1))[0]) for m in marked})
+    assert len(where_marked) == len(marked) and 0 < where_marked[0], where_marked
+    assert where_marked[-1] < packed.rows - 1 and where_marked[1] - where_marked[0] > 1, where_marked
   vmapped = lambda w, data: pj.vmap(fun, in_axes=(None, 0))(w, with_data(packed, data))
   total = lambda w, data: jnp.sum(vmapped(w, data))
 
@@ -139,7 +163,7 @@ def test_one_examples_nonfinite_values_stay_in_that_example(name, jit):
         w, packed.data)
   grads = with_data(packed, grad_x).to_list()
 
-  alone = _alone(name)
+  alone = _alone(name, lengths, marked)
   for i, (value, (dw, dx), fwd) in enumerate(alone):
     np.testing.assert_allclose(values[i], value, rtol=2e-5, atol=2e-5, err_msg=str(i))
     np.testing.assert_allclose(jac_fwd[i], fwd, rtol=1e-4, atol=1e-4, err_msg=str(i))
@@ -148,4 +172,4 @@ def test_one_examples_nonfinite_values_stay_in_that_example(name, jit):
   # the neighbours are finite alone (the case tests a leak), the marked one not
   finite = [bool(np.isfinite(v) and np.isfinite(dw).all() and np.isfinite(dx).all())
             for v, (dw, dx), _ in alone]
-  assert finite == [i != MARKED for i in range(len(xs))], finite
+  assert finite == [i not in marked for i in range(len(xs))], finite
