@@ -13,26 +13,15 @@ values; a NaN cotangent of a query with no key, in the backward pass).
 products are guarded too: JAX's transposes of `dot_general` are the same dense
 products. Each of its token sums (the value where the pair axis `c` is
 contracted, and each transpose that sums over `i` or `c`) runs dense, then,
-only where its *token* operand (the one that is not pairs: `v`, `k`, `q`, a
-cotangent per token) is not all finite, again exactly, row by row, in the
-rows whose result is not all finite (a loop): `_exact` masks the operand
-that holds `c` per `i` (`jax.vmap` over `i`, a select of the valid pairs),
-and the non-finite entries are taken from it. The pair operand is zero off
-the blocks (held there, or a cotangent selected there), so a finite token
-operand leaves nothing to repair, and a contamination is always non-finite.
-An entry that is inf or NaN for its example alone stays what it is there.
-
-What the finite case costs was measured (`benchmarks/packing.py`'s
-attention step on XLA:CPU, against no guard at all): the check is one sum
-of `0 * token` (0 where every entry is finite, NaN where one is not; it
-cannot overflow), read from the operand so that it runs beside the product
-rather than after it; the loop is a `lax.while_loop` that starts past the
-last row and takes no step, which updates the product in place where a
-`lax.cond` returning it would copy it, and it runs on the product in its own
-axis order (a transpose's result in another order would be copied into the
-loop). Under `jax.vmap` of the primitive the whole batch shares the loop
-(`_batch`); a `jax.vmap` of the rules' own JAX, as in `jax.jacrev`, steps
-while any member of the batch has a row to repair, selecting. The transpose to the pair
+only where its result is not all finite (a contamination is always NaN, so a
+finite result is exact), again exactly, row by row and only in the rows
+that are not all finite (a loop): `_exact` masks the operand that holds `c`
+per `i` (`jax.vmap` over `i`, a select of the valid pairs), and the
+non-finite entries are taken from it. An entry that is inf or NaN for its
+example alone stays what it is there. The finite case costs one reduction
+over a per-token result and a branch (`lax.cond`; under `jax.vmap` of the
+primitive the whole batch shares it, `_batch`; a `jax.vmap` of the rules'
+own JAX, as in `jax.jacrev`, makes the branches selects: both run). The transpose to the pair
 operand (`ct_i * v_c`: no token sum, but inf or NaN off the blocks) is
 selected on the valid pairs, which XLA fuses into the op that consumes it.
 The derivatives of the guard's own rules (a second derivative) are JAX's.
@@ -91,29 +80,24 @@ def _exact(x: Any, y: Any, valid: Any, p: dict[str, Any]) -> Any:
   return jax.vmap(one, in_axes=(ia, p["valid_i"]), out_axes=out_i)(ops[io], valid)
 
 
-def _guarded(fast: Any, exact_row: Any, token: Any) -> Any:
-  """`fast` where `token` is all finite (then no pair of two examples made NaN),
-  else, in each leading slice (a row) of `fast` not all finite, its non-finite entries
+def _guarded(fast: Any, exact_row: Any) -> Any:
+  """`fast` where it is all finite (then no pair of two examples made NaN),
+  else, in each leading slice (a row) that is not, its non-finite entries
   from `exact_row(r)`: one row at a time (a loop, so the exact product costs
   a row's work per row hit, and a compiled program's cost analysis counts one
-  row of it, not the batch's).
-
-  `token`: the product's operand per token; all finite, nothing to repair
-  (the module's docstring), and the loop takes no step."""
+  row of it, not the batch's)."""
   if not jnp.issubdtype(fast.dtype, jnp.inexact):
     return fast
-  rows = fast.shape[0]
-  clean = jnp.isfinite(jnp.sum(token * 0))
+  finite = jnp.isfinite(fast)
 
-  def repair(state: tuple[Any, Any]) -> tuple[Any, Any]:
-    r, acc = state
+  def row(r: Any, acc: Any) -> Any:
+    ok = lax.dynamic_index_in_dim(finite, r, keepdims=False)
     old = lax.dynamic_index_in_dim(acc, r, keepdims=False)
-    ok = jnp.isfinite(old)
     new = lax.cond(jnp.all(ok), lambda: old, lambda: jnp.where(ok, old, exact_row(r)))
-    return r + 1, lax.dynamic_update_index_in_dim(acc, new, r, 0)
+    return lax.dynamic_update_index_in_dim(acc, new, r, 0)
 
-  start = jnp.where(clean, rows, 0).astype(np.int32)
-  return lax.while_loop(lambda state: state[0] < rows, repair, (start, fast))[1]
+  return lax.cond(jnp.all(finite), lambda: fast,
+                  lambda: lax.fori_loop(0, fast.shape[0], row, fast))
 
 
 def _one_row(x: Any, y: Any, valid: Any, r: Any, p: dict[str, Any]) -> tuple[Any, ...]:
@@ -144,7 +128,7 @@ def _impl(x: Any, y: Any, valid: Any, **p: Any) -> Any:
   fast = _dot(x, y, p)
   if not _mask_contracted(p):   # (`q @ k.T`: no token sum, the pairs loose)
     return fast
-  return _guarded(fast, lambda r: _exact(*_one_row(x, y, valid, r, p)), (x, y)[p["mask_operand"]])
+  return _guarded(fast, lambda r: _exact(*_one_row(x, y, valid, r, p)))
 
 
 def _abstract(x: Any, y: Any, valid: Any, **p: Any) -> Any:
@@ -175,50 +159,22 @@ def _transpose(ct: Any, x: Any, y: Any, valid: Any, **p: Any) -> list[Any]:
     raise NotImplementedError("block_dot transposed in both operands")
   k = 0 if linear[0] else 1
   aval = (x if linear[0] else y).aval
-  product, order = _transposed_dot(ct, y if k == 0 else x, k, p, aval)
+  struct = jax.ShapeDtypeStruct(aval.shape, aval.dtype)  # type: ignore[no-untyped-call, unused-ignore]
+  def along(f: Any) -> Any:   # the product as a linear function of operand k
+    return (lambda a: f(a, y)) if k == 0 else (lambda b: f(x, b))
+  fast, = jax.linear_transpose(along(lambda a, b: _dot(a, b, p)), struct)(ct)
   if k == p["i_operand"] and _mask_contracted(p):
     # (the pair operand of `P @ v`: `ct_i * v_c` sums no tokens; zero off the blocks)
-    fast = lax.transpose(product, order)
     out = lax.select(_valid_on(valid, p, aval.shape), fast, lax.full_like(fast, 0))
   else:   # (a sum over the tokens `i` or `c` of the other operand)
-    back = tuple(int(a) - 1 for a in np.argsort(order)[1:])   # (a row: operand k's axes -> the product's)
     def exact_row(r: Any) -> Any:
       xr, yr, vr, q = _one_row(x if k else None, y if not k else None, valid, r, p)
       known = yr if k == 0 else xr
       row = jax.ShapeDtypeStruct(aval.shape[1:], aval.dtype)  # type: ignore[no-untyped-call, unused-ignore]
       f = (lambda a: _exact(a, known, vr, q)) if k == 0 else (lambda b: _exact(known, b, vr, q))
-      exact = jax.linear_transpose(f, row)(lax.dynamic_index_in_dim(ct, r, keepdims=False))[0]
-      return lax.transpose(exact, back)
-    # (guarded in the product's own axis order: a loop's operand in another
-    # order would be copied into it)
-    token = ct if _mask_contracted(p) else (y if k == 0 else x)
-    out = lax.transpose(_guarded(product, exact_row, token), order)
+      return jax.linear_transpose(f, row)(lax.dynamic_index_in_dim(ct, r, keepdims=False))[0]
+    out = _guarded(fast, exact_row)
   return [out, None, None] if k == 0 else [None, out, None]
-
-
-def _transposed_dot(ct: Any, known: Any, k: int, p: dict[str, Any],
-                    aval: Any) -> tuple[Any, tuple[int, ...]]:
-  """The product that transposes `dot_general` to operand `k` (of `aval`),
-  `ct` against the other operand `known`, in its own axis order, and the
-  permutation to operand k's axes: what JAX's transpose rule computes,
-  before its transpose."""
-  (lc, rc), (lb, rb) = p["dn"]
-  x_free = _free(np.ndim(known) if k else len(aval.shape), lc, lb)
-  y_free = _free(len(aval.shape) if k else np.ndim(known), rc, rb)
-  batch = tuple(range(len(lb)))
-  lhs_free = tuple(range(len(lb), len(lb) + len(x_free)))
-  rhs_free = tuple(range(len(lb) + len(x_free), np.ndim(ct)))
-  if k == 0:   # ct's rhs-free axes against y's free axes: x's batch, free, contracting
-    dn = ((rhs_free, tuple(y_free)), (batch, tuple(rb)))
-    source = [*lb, *x_free, *(lc[list(rc).index(a)] for a in sorted(rc))]
-  else:
-    dn = ((lhs_free, tuple(x_free)), (batch, tuple(lb)))
-    source = [*rb, *y_free, *(rc[list(lc).index(a)] for a in sorted(lc))]
-  product = lax.dot_general(ct, known, dn, precision=p["precision"],
-                            preferred_element_type=p["preferred_element_type"])
-  if product.dtype != aval.dtype:
-    product = lax.convert_element_type(product, aval.dtype)
-  return product, tuple(source.index(a) for a in range(len(aval.shape)))
 
 
 def _valid_on(valid: Any, p: dict[str, Any], shape: Any) -> Any:
