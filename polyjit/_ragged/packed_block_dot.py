@@ -25,10 +25,17 @@ own JAX, as in `jax.jacrev`, makes the branches selects: both run). The transpos
 operand (`ct_i * v_c`: no token sum, but inf or NaN off the blocks) is
 selected on the valid pairs, which XLA fuses into the op that consumes it.
 The derivatives of the guard's own rules (a second derivative) are JAX's.
+
+The JVP of a product in both operands, `dx @ y + x @ dy`, is a primitive of
+its own (`block_dot_tangent_p`), so that its transpose, the two cotangents
+(`q @ k.T`'s `ct_s @ k` and `ct_s.T @ q`), shares one check and one branch
+(`_guarded_together`): a branch costs a training step more than the check
+does (`benchmarks/packing_guard_cost.py`).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -86,18 +93,39 @@ def _guarded(fast: Any, exact_row: Any) -> Any:
   from `exact_row(r)`: one row at a time (a loop, so the exact product costs
   a row's work per row hit, and a compiled program's cost analysis counts one
   row of it, not the batch's)."""
-  if not jnp.issubdtype(fast.dtype, jnp.inexact):
-    return fast
-  finite = jnp.isfinite(fast)
+  out, = _guarded_together([(fast, exact_row)])
+  return out
 
+
+def _guarded_together(products: list[tuple[Any, Any]]) -> list[Any]:
+  """`_guarded` of several products `(fast, exact_row)` behind one check and
+  one branch: a branch costs a training step more than its check does
+  (`benchmarks/packing_guard_cost.py`), and a transpose in both operands
+  (`q @ k.T`'s `ct_s @ k` and `ct_s.T @ q`) needs two products."""
+  outs = [fast for fast, _ in products]
+  guarded = [i for i, fast in enumerate(outs) if jnp.issubdtype(fast.dtype, jnp.inexact)]
+  if not guarded:
+    return outs
+  finite = {i: jnp.isfinite(outs[i]) for i in guarded}
+  clean = functools.reduce(jnp.logical_and, [jnp.all(finite[i]) for i in guarded])
+  repaired = lax.cond(clean, lambda: tuple(outs[i] for i in guarded),
+                      lambda: tuple(_repaired(outs[i], finite[i], products[i][1])
+                                    for i in guarded))
+  for i, out in zip(guarded, repaired, strict=True):
+    outs[i] = out
+  return outs
+
+
+def _repaired(fast: Any, finite: Any, exact_row: Any) -> Any:
+  """`fast` with the non-finite entries of each row that has one from
+  `exact_row(r)`."""
   def row(r: Any, acc: Any) -> Any:
     ok = lax.dynamic_index_in_dim(finite, r, keepdims=False)
     old = lax.dynamic_index_in_dim(acc, r, keepdims=False)
     new = lax.cond(jnp.all(ok), lambda: old, lambda: jnp.where(ok, old, exact_row(r)))
     return lax.dynamic_update_index_in_dim(acc, new, r, 0)
 
-  return lax.cond(jnp.all(finite), lambda: fast,
-                  lambda: lax.fori_loop(0, fast.shape[0], row, fast))
+  return lax.fori_loop(0, fast.shape[0], row, fast)
 
 
 def _one_row(x: Any, y: Any, valid: Any, r: Any, p: dict[str, Any]) -> tuple[Any, ...]:
@@ -141,6 +169,9 @@ def _jvp(primals: Any, tangents: Any, **p: Any) -> tuple[Any, Any]:
   x, y, valid = primals
   dx, dy, _ = tangents
   out = block_dot_p.bind(x, y, valid, **p)
+  if not jc.is_zero_tangent(dx) and not jc.is_zero_tangent(dy):
+    # (one primitive: its transpose guards both cotangents behind one branch)
+    return out, block_dot_tangent_p.bind(dx, dy, x, y, valid, **p)
   terms = []
   if not jc.is_zero_tangent(dx):
     terms.append(block_dot_p.bind(dx, y, valid, **p))
@@ -158,23 +189,32 @@ def _transpose(ct: Any, x: Any, y: Any, valid: Any, **p: Any) -> list[Any]:
       return [None, None, None]
     raise NotImplementedError("block_dot transposed in both operands")
   k = 0 if linear[0] else 1
-  aval = (x if linear[0] else y).aval
+  fast, exact_row = _transposed(ct, x, y, valid, k, p)
+  out = fast if exact_row is None else _guarded(fast, exact_row)
+  return [out, None, None] if k == 0 else [None, out, None]
+
+
+def _transposed(ct: Any, x: Any, y: Any, valid: Any, k: int,
+                p: dict[str, Any]) -> tuple[Any, Any]:
+  """The cotangent of operand `k` (the linear one) as its dense product and
+  the exact rows to guard it with (`_guarded`), or None where no guard is
+  needed."""
+  aval = (x if k == 0 else y).aval
   struct = jax.ShapeDtypeStruct(aval.shape, aval.dtype)  # type: ignore[no-untyped-call, unused-ignore]
   def along(f: Any) -> Any:   # the product as a linear function of operand k
     return (lambda a: f(a, y)) if k == 0 else (lambda b: f(x, b))
   fast, = jax.linear_transpose(along(lambda a, b: _dot(a, b, p)), struct)(ct)
   if k == p["i_operand"] and _mask_contracted(p):
     # (the pair operand of `P @ v`: `ct_i * v_c` sums no tokens; zero off the blocks)
-    out = lax.select(_valid_on(valid, p, aval.shape), fast, lax.full_like(fast, 0))
-  else:   # (a sum over the tokens `i` or `c` of the other operand)
-    def exact_row(r: Any) -> Any:
-      xr, yr, vr, q = _one_row(x if k else None, y if not k else None, valid, r, p)
-      known = yr if k == 0 else xr
-      row = jax.ShapeDtypeStruct(aval.shape[1:], aval.dtype)  # type: ignore[no-untyped-call, unused-ignore]
-      f = (lambda a: _exact(a, known, vr, q)) if k == 0 else (lambda b: _exact(known, b, vr, q))
-      return jax.linear_transpose(f, row)(lax.dynamic_index_in_dim(ct, r, keepdims=False))[0]
-    out = _guarded(fast, exact_row)
-  return [out, None, None] if k == 0 else [None, out, None]
+    return lax.select(_valid_on(valid, p, aval.shape), fast, lax.full_like(fast, 0)), None
+  # (a sum over the tokens `i` or `c` of the other operand)
+  def exact_row(r: Any) -> Any:
+    xr, yr, vr, q = _one_row(x if k else None, y if not k else None, valid, r, p)
+    known = yr if k == 0 else xr
+    row = jax.ShapeDtypeStruct(aval.shape[1:], aval.dtype)  # type: ignore[no-untyped-call, unused-ignore]
+    f = (lambda a: _exact(a, known, vr, q)) if k == 0 else (lambda b: _exact(known, b, vr, q))
+    return jax.linear_transpose(f, row)(lax.dynamic_index_in_dim(ct, r, keepdims=False))[0]
+  return fast, exact_row
 
 
 def _valid_on(valid: Any, p: dict[str, Any], shape: Any) -> Any:
@@ -197,14 +237,22 @@ def _valid_on(valid: Any, p: dict[str, Any], shape: Any) -> Any:
 def _batch(args: Any, dims: Any, **p: Any) -> tuple[Any, int]:
   """`jax.vmap` of the primitive: the batch a leading batch axis of the
   product (the unbatched operand broadcast), one guard for the whole batch."""
-  x, y, valid = args
-  bx, by, bv = dims
+  (x, y), valid, q = _batched(args, dims, p)
+  return block_dot_p.bind(x, y, valid, **q), 0
+
+
+def _batched(args: Any, dims: Any, p: dict[str, Any]) -> tuple[list[Any], Any, dict[str, Any]]:
+  """The operands (every argument but the last, `valid`) with the batch
+  axis first (an unbatched one broadcast), `valid`, and the params of the
+  product with that leading batch axis."""
+  *operands, valid = args
+  *operand_dims, bv = dims
   size = next(np.shape(a)[d] for a, d in zip(args, dims, strict=True) if d is not None)
   def front(a: Any, d: Any) -> Any:
     if d is None:
       return jnp.broadcast_to(a[None], (size, *np.shape(a)))
     return jnp.moveaxis(a, d, 0)
-  x, y = front(x, bx), front(y, by)
+  operands = [front(a, d) for a, d in zip(operands, operand_dims, strict=True)]
   def up(axes: Any) -> tuple[int, ...]:
     return tuple(a + 1 for a in axes)
   (lc, rc), (lb, rb) = p["dn"]
@@ -215,11 +263,58 @@ def _batch(args: Any, dims: Any, **p: Any) -> tuple[Any, int]:
   else:
     valid = jnp.moveaxis(valid, bv, 0)
     q.update(valid_i=p["valid_i"] + 1, mask_dims=(0, *up(p["mask_dims"])))
-  return block_dot_p.bind(x, y, valid, **q), 0
+  return operands, valid, q
 
 
 block_dot_p = jc.ruled_primitive("polyjit_packed_block_dot", _impl, _abstract, _jvp,
                                  _transpose, _batch)
+
+
+# --- the tangent of both operands: `dx @ y + x @ dy` --------------------------
+
+def _tangent_impl(dx: Any, dy: Any, x: Any, y: Any, valid: Any, **p: Any) -> Any:
+  return _impl(dx, y, valid, **p) + _impl(x, dy, valid, **p)
+
+
+def _tangent_abstract(dx: Any, dy: Any, x: Any, y: Any, valid: Any, **p: Any) -> Any:
+  return _abstract(x, y, valid, **p)
+
+
+def _tangent_jvp(primals: Any, tangents: Any, **p: Any) -> tuple[Any, Any]:
+  """A second derivative: `d(dx @ y + x @ dy)`, term by term."""
+  dx, dy, x, y, valid = primals
+  tdx, tdy, tx, ty, _ = tangents
+  out = block_dot_tangent_p.bind(dx, dy, x, y, valid, **p)
+  terms = [block_dot_p.bind(a, b, valid, **p)
+           for a, b in ((tdx, y), (x, tdy), (tx, dy), (dx, ty))
+           if not jc.is_zero_tangent(a) and not jc.is_zero_tangent(b)]
+  if not terms:
+    return out, jc.instantiate_zeros(tdx, out)
+  return out, functools.reduce(lambda a, b: a + b, terms)
+
+
+def _tangent_transpose(ct: Any, dx: Any, dy: Any, x: Any, y: Any, valid: Any,
+                       **p: Any) -> list[Any]:
+  """Both cotangents, their token sums guarded behind one branch."""
+  if jc.is_zero_tangent(ct):
+    return [None] * 5
+  if jc.is_undefined_primal(x) or jc.is_undefined_primal(y):
+    raise NotImplementedError("block_dot's tangent transposed in a primal operand")
+  products = [_transposed(ct, d, y, valid, 0, p) if k == 0 else _transposed(ct, x, d, valid, 1, p)
+              for k, d in enumerate((dx, dy)) if jc.is_undefined_primal(d)]
+  sums = iter(_guarded_together([(f, e) for f, e in products if e is not None]))
+  outs = iter([f if e is None else next(sums) for f, e in products])
+  return [next(outs) if jc.is_undefined_primal(d) else None for d in (dx, dy)] + [None] * 3
+
+
+def _tangent_batch(args: Any, dims: Any, **p: Any) -> tuple[Any, int]:
+  operands, valid, q = _batched(args, dims, p)
+  return block_dot_tangent_p.bind(*operands, valid, **q), 0
+
+
+block_dot_tangent_p = jc.ruled_primitive("polyjit_packed_block_dot_tangent", _tangent_impl,
+                                         _tangent_abstract, _tangent_jvp, _tangent_transpose,
+                                         _tangent_batch)
 
 
 def block_dot(x: Any, y: Any, valid: Any, dn: Any, *, i: tuple[int, int],
