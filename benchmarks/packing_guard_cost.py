@@ -20,6 +20,10 @@ their passes interleaved in a rotated order:
   no_guard    every guard replaced by the dense product alone (NOT exact
               where a value is inf or NaN: a diagnostic of the guard's cost,
               not a mode polyjit offers)
+  hand_branches  the hand-packed step with as many branches as the packed
+              one has guards, each on one of its largest parameters (a
+              `lax.cond` on that parameter's finiteness, returning it): what
+              the branches alone cost a program without polyjit
   hand        the hand-packed step with segment ids (the Grain/MaxText way)
 
 Printed and written (`--out`): per contender its per-pass median ratio to
@@ -70,6 +74,21 @@ VARIANTS = {"packed": lambda: SHIPPED, "one_guard": lambda: _first_kept(1),
             "no_guard": lambda: (lambda products: [fast for fast, _ in products])}
 
 
+#: Guards per training step of the attention model (the module docstring).
+BRANCHES = 6
+
+
+def with_branches(loss: Any, count: int) -> Any:
+  """`loss` with `count` of its largest parameters passed through a branch."""
+  def branched(params: Any, *inputs: Any) -> Any:
+    leaves, tree = jax.tree.flatten(params)
+    for i in sorted(range(len(leaves)), key=lambda i: -leaves[i].size)[:count]:
+      leaf = leaves[i]
+      leaves[i] = lax.cond(jnp.all(jnp.isfinite(leaf)), lambda: leaf, lambda: leaf * 2)
+    return loss(jax.tree.unflatten(tree, leaves), *inputs)
+  return branched
+
+
 def main(argv: list[str] | None = None) -> dict:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--model", default="attention", choices=("attention",))
@@ -90,8 +109,11 @@ def main(argv: list[str] | None = None) -> dict:
       steps[name] = (step, inputs)
   finally:
     packed_block_dot._guarded_together = SHIPPED
-  steps["hand"] = (bench.training_step(hand), bench.hand_inputs(packed, labels))
-  bench.timed(steps["hand"][0], params, steps["hand"][1])   # compiled, warm
+  hand_inputs = bench.hand_inputs(packed, labels)
+  steps["hand_branches"] = (bench.training_step(with_branches(hand, BRANCHES)), hand_inputs)
+  steps["hand"] = (bench.training_step(hand), hand_inputs)
+  for name in ("hand_branches", "hand"):
+    bench.timed(steps[name][0], params, hand_inputs)   # compiled, warm
   names = list(steps)
   times: dict[str, list] = {k: [] for k in names}
   for rep in range(args.repeats):
@@ -103,7 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
     for i, kind in enumerate(("wall", "cpu")):
       out[f"{k}_over_hand_{kind}"] = statistics.median(
           a[i] / b[i] for a, b in zip(times[k], times["hand"], strict=True))
-    print(f"{k:10s} / hand: wall {out[f'{k}_over_hand_wall']:.3f}, "
+    print(f"{k:13s} / hand: wall {out[f'{k}_over_hand_wall']:.3f}, "
           f"CPU {out[f'{k}_over_hand_cpu']:.3f}")
   if args.out:
     with open(args.out, "w") as f:
