@@ -24,18 +24,16 @@ primitive the whole batch shares it, `_batch`; a `jax.vmap` of the rules'
 own JAX, as in `jax.jacrev`, makes the branches selects: both run). The transpose to the pair
 operand (`ct_i * v_c`: no token sum, but inf or NaN off the blocks) is
 selected on the valid pairs, which XLA fuses into the op that consumes it.
-The derivatives of the guard's own rules (a second derivative) are JAX's.
-
-The JVP of a product in both operands, `dx @ y + x @ dy`, is a primitive of
-its own (`block_dot_tangent_p`), so that its transpose, the two cotangents
-(`q @ k.T`'s `ct_s @ k` and `ct_s.T @ q`), shares one check and one branch
-(`_guarded_together`): a branch costs a training step more than the check
-does (`benchmarks/packing_guard_cost.py`).
+A transpose that sums over tokens is a `block_dot` itself (the cotangent
+against the other operand, in that product's own axis order, then
+transposed), so a second derivative is block_dot's too: guarded on its own
+(a tangent that is not finite where its primal is, `sqrt` at 0, which a
+repair decided on the primal product missed:
+tests/test_packing_second_derivatives.py).
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
@@ -93,39 +91,18 @@ def _guarded(fast: Any, exact_row: Any) -> Any:
   from `exact_row(r)`: one row at a time (a loop, so the exact product costs
   a row's work per row hit, and a compiled program's cost analysis counts one
   row of it, not the batch's)."""
-  out, = _guarded_together([(fast, exact_row)])
-  return out
+  if not jnp.issubdtype(fast.dtype, jnp.inexact):
+    return fast
+  finite = jnp.isfinite(fast)
 
-
-def _guarded_together(products: list[tuple[Any, Any]]) -> list[Any]:
-  """`_guarded` of several products `(fast, exact_row)` behind one check and
-  one branch: a branch costs a training step more than its check does
-  (`benchmarks/packing_guard_cost.py`), and a transpose in both operands
-  (`q @ k.T`'s `ct_s @ k` and `ct_s.T @ q`) needs two products."""
-  outs = [fast for fast, _ in products]
-  guarded = [i for i, fast in enumerate(outs) if jnp.issubdtype(fast.dtype, jnp.inexact)]
-  if not guarded:
-    return outs
-  finite = {i: jnp.isfinite(outs[i]) for i in guarded}
-  clean = functools.reduce(jnp.logical_and, [jnp.all(finite[i]) for i in guarded])
-  repaired = lax.cond(clean, lambda: tuple(outs[i] for i in guarded),
-                      lambda: tuple(_repaired(outs[i], finite[i], products[i][1])
-                                    for i in guarded))
-  for i, out in zip(guarded, repaired, strict=True):
-    outs[i] = out
-  return outs
-
-
-def _repaired(fast: Any, finite: Any, exact_row: Any) -> Any:
-  """`fast` with the non-finite entries of each row that has one from
-  `exact_row(r)`."""
   def row(r: Any, acc: Any) -> Any:
     ok = lax.dynamic_index_in_dim(finite, r, keepdims=False)
     old = lax.dynamic_index_in_dim(acc, r, keepdims=False)
     new = lax.cond(jnp.all(ok), lambda: old, lambda: jnp.where(ok, old, exact_row(r)))
     return lax.dynamic_update_index_in_dim(acc, new, r, 0)
 
-  return lax.fori_loop(0, fast.shape[0], row, fast)
+  return lax.cond(jnp.all(finite), lambda: fast,
+                  lambda: lax.fori_loop(0, fast.shape[0], row, fast))
 
 
 def _one_row(x: Any, y: Any, valid: Any, r: Any, p: dict[str, Any]) -> tuple[Any, ...]:
@@ -169,9 +146,6 @@ def _jvp(primals: Any, tangents: Any, **p: Any) -> tuple[Any, Any]:
   x, y, valid = primals
   dx, dy, _ = tangents
   out = block_dot_p.bind(x, y, valid, **p)
-  if not jc.is_zero_tangent(dx) and not jc.is_zero_tangent(dy):
-    # (one primitive: its transpose guards both cotangents behind one branch)
-    return out, block_dot_tangent_p.bind(dx, dy, x, y, valid, **p)
   terms = []
   if not jc.is_zero_tangent(dx):
     terms.append(block_dot_p.bind(dx, y, valid, **p))
@@ -189,32 +163,84 @@ def _transpose(ct: Any, x: Any, y: Any, valid: Any, **p: Any) -> list[Any]:
       return [None, None, None]
     raise NotImplementedError("block_dot transposed in both operands")
   k = 0 if linear[0] else 1
-  fast, exact_row = _transposed(ct, x, y, valid, k, p)
-  out = fast if exact_row is None else _guarded(fast, exact_row)
+  aval = (x if linear[0] else y).aval
+  known = y if k == 0 else x
+  dn, order = _transposed_dn(np.ndim(ct), np.ndim(known), k, p, len(aval.shape))
+  if k == p["i_operand"] and _mask_contracted(p):
+    # (the pair operand of `P @ v`: `ct_i * v_c` sums no tokens; zero off the blocks)
+    fast = lax.transpose(_convert(_dot(ct, known, dict(p, dn=dn)), aval), order)
+    out = lax.select(_valid_on(valid, p, aval.shape), fast, lax.full_like(fast, 0))
+  else:
+    # (a sum over the tokens `i` or `c` of the other operand: a block product
+    # itself, guarded, whose derivatives are block_dot's own: a second
+    # derivative is guarded too, where JAX's of the guard's rules is not)
+    ranks = (len(aval.shape), np.ndim(known)) if k == 0 else (np.ndim(known), len(aval.shape))
+    product = block_dot_p.bind(ct, known, valid, **_transposed_params(p, k, dn, ranks))
+    out = lax.transpose(_convert(product, aval), order)
   return [out, None, None] if k == 0 else [None, out, None]
 
 
-def _transposed(ct: Any, x: Any, y: Any, valid: Any, k: int,
-                p: dict[str, Any]) -> tuple[Any, Any]:
-  """The cotangent of operand `k` (the linear one) as its dense product and
-  the exact rows to guard it with (`_guarded`), or None where no guard is
-  needed."""
-  aval = (x if k == 0 else y).aval
-  struct = jax.ShapeDtypeStruct(aval.shape, aval.dtype)  # type: ignore[no-untyped-call, unused-ignore]
-  def along(f: Any) -> Any:   # the product as a linear function of operand k
-    return (lambda a: f(a, y)) if k == 0 else (lambda b: f(x, b))
-  fast, = jax.linear_transpose(along(lambda a, b: _dot(a, b, p)), struct)(ct)
-  if k == p["i_operand"] and _mask_contracted(p):
-    # (the pair operand of `P @ v`: `ct_i * v_c` sums no tokens; zero off the blocks)
-    return lax.select(_valid_on(valid, p, aval.shape), fast, lax.full_like(fast, 0)), None
-  # (a sum over the tokens `i` or `c` of the other operand)
-  def exact_row(r: Any) -> Any:
-    xr, yr, vr, q = _one_row(x if k else None, y if not k else None, valid, r, p)
-    known = yr if k == 0 else xr
-    row = jax.ShapeDtypeStruct(aval.shape[1:], aval.dtype)  # type: ignore[no-untyped-call, unused-ignore]
-    f = (lambda a: _exact(a, known, vr, q)) if k == 0 else (lambda b: _exact(known, b, vr, q))
-    return jax.linear_transpose(f, row)(lax.dynamic_index_in_dim(ct, r, keepdims=False))[0]
-  return fast, exact_row
+def _convert(product: Any, aval: Any) -> Any:
+  return product if product.dtype == aval.dtype else lax.convert_element_type(product, aval.dtype)
+
+
+def _transposed_dn(ct_ndim: int, known_ndim: int, k: int, p: dict[str, Any],
+                   ndim: int) -> tuple[Any, tuple[int, ...]]:
+  """The dimension numbers of the product that transposes `dot_general` to
+  operand `k` (of `ndim` axes), `ct` against the other operand, in its own
+  axis order, and the permutation to operand k's axes: what JAX's transpose
+  rule computes, before its transpose."""
+  (lc, rc), (lb, rb) = p["dn"]
+  x_free = _free(known_ndim if k else ndim, lc, lb)
+  y_free = _free(ndim if k else known_ndim, rc, rb)
+  batch = tuple(range(len(lb)))
+  lhs_free = tuple(range(len(lb), len(lb) + len(x_free)))
+  rhs_free = tuple(range(len(lb) + len(x_free), ct_ndim))
+  if k == 0:   # ct's rhs-free axes against y's free axes: x's batch, free, contracting
+    dn = ((rhs_free, tuple(y_free)), (batch, tuple(rb)))
+    source = [*lb, *x_free, *(lc[list(rc).index(a)] for a in sorted(rc))]
+  else:
+    dn = ((lhs_free, tuple(x_free)), (batch, tuple(lb)))
+    source = [*rb, *y_free, *(rc[list(lc).index(a)] for a in sorted(lc))]
+  return dn, tuple(source.index(a) for a in range(ndim))
+
+
+def _transposed_params(p: dict[str, Any], k: int, dn: Any, ranks: tuple[int, int]
+                       ) -> dict[str, Any]:
+  """block_dot's params for the product of `ct` (operand 0) and the operand
+  other than `k` (operand 1), of `dn`, that sums over tokens: its free token
+  (`i`), the token it sums over (`masked`), and where `valid`'s axes lie.
+  `valid` pairs the original `i` (its axis `valid_i`) with the tokens of the
+  original mask operand (its batch axes and mask axis: `mask_dims`); the
+  pairs are symmetric, so either token may be the new `i`."""
+  io, ia, mo, ma, vi = (p["i_operand"], p["i_axis"], p["mask_operand"], p["mask_axis"],
+                        p["valid_i"])
+  (lc, rc), (lb, rb) = p["dn"]
+  batches, contracting = (lb, rb), (lc, rc)
+  def in_ct(operand: int, axis: int) -> int:   # a free axis of an operand, in ct
+    return _out_axis([range(ranks[0]), range(ranks[1])], p, operand, axis)
+  rest = [d for d in range(len(p["mask_dims"]) + 1) if d != vi]
+  on_mask = dict(zip(rest, p["mask_dims"], strict=True))   # valid's axes: the mask operand's
+  c_dim = next(d for d in rest if on_mask[d] == ma)   # (valid's axis of the summed token)
+  if _mask_contracted(p):   # `P.T @ ct` (k the mask operand): ct's `i` summed, P's `c` free
+    new_vi = c_dim
+    dims = {d: list(batches[mo]).index(on_mask[d]) for d in rest if d != c_dim}
+    dims[vi] = in_ct(io, ia)
+    i = (1, int(contracting[io][list(contracting[mo]).index(ma)]))
+    masked = (0, in_ct(io, ia))
+  elif k == io:   # `ct_s @ k`: the pairs' `c` summed with k's tokens, `i` free
+    new_vi = vi
+    dims = dict(on_mask)
+    i, masked = (0, in_ct(io, ia)), (1, ma)
+  else:   # `ct_s.T @ q`: the pairs' `i` summed with q's tokens, `c` free (the new `i`)
+    new_vi = c_dim
+    dims = {d: int(batches[io][list(batches[mo]).index(on_mask[d])]) for d in rest
+            if d != c_dim}
+    dims[vi] = ia
+    i, masked = (0, in_ct(mo, ma)), (1, ia)
+  mask_dims = tuple(dims[d] for d in range(len(rest) + 1) if d != new_vi)
+  return dict(p, dn=dn, i_operand=i[0], i_axis=i[1], mask_operand=masked[0],
+              mask_axis=masked[1], valid_i=new_vi, mask_dims=mask_dims)
 
 
 def _valid_on(valid: Any, p: dict[str, Any], shape: Any) -> Any:
@@ -237,22 +263,14 @@ def _valid_on(valid: Any, p: dict[str, Any], shape: Any) -> Any:
 def _batch(args: Any, dims: Any, **p: Any) -> tuple[Any, int]:
   """`jax.vmap` of the primitive: the batch a leading batch axis of the
   product (the unbatched operand broadcast), one guard for the whole batch."""
-  (x, y), valid, q = _batched(args, dims, p)
-  return block_dot_p.bind(x, y, valid, **q), 0
-
-
-def _batched(args: Any, dims: Any, p: dict[str, Any]) -> tuple[list[Any], Any, dict[str, Any]]:
-  """The operands (every argument but the last, `valid`) with the batch
-  axis first (an unbatched one broadcast), `valid`, and the params of the
-  product with that leading batch axis."""
-  *operands, valid = args
-  *operand_dims, bv = dims
+  x, y, valid = args
+  bx, by, bv = dims
   size = next(np.shape(a)[d] for a, d in zip(args, dims, strict=True) if d is not None)
   def front(a: Any, d: Any) -> Any:
     if d is None:
       return jnp.broadcast_to(a[None], (size, *np.shape(a)))
     return jnp.moveaxis(a, d, 0)
-  operands = [front(a, d) for a, d in zip(operands, operand_dims, strict=True)]
+  x, y = front(x, bx), front(y, by)
   def up(axes: Any) -> tuple[int, ...]:
     return tuple(a + 1 for a in axes)
   (lc, rc), (lb, rb) = p["dn"]
@@ -263,58 +281,11 @@ def _batched(args: Any, dims: Any, p: dict[str, Any]) -> tuple[list[Any], Any, d
   else:
     valid = jnp.moveaxis(valid, bv, 0)
     q.update(valid_i=p["valid_i"] + 1, mask_dims=(0, *up(p["mask_dims"])))
-  return operands, valid, q
+  return block_dot_p.bind(x, y, valid, **q), 0
 
 
 block_dot_p = jc.ruled_primitive("polyjit_packed_block_dot", _impl, _abstract, _jvp,
                                  _transpose, _batch)
-
-
-# --- the tangent of both operands: `dx @ y + x @ dy` --------------------------
-
-def _tangent_impl(dx: Any, dy: Any, x: Any, y: Any, valid: Any, **p: Any) -> Any:
-  return _impl(dx, y, valid, **p) + _impl(x, dy, valid, **p)
-
-
-def _tangent_abstract(dx: Any, dy: Any, x: Any, y: Any, valid: Any, **p: Any) -> Any:
-  return _abstract(x, y, valid, **p)
-
-
-def _tangent_jvp(primals: Any, tangents: Any, **p: Any) -> tuple[Any, Any]:
-  """A second derivative: `d(dx @ y + x @ dy)`, term by term."""
-  dx, dy, x, y, valid = primals
-  tdx, tdy, tx, ty, _ = tangents
-  out = block_dot_tangent_p.bind(dx, dy, x, y, valid, **p)
-  terms = [block_dot_p.bind(a, b, valid, **p)
-           for a, b in ((tdx, y), (x, tdy), (tx, dy), (dx, ty))
-           if not jc.is_zero_tangent(a) and not jc.is_zero_tangent(b)]
-  if not terms:
-    return out, jc.instantiate_zeros(tdx, out)
-  return out, functools.reduce(lambda a, b: a + b, terms)
-
-
-def _tangent_transpose(ct: Any, dx: Any, dy: Any, x: Any, y: Any, valid: Any,
-                       **p: Any) -> list[Any]:
-  """Both cotangents, their token sums guarded behind one branch."""
-  if jc.is_zero_tangent(ct):
-    return [None] * 5
-  if jc.is_undefined_primal(x) or jc.is_undefined_primal(y):
-    raise NotImplementedError("block_dot's tangent transposed in a primal operand")
-  products = [_transposed(ct, d, y, valid, 0, p) if k == 0 else _transposed(ct, x, d, valid, 1, p)
-              for k, d in enumerate((dx, dy)) if jc.is_undefined_primal(d)]
-  sums = iter(_guarded_together([(f, e) for f, e in products if e is not None]))
-  outs = iter([f if e is None else next(sums) for f, e in products])
-  return [next(outs) if jc.is_undefined_primal(d) else None for d in (dx, dy)] + [None] * 3
-
-
-def _tangent_batch(args: Any, dims: Any, **p: Any) -> tuple[Any, int]:
-  operands, valid, q = _batched(args, dims, p)
-  return block_dot_tangent_p.bind(*operands, valid, **q), 0
-
-
-block_dot_tangent_p = jc.ruled_primitive("polyjit_packed_block_dot_tangent", _tangent_impl,
-                                         _tangent_abstract, _tangent_jvp, _tangent_transpose,
-                                         _tangent_batch)
 
 
 def block_dot(x: Any, y: Any, valid: Any, dn: Any, *, i: tuple[int, int],

@@ -1,21 +1,18 @@
-"""`q @ k.T` differentiated in both operands: one guard for both cotangents.
+"""Packed attention differentiated in both operands of `q @ k.T`, against each example alone.
 
 A packed attention product's token sums are guarded (a check, and a branch
 to an exact row-by-row product where a result is not finite:
-`polyjit/_ragged/packed_block_dot.py`), and the branch is what the guard
-costs a training step (`benchmarks/packing_guard_cost.py`). The scores'
-product `q @ k.T` has two such sums in its backward pass, `ct_s @ k` and
-`ct_s.T @ q`: they share one branch. Checked here: the count of branches in
-a gradient's program, and that the shared guard repairs each cotangent (an
-inf in one example's keys), under `jax.grad` (eagerly and under `jax.jit`),
-and the shared guard under `jax.jacrev`, `jax.vmap` of `jax.grad` and a
-Hessian, against each example alone.
+`polyjit/_ragged/packed_block_dot.py`). The scores' product `q @ k.T` with
+queries, keys and values all made from the parameters has two such sums in
+its backward pass, `ct_s @ k` and `ct_s.T @ q`. Checked here: each cotangent
+repaired (an inf in one example's keys) under `jax.grad` (eagerly and under
+`jax.jit`), and the products under `jax.jacrev`, `jax.vmap` of `jax.grad`
+and a Hessian.
 """
 
 from __future__ import annotations
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -54,33 +51,10 @@ def _with(packed, data):
                          packed.positions, packed.nonempty)
 
 
-def _branches(jaxpr):
-  """`cond`s of a jaxpr, not those inside another `cond`'s branches."""
-  count = 0
-  for eqn in jaxpr.eqns:
-    if eqn.primitive.name == "cond":
-      count += 1
-      continue
-    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-      count += _branches(sub)
-  return count
-
-
-def test_a_layers_backward_pass_takes_two_branches():
-  """One attention layer's backward pass (the transposes' guards, traced
-  into the gradient's jaxpr; the forward one lowers inside its primitive):
-  `P.T @ ct`, and the two sums of `q @ k.T` behind one: 2, where a branch
-  per sum is 3."""
-  w, xs = _inputs(False)
-  packed = _packed(xs)
-  total = lambda w: jnp.sum(pj.vmap(_attend, in_axes=(None, 0))(w, packed))
-  assert _branches(jax.make_jaxpr(jax.grad(total))(w).jaxpr) == 2
-
-
 @pytest.mark.parametrize("jit", [True, False], ids=["jit", "eager"])
-def test_both_cotangents_repaired_behind_one_branch(jit):
+def test_both_cotangents_repaired(jit):
   """An inf in one example's keys: `ct_s @ k` is NaN in its row neighbours'
-  dense product, the shared guard repairs it; each example's gradient with
+  dense product, the guard repairs it; each example's gradient with
   respect to its tokens (where a leak shows) is what it alone gives, the
   marked one's own NaN included."""
   w, xs = _inputs(True)
@@ -97,9 +71,9 @@ def test_both_cotangents_repaired_behind_one_branch(jit):
 
 
 @pytest.mark.parametrize("transform", ["jacrev", "vmap_grad"])
-def test_one_branch_under_vmap(transform):
-  """The shared guard's transposes under `jax.vmap` (`jax.jacrev`: a batch
-  of cotangents) and the tangent's batching (`jax.vmap` of `jax.grad`), on
+def test_both_operands_under_vmap(transform):
+  """The transposes under `jax.vmap` (`jax.jacrev`: a batch of cotangents)
+  and their batching (`jax.vmap` of `jax.grad`), on
   finite values (with one example's NaN, reverse mode gives NaN in every
   row of JAX's own batched Jacobian: its zero cotangent times its NaN
   derivatives)."""
@@ -118,8 +92,8 @@ def test_one_branch_under_vmap(transform):
 
 
 def test_hessian_of_packed_attention():
-  """Second order through the tangent of both operands (its JVP and its
-  batching): `jax.hessian` of the batch's total, against the examples alone."""
+  """Second order through both operands: `jax.hessian` of the batch's
+  total, against the examples alone."""
   w, xs = _inputs(False)
   packed = _packed(xs)
   got = jax.jit(jax.hessian(lambda w: jnp.sum(pj.vmap(_attend, in_axes=(None, 0))(w, packed))))(w)
