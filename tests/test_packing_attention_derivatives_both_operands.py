@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import polyjit as pj
-from test_packing import _poison
+from test_packing import _poison, with_data
 
 LENGTHS = [9, 5, 2, 12, 3]
 MARKED = 1
@@ -46,11 +46,6 @@ def _packed(xs):
   return _poison(pj.Ragged.from_list(xs, packing=pj.Packing(row_length=16)))
 
 
-def _with(packed, data):
-  return pj.PackedRagged(data, packed.lengths, packed.starts, packed.segments,
-                         packed.positions, packed.nonempty)
-
-
 @pytest.mark.parametrize("jit", [True, False], ids=["jit", "eager"])
 def test_both_cotangents_repaired(jit):
   """An inf in one example's keys: `ct_s @ k` is NaN in its row neighbours'
@@ -60,9 +55,9 @@ def test_both_cotangents_repaired(jit):
   w, xs = _inputs(True)
   packed = _packed(xs)
   def grad_tokens(data):
-    total = lambda d: jnp.sum(pj.vmap(_attend, in_axes=(None, 0))(w, _with(packed, d)))
+    total = lambda d: jnp.sum(pj.vmap(_attend, in_axes=(None, 0))(w, with_data(packed, d)))
     return jax.grad(total)(data)
-  got = _with(packed, (jax.jit(grad_tokens) if jit else grad_tokens)(packed.data)).to_list()
+  got = with_data(packed, (jax.jit(grad_tokens) if jit else grad_tokens)(packed.data)).to_list()
   want = [jax.jit(jax.grad(_attend, argnums=1))(w, x) for x in xs]
   for i, (g, r) in enumerate(zip(got, want, strict=True)):
     np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-4, atol=1e-5, err_msg=str(i))

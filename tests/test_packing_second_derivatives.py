@@ -6,14 +6,14 @@ block_dot's own derivatives:
 
 - a reverse-mode derivative of the gradient (`jax.grad` of `jax.grad`,
   `jax.jacrev` of `jax.grad`: a gradient penalty, a meta-learning step)
-  runs. (With the guard's `lax.while_loop` in the transpose rule's plain
-  JAX, JAX raised "Reverse-mode differentiation does not work for
-  lax.while_loop"; `jax.hessian`, forward over reverse, ran.)
+  runs, and matches the examples alone. (A guard whose transpose rule held
+  a `lax.while_loop` in plain JAX had none: JAX raised "Reverse-mode
+  differentiation does not work for lax.while_loop".)
 - a tangent that is not finite where its primal is (`sqrt` at 0 in one
   example's keys) stays in that example: the second derivative's products
-  (`ct_s @ dk`) are guarded on their own token operand. (With JAX's
-  derivative of the guard, which repairs where the primal product is not
-  finite, the Hessian of its row neighbours was NaN where alone it is finite.)
+  (`ct_s @ dk`) are guarded on their own. (With JAX's derivative of the
+  guard, which repairs where the primal product is not finite, the Hessian
+  of its row neighbours was NaN where alone it is finite.)
 """
 
 from __future__ import annotations
