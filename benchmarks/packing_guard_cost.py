@@ -16,6 +16,9 @@ their passes interleaved in a rotated order:
   packed      the packed step as shipped (exact)
   one_guard   the first guard traced kept, the others replaced by their
               check alone (its result kept, not branched on)
+  data_branch every guard's check and branch kept, its taken branch
+              only doubling the product (NOT exact): whether the branch's
+              cost is its data dependence or what the exact path carries
   no_guard    every guard replaced by the dense product alone (NOT exact
               where a value is inf or NaN: a diagnostic of the guard's cost,
               not a mode polyjit offers)
@@ -69,7 +72,15 @@ def _first_kept(kept: int) -> Any:
   return guard
 
 
+def _data_branch(fast: Any, exact_row: Any) -> Any:
+  """The guard's check and branch with a branch that holds no exact path."""
+  if not jnp.issubdtype(fast.dtype, jnp.inexact):
+    return fast
+  return lax.cond(jnp.all(jnp.isfinite(fast)), lambda: fast, lambda: fast * 2)
+
+
 VARIANTS = {"packed": lambda: SHIPPED, "one_guard": lambda: _first_kept(1),
+            "data_branch": lambda: _data_branch,
             "no_guard": lambda: (lambda fast, exact_row: fast)}
 
 
