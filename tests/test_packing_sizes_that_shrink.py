@@ -23,3 +23,13 @@ def test_roll_by_at_least_the_row_length_is_exact(shift):
   w = jnp.asarray(rng.normal(size=(3, 4)).astype(np.float32))
   _check(lambda w, x: jnp.roll(x @ w, shift, axis=0), w,
          _examples(rng, [5, 1, 9, 13, 3, 2]))
+
+
+def test_a_suffix_from_a_shrinking_start_through_a_masking_rule_is_exact():
+  """`x[mod(-17, n):]` (size `n - mod(-17, n)`: 1 at 16, 3 at 5) into a
+  cumulative sum, one padded row per example (before: a TypeError, the row
+  sized at the suffix's value at 16)."""
+  rng = np.random.default_rng(1)
+  w = jnp.asarray(rng.normal(size=(3, 4)).astype(np.float32))
+  _check(lambda w, x: jnp.cumsum(x[(-17) % x.shape[0]:] @ w, axis=0), w,
+         _examples(rng, [5, 1, 9, 13, 16, 3, 2]))
