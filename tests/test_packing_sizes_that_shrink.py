@@ -5,7 +5,8 @@ the row's, not its value at the row's length (`mod(-16, n)` is 0 at 16, and
 4 at 5), or the example's tokens past it are lost.
 
 Each example is checked against itself alone under `jax.jit`, values and the
-gradient, with NaN and inf in the rows' unused tails (`test_packing._check`).
+gradient, with NaN and inf in the rows' unused tails (`test_packing._check`);
+the roll cases include an empty example.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def test_roll_by_at_least_the_row_length_is_exact(shift):
   rng = np.random.default_rng(0)
   w = jnp.asarray(rng.normal(size=(3, 4)).astype(np.float32))
   _check(lambda w, x: jnp.roll(x @ w, shift, axis=0), w,
-         _examples(rng, [5, 1, 9, 13, 3, 2]))
+         _examples(rng, [5, 0, 1, 9, 13, 3, 2]))
 
 
 def test_a_suffix_from_a_shrinking_start_through_a_masking_rule_is_exact():

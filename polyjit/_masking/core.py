@@ -252,18 +252,14 @@ class MaskEnv:
       return int(d)
     size = self._padded_cache.get(d)
     if size is None:
-      if _dims.is_monotone_dim(d):
-        size = _dims.evaluate_dim(d, self.padded_env)
-      else:
-        size = _dims.dim_upper_bound(d, self.padded_env)
-        if size is None:
-          raise MaskingError(
-              f"the size '{d}' {jc.source_line(eqn)} can shrink as a dimension grows, "
-              "and polyjit cannot bound it, so no padded buffer is known to hold its "
-              "data. Rewrite the computation, or declare one of the dimensions fixed.",
-              primitive=eqn.primitive.name if eqn is not None else None,
-              source=jc.source_line(eqn))
-        size = max(size, 0)
+      size = _dims.padded_dim(d, self.padded_env)
+      if size is None:
+        raise MaskingError(
+            f"the size '{d}' {jc.source_line(eqn)} can shrink as a dimension grows, "
+            "and polyjit cannot bound it, so no padded buffer is known to hold its "
+            "data. Rewrite the computation, or declare one of the dimensions fixed.",
+            primitive=eqn.primitive.name if eqn is not None else None,
+            source=jc.source_line(eqn))
       self._padded_cache[d] = size
     return size
 

@@ -278,6 +278,19 @@ def dim_upper_bound(d: Dim, var_bounds: dict[str, int]) -> int | None:
   return None if interval is None else interval[1]
 
 
+def padded_dim(d: Dim, padded_env: dict[str, int]) -> int | None:
+  """The buffer length that holds the data of a size `d` at every assignment
+  up to `padded_env`: its value there where `d` never shrinks as a variable
+  grows (`is_monotone_dim`), else its upper bound over those assignments (at
+  least 0: `mod(-16, n)` is 0 at 16 and 4 at 5); None where none is known."""
+  if not jc.is_symbolic_dim(d):
+    return int(d)
+  if is_monotone_dim(d):
+    return int(evaluate_dim(d, padded_env))
+  bound = dim_upper_bound(d, padded_env)
+  return None if bound is None else max(int(bound), 0)
+
+
 def dim_lower_bound(d: Dim, var_bounds: dict[str, int]) -> int | None:
   """A lower bound of `d` over every assignment with 1 <= v <= var_bounds[v]
   (interval arithmetic, so it may be lower than the true minimum); None when

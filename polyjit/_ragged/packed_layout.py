@@ -98,20 +98,17 @@ class Layout:
   def padded(self, d: Any) -> int:
     """The buffer a value of size `d` takes one padded row per example: what
     the masking rule's own `MaskEnv.padded` gives it at `row_length` (its
-    operands must come in that size). A size that can shrink as the example
-    grows (`jnp.roll`'s `mod(-16, n)`: 0 at 16, 4 at 5) takes its largest
+    operands must come in that size; `dims.padded_dim`): a size that can
+    shrink as the example grows (`jnp.roll`'s `mod(-16, n)`) takes its largest
     value over every length up to the row's, not its value at the row's."""
     if self.is_base(d):
       return self.row_length
-    env = {self.name: self.row_length}
-    if not jc.is_symbolic_dim(d) or _dims.is_monotone_dim(d):
-      return int(_dims.evaluate_dim(d, env))
-    bound = _dims.dim_upper_bound(d, env)
-    if bound is None:   # (the masking rule refuses it too)
-      from .packed_values import Unpackable
+    size = _dims.padded_dim(d, {self.name: self.row_length})
+    if size is None:   # (the masking rule refuses it too)
+      from .packed_values import Unpackable   # (it imports this module)
       raise Unpackable(None, f"a size '{d}' that can shrink as the example grows "
                        "and has no known bound")
-    return max(int(bound), 0)
+    return size
 
   def fits(self, d: Any) -> bool:
     """Whether a value of size `d` fits in each example's slot: d(m) <= m."""
